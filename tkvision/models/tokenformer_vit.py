@@ -1,0 +1,443 @@
+"""TokenFormer Vision Transformer.
+
+A ViT whose every linear projection (patch embedding, Q/K/V, attention output, FFN) is a
+:class:`~tkvision.layers.Pattention` over learnable key/value parameter tokens.
+
+Paper: `TokenFormer: Rethinking Transformer Scaling with Tokenized Model Parameters`
+    - https://arxiv.org/abs/2410.23168 (Wang et al. 2024); block: Eq. 6-11 and Fig. 2;
+      ImageNet-1K: Table 2; ablations: Tables 4-5.
+
+Differences from the paper, all documented in the README ("Model family"):
+    - The stem is a Pattention over flattened 16x16 patches (the paper does not say whether the
+      stem is a conv or a Pattention; ``shared/reference/README.md``, "Vision model").
+    - Token counts follow the paper's scheme (n_ffn = 4 n_qkv); the B/16 count is 114.4M where the
+      paper reports 109M, which no simple token choice reproduces.
+
+Layout follows timm's model files: layers, model class, checkpoint filter, cfgs, entrypoints.
+"""
+import math
+from functools import partial
+from typing import List, Optional, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import DropPath, resample_abs_pos_embed, trunc_normal_
+from timm.models._features import feature_take_indices
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._manipulate import adapt_input_conv
+from timm.models._pretrained import PretrainedCfg
+
+from ..layers import Pattention
+
+__all__ = ['TokenFormerViT', 'TOKEN_KINDS']
+
+#: The four kinds of Pattention in the model, as named in ``num_tokens_*`` kwargs and growth.
+TOKEN_KINDS = ('patch', 'qkv', 'proj', 'ffn')
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens with a Pattention: ``[B, C, H, W] -> [B, H/p * W/p, embed_dim]``.
+
+    Each non-overlapping ``p x p`` patch is flattened channel-major (the layout of a conv weight
+    ``[out, C, p, p]``, so ``key_param_tokens.view(n, C, p, p)`` reads like a conv filter bank) and
+    projected by ``Pattention(C * p * p, embed_dim, num_tokens)``.
+
+    Raises:
+        ValueError (at construction): ``img_size`` not divisible by ``patch_size``.
+        AssertionError (in forward): input size differs from ``img_size`` while ``strict_img_size``,
+            or is not a multiple of ``patch_size``.
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, num_tokens=768,
+                 score_norm='l2_norm_gelu', strict_img_size=True):
+        super().__init__()
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.patch_size = (patch_size, patch_size)
+        if any(s % patch_size for s in self.img_size):
+            raise ValueError(f'img_size {self.img_size} must be divisible by patch_size {patch_size}')
+        self.grid_size = tuple(s // patch_size for s in self.img_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.in_chans, self.strict_img_size = in_chans, strict_img_size
+        self.proj = Pattention(in_chans * patch_size * patch_size, embed_dim, num_tokens, score_norm=score_norm)
+
+    def dynamic_feat_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
+        """Patch grid ``(H/p, W/p)`` of an image of ``img_size = (H, W)`` pixels."""
+        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+
+    def forward(self, x):
+        _, _, H, W = x.shape
+        p = self.patch_size[0]
+        if self.strict_img_size:
+            torch._assert(H == self.img_size[0] and W == self.img_size[1],
+                          f'Input size ({H}x{W}) does not match the model ({self.img_size[0]}x{self.img_size[1]}); '
+                          'create the model with img_size=... or dynamic_img_size=True')
+        else:
+            torch._assert(H % p == 0 and W % p == 0, f'Input size ({H}x{W}) must be divisible by patch size {p}')
+        x = F.unfold(x, kernel_size=p, stride=p).transpose(1, 2)  # [B, N, C*p*p]
+        return self.proj(x)
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with Pattention projections (Eq. 8-10).
+
+    Q, K, V = Pattention_q/k/v(x) (token-parameter attention, each ``num_tokens_qkv`` tokens),
+    softmax token-token attention per head through ``F.scaled_dot_product_attention`` (scale
+    1/√head_dim, Eq. 9), output projection Pattention_o (``num_tokens_proj`` tokens).
+    ``[B, N, dim] -> [B, N, dim]``.
+    """
+
+    def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm='l2_norm_gelu',
+                 value_std=0.02, attn_drop=0., proj_drop=0.):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        pattn = partial(Pattention, dim, dim, score_norm=score_norm, value_std=value_std)
+        self.q, self.k, self.v = pattn(num_tokens_qkv), pattn(num_tokens_qkv), pattn(num_tokens_qkv)
+        self.attn_drop = attn_drop
+        self.proj = pattn(num_tokens_proj)
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x):
+        B, N, C = x.shape
+        q, k, v = (f(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(self.proj(x))
+
+
+class Block(nn.Module):
+    """Pre-norm TokenFormer block (Eq. 6-7, 11): ``x + Attn(LN(x))``, then ``h + FFN(LN(h))``.
+
+    The FFN is a single Pattention with ``num_tokens_ffn`` tokens: its GELU-normalised scores are
+    the only nonlinearity. Block LayerNorms are non-parametric unless ``norm_weight`` /
+    ``norm_bias`` (paper Table 5).
+    """
+
+    def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, num_tokens_ffn,
+                 score_norm='l2_norm_gelu', value_std=0.02, norm_weight=False, norm_bias=False,
+                 proj_drop=0., attn_drop=0., drop_path=0.):
+        super().__init__()
+        if norm_bias and not norm_weight:
+            raise ValueError('block_norm_bias=True needs block_norm_weight=True (Table 5 has no bias-only row)')
+        norm = partial(nn.LayerNorm, dim, eps=1e-5, elementwise_affine=norm_weight, bias=norm_bias)
+        self.norm1 = norm()
+        self.attn = Attention(dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm, value_std,
+                              attn_drop=attn_drop, proj_drop=proj_drop)
+        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm2 = norm()
+        self.ffn = Pattention(dim, dim, num_tokens_ffn, score_norm=score_norm, value_std=value_std)
+        self.ffn_drop = nn.Dropout(proj_drop)
+        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+
+    def forward(self, x):
+        x = x + self.drop_path1(self.attn(self.norm1(x)))
+        return x + self.drop_path2(self.ffn_drop(self.ffn(self.norm2(x))))
+
+
+class TokenFormerViT(nn.Module):
+    """TokenFormer Vision Transformer (paper Fig. 2, Table 2), timm-compatible.
+
+    Args:
+        img_size: input size in pixels (int or (H, W)).
+        patch_size: patch size p in pixels.
+        in_chans: input channels.
+        num_classes: classifier outputs (0: no head, ``forward`` returns pooled features).
+        global_pool: ``'token'`` (class token), ``'avg'`` (mean of patch tokens) or ``''``.
+        embed_dim: token width d.
+        depth: number of blocks.
+        num_heads: attention heads (head_dim = d / num_heads).
+        num_tokens: shorthand: Q/K/V, output projection and patch embedding use ``num_tokens``
+            parameter tokens, the FFN ``4 * num_tokens``; the ``num_tokens_*`` kwargs override.
+        num_tokens_patch / num_tokens_qkv / num_tokens_proj / num_tokens_ffn: per-kind token counts.
+        score_norm: Pattention normalisation (see :mod:`tkvision.layers.pattention`).
+        block_norm_weight / block_norm_bias: learnable LayerNorm weight / bias in blocks (Table 5).
+        fc_norm: LayerNorm after pooling instead of before (default: True for ``'avg'``, as in
+            timm and MAE fine-tuning).
+        dynamic_img_size: accept any input size divisible by p, resampling the position embedding.
+        drop_rate / pos_drop_rate / proj_drop_rate / attn_drop_rate / drop_path_rate: dropouts and
+            stochastic depth (linearly increasing over depth).
+
+    Shapes: ``forward_features``: ``[B, C, H, W] -> [B, 1 + N, embed_dim]``;
+    ``forward_head``: ``[B, 1 + N, embed_dim] -> [B, num_classes]``.
+
+    Initialisation (tested in ``tests/test_models.py``): key tokens N(0, 0.02²) and, in blocks,
+    value tokens N(0, (2 / (depth √d))²), both the public TokenFormer code's; patch-embedding value
+    tokens N(0, 0.02²); position embedding trunc-normal 0.02 and class token N(0, 1e-6²) and head
+    weight trunc-normal 0.02, bias 0 (timm's ViT).
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool='token',
+                 embed_dim=768, depth=12, num_heads=12, num_tokens=768, num_tokens_patch=None,
+                 num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
+                 block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
+                 dynamic_img_size=False, drop_rate=0., pos_drop_rate=0., proj_drop_rate=0.,
+                 attn_drop_rate=0., drop_path_rate=0.):
+        super().__init__()
+        if global_pool not in ('', 'avg', 'token'):
+            raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
+        if global_pool == 'token' and not class_token:
+            raise ValueError("global_pool='token' needs class_token=True")
+        self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
+        self.num_prefix_tokens = 1 if class_token else 0
+        self.has_class_token, self.dynamic_img_size = class_token, dynamic_img_size
+        self.num_tokens_patch = num_tokens_patch or num_tokens
+        self.num_tokens_qkv = num_tokens_qkv or num_tokens
+        self.num_tokens_proj = num_tokens_proj or num_tokens
+        self.num_tokens_ffn = num_tokens_ffn or 4 * num_tokens
+        self.grad_checkpointing = False
+
+        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, self.num_tokens_patch,
+                                      score_norm, strict_img_size=not dynamic_img_size)
+        num_patches = self.patch_embed.num_patches
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
+        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
+        self.pos_drop = nn.Dropout(pos_drop_rate)
+        dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
+        value_std = 2 / (depth * math.sqrt(embed_dim))
+        self.blocks = nn.Sequential(*[
+            Block(embed_dim, num_heads, self.num_tokens_qkv, self.num_tokens_proj, self.num_tokens_ffn,
+                  score_norm=score_norm, value_std=value_std, norm_weight=block_norm_weight,
+                  norm_bias=block_norm_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
+                  drop_path=dpr[i])
+            for i in range(depth)])
+        self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size)
+                             for i in range(depth)]
+        use_fc_norm = global_pool == 'avg' if fc_norm is None else fc_norm
+        self.norm = nn.LayerNorm(embed_dim, eps=1e-6) if not use_fc_norm else nn.Identity()
+        self.fc_norm = nn.LayerNorm(embed_dim, eps=1e-6) if use_fc_norm else nn.Identity()
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.init_weights()
+
+    def init_weights(self):
+        """timm ViT init for the non-Pattention parameters (Pattentions init themselves)."""
+        trunc_normal_(self.pos_embed, std=.02)
+        if self.cls_token is not None:
+            nn.init.normal_(self.cls_token, std=1e-6)
+        if isinstance(self.head, nn.Linear):
+            trunc_normal_(self.head.weight, std=.02)
+            nn.init.zeros_(self.head.bias)
+
+    @torch.jit.ignore
+    def no_weight_decay(self):
+        """Parameter names that get no weight decay (timm convention); 1-d params are excluded too."""
+        return {'pos_embed', 'cls_token'}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse=False):
+        """Parameter groups for timm's layer-wise lr decay: stem, one group per block, then final norm."""
+        return dict(stem=r'^cls_token|^pos_embed|^patch_embed',
+                    blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable=True):
+        """Recompute block activations in backward (same outputs, less memory)."""
+        self.grad_checkpointing = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
+        """Replace the head with a fresh ``Linear(embed_dim, num_classes)`` (Identity for 0)."""
+        self.num_classes = num_classes
+        if global_pool is not None:
+            if global_pool not in ('', 'avg', 'token') or (global_pool == 'token' and not self.has_class_token):
+                raise ValueError(f'unsupported global_pool {global_pool!r}')
+            self.global_pool = global_pool
+        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+
+    def _pos_embed(self, x, grid_size: Tuple[int, int]):
+        pos_embed = self.pos_embed
+        if self.dynamic_img_size:
+            pos_embed = resample_abs_pos_embed(self.pos_embed, new_size=grid_size,
+                                               old_size=self.patch_embed.grid_size,
+                                               num_prefix_tokens=self.num_prefix_tokens)
+        if self.cls_token is not None:
+            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
+        return self.pos_drop(x + pos_embed)
+
+    def _run_block(self, blk, x):
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint(blk, x, use_reentrant=False)
+        return blk(x)
+
+    def forward_features(self, x):
+        """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm)."""
+        grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
+        x = self._pos_embed(self.patch_embed(x), grid)
+        for blk in self.blocks:
+            x = self._run_block(blk, x)
+        return self.norm(x)
+
+    def forward_head(self, x, pre_logits: bool = False):
+        """Pool, fc_norm, dropout, classifier: ``[B, N', C] -> [B, num_classes]`` (``[B, C]`` if
+        ``pre_logits``)."""
+        if self.global_pool == 'avg':
+            x = x[:, self.num_prefix_tokens:].mean(dim=1)
+        elif self.global_pool == 'token':
+            x = x[:, 0]
+        x = self.head_drop(self.fc_norm(x))
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x):
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x, indices: Optional[Union[int, List[int]]] = None,
+                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
+                              output_fmt: str = 'NCHW', intermediates_only: bool = False):
+        """Features of selected blocks, as timm's ViT.
+
+        Args:
+            indices: last n blocks if int, all if None, these block indices if a list.
+            norm: apply the final norm to each intermediate.
+            output_fmt: ``'NCHW'`` (``[B, C, H/p, W/p]``) or ``'NLC'`` (``[B, N, C]``).
+        Returns:
+            intermediates (list) if ``intermediates_only``, else (final features, intermediates).
+        Raises:
+            ValueError: unknown ``output_fmt``.
+        """
+        if output_fmt not in ('NCHW', 'NLC'):
+            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        B, _, height, width = x.shape
+        grid = self.patch_embed.dynamic_feat_size((height, width))
+        x = self._pos_embed(self.patch_embed(x), grid)
+        blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
+        intermediates = []
+        for i, blk in enumerate(blocks):
+            x = self._run_block(blk, x)
+            if i in take_indices:
+                intermediates.append(self.norm(x) if norm else x)
+        prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
+        intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
+        if output_fmt == 'NCHW':
+            intermediates = [y.reshape(B, grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
+                             for y in intermediates]
+        if return_prefix_tokens and self.num_prefix_tokens:
+            intermediates = list(zip(intermediates, prefix))
+        if intermediates_only:
+            return intermediates
+        return self.norm(x), intermediates
+
+    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
+                                  prune_head: bool = True) -> List[int]:
+        """Drop blocks after the last of ``indices`` (and optionally norm / head); returns the kept indices."""
+        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
+        self.blocks = self.blocks[:max_index + 1]
+        if prune_norm:
+            self.norm = nn.Identity()
+        if prune_head:
+            self.fc_norm = nn.Identity()
+            self.reset_classifier(0, '')
+        return take_indices
+
+
+def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
+    """Adapt a TokenFormer ViT checkpoint to ``model`` (timm's ``pretrained_filter_fn``).
+
+    Unwraps ``{'state_dict_ema' | 'model_ema' | 'state_dict' | 'model': ...}`` (EMA first, as
+    timm), resamples ``pos_embed`` to the model's patch grid (timm's ``resample_abs_pos_embed``),
+    and adapts the patch-embedding key tokens to ``model.in_chans`` (timm's ``adapt_input_conv``
+    on the ``[n, C, p, p]`` view). Everything else passes through; shape mismatches are reported
+    by :func:`tkvision.checkpoint.load_weights` / ``load_state_dict``.
+    """
+    for key in ('state_dict_ema', 'model_ema', 'state_dict', 'model'):
+        if isinstance(state_dict.get(key), dict):
+            state_dict = state_dict[key]
+            break
+    state_dict = {k.removeprefix('module.'): v for k, v in state_dict.items()}
+    pos = state_dict.get('pos_embed')
+    if pos is not None and pos.shape != model.pos_embed.shape:
+        state_dict['pos_embed'] = resample_abs_pos_embed(
+            pos, new_size=model.patch_embed.grid_size, num_prefix_tokens=model.num_prefix_tokens)
+    key = 'patch_embed.proj.key_param_tokens'
+    p = model.patch_embed.patch_size[0]
+    if key in state_dict and state_dict[key].shape[1] != model.in_chans * p * p:
+        k = state_dict[key]
+        k = adapt_input_conv(model.in_chans, k.reshape(k.shape[0], -1, p, p))
+        state_dict[key] = k.reshape(k.shape[0], -1)
+    return state_dict
+
+
+def _create_tokenformer_vit(variant, pretrained=False, **kwargs):
+    if pretrained:
+        cfg = PretrainedCfg(**{**default_cfgs[variant].cfgs[default_cfgs[variant].default_tag].__dict__,
+                               **(kwargs.get('pretrained_cfg_overlay') or {})})
+        if not (cfg.file or cfg.url or cfg.hf_hub_id or cfg.state_dict):
+            raise RuntimeError(
+                f'No pretrained weights are published for {variant}. Train one (tools/train.py) and load it '
+                f"with pretrained=True, pretrained_cfg_overlay=dict(file='path/to/model.safetensors').")
+    out_indices = kwargs.pop('out_indices', 3)
+    return build_model_with_cfg(
+        TokenFormerViT, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
+
+
+def _cfg(url='', **kwargs):
+    return {
+        'url': url, 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
+        'crop_pct': 0.875, 'interpolation': 'bicubic', 'fixed_input_size': True,
+        'mean': IMAGENET_DEFAULT_MEAN, 'std': IMAGENET_DEFAULT_STD,
+        'first_conv': 'patch_embed.proj', 'classifier': 'head', 'license': 'apache-2.0',
+        'paper_ids': 'arXiv:2410.23168', 'paper_name': 'TokenFormer', **kwargs,
+    }
+
+
+# No weights are published: every cfg has an empty url (pretrained=True needs a local file).
+default_cfgs = generate_default_cfgs({
+    'tokenformer_vit_ti16.untrained': _cfg(),
+    'tokenformer_vit_s16.untrained': _cfg(),
+    'tokenformer_vit_b16.untrained': _cfg(),
+    'tokenformer_vit_b16_matched.untrained': _cfg(),
+    'tokenformer_vit_l16.untrained': _cfg(),
+    'tokenformer_vit_l16_matched.untrained': _cfg(),
+})
+
+
+@register_model
+def tokenformer_vit_ti16(pretrained=False, **kwargs) -> TokenFormerViT:
+    """TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (qkv, proj, patch / ffn)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
+    return _create_tokenformer_vit('tokenformer_vit_ti16', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_vit_s16(pretrained=False, **kwargs) -> TokenFormerViT:
+    """TokenFormer-S/16: d 384, 12 blocks, 6 heads, 384 / 1536 tokens."""
+    args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, num_tokens=384)
+    return _create_tokenformer_vit('tokenformer_vit_s16', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_vit_b16(pretrained=False, **kwargs) -> TokenFormerViT:
+    """TokenFormer-B/16 (Table 2, 'Ours 109M' row): d 768, 12 blocks, 12 heads, 768 / 3072 tokens."""
+    args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
+    return _create_tokenformer_vit('tokenformer_vit_b16', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_vit_b16_matched(pretrained=False, **kwargs) -> TokenFormerViT:
+    """TokenFormer-B/16† (Table 2, 86M): ViT-B/16's parameter count, 576 / 2304 tokens."""
+    args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
+    return _create_tokenformer_vit('tokenformer_vit_b16_matched', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_vit_l16(pretrained=False, **kwargs) -> TokenFormerViT:
+    """TokenFormer-L/16 (Table 2, 407M): d 1024, 24 blocks, 16 heads, 1024 / 4096 tokens."""
+    args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=1024)
+    return _create_tokenformer_vit('tokenformer_vit_l16', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_vit_l16_matched(pretrained=False, **kwargs) -> TokenFormerViT:
+    """TokenFormer-L/16† (Table 2, 307M): ViT-L/16's parameter count, 768 / 3072 tokens."""
+    args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=768)
+    return _create_tokenformer_vit('tokenformer_vit_l16_matched', pretrained, **dict(args, **kwargs))
