@@ -29,7 +29,7 @@ from timm.layers import DropPath, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._manipulate import adapt_input_conv
-from timm.models._pretrained import PretrainedCfg
+from timm.models._builder import resolve_pretrained_cfg
 
 from ..layers import Pattention
 
@@ -72,11 +72,11 @@ class PatchEmbed(nn.Module):
         _, _, H, W = x.shape
         p = self.patch_size[0]
         if self.strict_img_size:
-            torch._assert(H == self.img_size[0] and W == self.img_size[1],
+            torch._assert((H == self.img_size[0]) & (W == self.img_size[1]),
                           f'Input size ({H}x{W}) does not match the model ({self.img_size[0]}x{self.img_size[1]}); '
                           'create the model with img_size=... or dynamic_img_size=True')
         else:
-            torch._assert(H % p == 0 and W % p == 0, f'Input size ({H}x{W}) must be divisible by patch size {p}')
+            torch._assert((H % p == 0) & (W % p == 0), f'Input size ({H}x{W}) must be divisible by patch size {p}')
         x = F.unfold(x, kernel_size=p, stride=p).transpose(1, 2)  # [B, N, C*p*p]
         return self.proj(x)
 
@@ -353,6 +353,8 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
             state_dict = state_dict[key]
             break
     state_dict = {k.removeprefix('module.'): v for k, v in state_dict.items()}
+    if model is None:
+        return state_dict
     pos = state_dict.get('pos_embed')
     if pos is not None and pos.shape != model.pos_embed.shape:
         state_dict['pos_embed'] = resample_abs_pos_embed(
@@ -366,14 +368,31 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     return state_dict
 
 
+def _file_num_classes(path) -> int:
+    """Rows of ``head.weight`` in a weights file (0 when it has no head)."""
+    from ..checkpoint import load_state_dict_file
+    if path.endswith('.safetensors'):
+        from safetensors import safe_open
+        with safe_open(path, 'pt') as f:
+            return f.get_slice('head.weight').get_shape()[0] if 'head.weight' in f.keys() else 0
+    head = checkpoint_filter_fn(load_state_dict_file(path), None).get('head.weight')
+    return 0 if head is None else head.shape[0]
+
+
 def _create_tokenformer_vit(variant, pretrained=False, **kwargs):
     if pretrained:
-        cfg = PretrainedCfg(**{**default_cfgs[variant].cfgs[default_cfgs[variant].default_tag].__dict__,
-                               **(kwargs.get('pretrained_cfg_overlay') or {})})
+        cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get('pretrained_cfg'),
+                                     pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
         if not (cfg.file or cfg.url or cfg.hf_hub_id or cfg.state_dict):
             raise RuntimeError(
                 f'No pretrained weights are published for {variant}. Train one (tools/train.py) and load it '
                 f"with pretrained=True, pretrained_cfg_overlay=dict(file='path/to/model.safetensors').")
+        overlay = dict(kwargs.get('pretrained_cfg_overlay') or {})
+        if cfg.file and 'num_classes' not in overlay:
+            # timm drops the head when the cfg's num_classes (1000) differs from the model's; a local
+            # file says itself how many classes it has, so keep its head when it fits.
+            overlay['num_classes'] = _file_num_classes(cfg.file)
+            kwargs['pretrained_cfg_overlay'] = overlay
     out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(
         TokenFormerViT, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,

@@ -1,0 +1,239 @@
+"""The TokenFormer ViT family: parameter counts, init, and the behaviours timm's model tests check."""
+import math
+
+import pytest
+import timm
+import torch
+from timm.optim import create_optimizer_v2
+
+from tkvision.checkpoint import WeightsMismatchError, load_weights, save_weights
+from tkvision.layers import Pattention
+from tkvision.models import TokenFormerViT
+
+VARIANTS = {  # name: (embed_dim, depth, n_qkv = n_proj = n_patch, n_ffn)
+    'tokenformer_vit_ti16': (192, 12, 192, 768),
+    'tokenformer_vit_s16': (384, 12, 384, 1536),
+    'tokenformer_vit_b16': (768, 12, 768, 3072),
+    'tokenformer_vit_b16_matched': (768, 12, 576, 2304),
+    'tokenformer_vit_l16': (1024, 24, 1024, 4096),
+    'tokenformer_vit_l16_matched': (1024, 24, 768, 3072),
+}
+
+
+def n_params(model):
+    return sum(p.numel() for p in model.parameters())
+
+
+def formula(d, depth, n, n_ffn, classes=1000, patch=16, chans=3):
+    """Each Pattention d_in -> d_out with n tokens has n (d_in + d_out) weights (reference README)."""
+    blocks = depth * (4 * n * 2 * d + n_ffn * 2 * d)
+    stem = n * (chans * patch * patch + d)
+    return blocks + stem + d + 197 * d + 2 * d + d * classes + classes  # + cls, pos, final norm, head
+
+
+def test_registered():
+    assert set(timm.list_models('tokenformer*')) == set(VARIANTS)
+
+
+@pytest.mark.parametrize('name', VARIANTS)
+def test_param_count_matches_formula(name):
+    with torch.device('meta'):
+        model = timm.create_model(name)
+    assert n_params(model) == formula(*VARIANTS[name])
+
+
+def test_matched_variants_match_vit():
+    with torch.device('meta'):
+        for ours, theirs in (('tokenformer_vit_b16_matched', 'vit_base_patch16_224'),
+                             ('tokenformer_vit_l16_matched', 'vit_large_patch16_224')):
+            a, b = n_params(timm.create_model(ours)), n_params(timm.create_model(theirs))
+            assert abs(a / b - 1) < 0.015, (ours, a, b)
+
+
+def test_fashion_mnist_shape_kwargs():
+    model = timm.create_model('tokenformer_vit_ti16', img_size=28, patch_size=4, in_chans=1, num_classes=10)
+    assert model.patch_embed.grid_size == (7, 7)
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+
+
+def test_token_count_kwargs_and_norm_switches(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', **dict(tiny_kwargs, num_tokens_patch=5, num_tokens_qkv=6,
+                                                         num_tokens_proj=7, num_tokens_ffn=9,
+                                                         block_norm_weight=True, score_norm='softmax'))
+    blk = m.blocks[0]
+    assert (m.patch_embed.proj.num_tokens, blk.attn.q.num_tokens, blk.attn.proj.num_tokens, blk.ffn.num_tokens) == (5, 6, 7, 9)
+    assert blk.norm1.weight is not None and blk.norm1.bias is None and blk.ffn.score_norm == 'softmax'
+    plain = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    assert plain.blocks[0].norm1.weight is None and plain.norm.weight is not None  # final norm affine
+    with pytest.raises(ValueError, match='block_norm_bias'):
+        timm.create_model('tokenformer_vit_ti16', block_norm_bias=True, **tiny_kwargs)
+
+
+def test_only_pattention_projections():
+    """Patch embedding, Q/K/V, output projection and FFN are Pattentions; the head is the only Linear."""
+    m = timm.create_model('tokenformer_vit_ti16', img_size=32, patch_size=8, depth=2)
+    linears = [n for n, mod in m.named_modules() if isinstance(mod, (torch.nn.Linear, torch.nn.Conv2d))]
+    assert linears == ['head']
+    assert sum(isinstance(mod, Pattention) for mod in m.modules()) == 1 + 2 * 5
+
+
+def test_init_stds():
+    torch.manual_seed(0)
+    m = timm.create_model('tokenformer_vit_s16', depth=4)
+    d, depth = 384, 4
+    blk = m.blocks[0]
+    assert abs(blk.ffn.key_param_tokens.std().item() - 0.02) < 1e-3
+    assert abs(blk.ffn.value_param_tokens.std().item() - 2 / (depth * math.sqrt(d))) < 1e-3
+    assert abs(m.patch_embed.proj.value_param_tokens.std().item() - 0.02) < 1e-3
+    assert abs(m.pos_embed.std().item() - 0.02) < 2e-3 and m.cls_token.abs().max() < 1e-4
+    assert m.head.bias.abs().sum() == 0 and abs(m.head.weight.std().item() - 0.02) < 2e-3
+
+
+def test_default_cfg_names_exist(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    cfg = m.pretrained_cfg
+    modules = dict(m.named_modules())
+    assert isinstance(modules[cfg['first_conv']], Pattention)
+    assert cfg['classifier'] + '.weight' in m.state_dict()
+    assert m.num_features == m.head_hidden_size == 32
+    assert set(m.no_weight_decay()) <= set(n for n, _ in m.named_parameters())
+
+
+def test_forward_features_head_and_classifier(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    feats = m.forward_features(x)
+    assert feats.shape == (2, 17, 32)
+    assert m.forward_head(feats, pre_logits=True).shape == (2, 32)
+    torch.testing.assert_close(m.forward_head(feats), m(x))
+    assert m.get_classifier() is m.head
+    m.reset_classifier(3)
+    assert m(x).shape == (2, 3)
+    m.reset_classifier(0, 'avg')
+    torch.testing.assert_close(m(x), feats[:, 1:].mean(1))
+
+
+def test_global_pool_avg_uses_fc_norm(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', global_pool='avg', **tiny_kwargs).eval()
+    assert isinstance(m.norm, torch.nn.Identity) and isinstance(m.fc_norm, torch.nn.LayerNorm)
+    x = torch.randn(2, 3, 32, 32)
+    feats = m.forward_features(x)
+    torch.testing.assert_close(m.forward_head(feats, pre_logits=True), m.fc_norm(feats[:, 1:].mean(1)))
+
+
+def test_backward_reaches_every_parameter(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    m(torch.randn(2, 3, 32, 32)).sum().backward()
+    missing = [n for n, p in m.named_parameters() if p.grad is None or p.grad.abs().sum() == 0]
+    assert not missing
+
+
+def test_grad_checkpointing_same_outputs_and_grads(tiny_kwargs):
+    torch.manual_seed(0)
+    m = timm.create_model('tokenformer_vit_ti16', drop_path_rate=0., **tiny_kwargs)
+    x = torch.randn(2, 3, 32, 32)
+    out = m(x)
+    out.sum().backward()
+    grads = {n: p.grad.clone() for n, p in m.named_parameters()}
+    m.zero_grad()
+    m.set_grad_checkpointing(True)
+    out2 = m(x)
+    out2.sum().backward()
+    torch.testing.assert_close(out, out2)
+    for n, p in m.named_parameters():
+        torch.testing.assert_close(p.grad, grads[n])
+
+
+def test_group_matcher_drives_layer_decay(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    opt = create_optimizer_v2(m, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.5)
+    scales = sorted({g['lr_scale'] for g in opt.param_groups})
+    assert len(scales) == 4  # stem, 2 blocks, head/norm
+    no_wd = {id(p) for g in opt.param_groups if g['weight_decay'] == 0 for p in g['params']}
+    assert id(m.pos_embed) in no_wd and id(m.cls_token) in no_wd and id(m.head.bias) in no_wd
+    assert id(m.blocks[0].ffn.key_param_tokens) not in no_wd
+
+
+def test_forward_intermediates_and_prune(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    final, inter = m.forward_intermediates(x)
+    assert len(inter) == 2 and inter[0].shape == (2, 32, 4, 4)
+    torch.testing.assert_close(final, m.forward_features(x))
+    nlc = m.forward_intermediates(x, indices=[0], output_fmt='NLC', intermediates_only=True)
+    assert nlc[0].shape == (2, 16, 32)
+    torch.testing.assert_close(nlc[0].transpose(1, 2).reshape(2, 32, 4, 4), inter[0])
+    kept = m.prune_intermediate_layers([0])
+    assert kept == [0] and len(m.blocks) == 1 and isinstance(m.head, torch.nn.Identity)
+
+
+def test_features_only(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', features_only=True, out_indices=(0, 1), **tiny_kwargs)
+    feats = m(torch.randn(2, 3, 32, 32))
+    assert [f.shape for f in feats] == [(2, 32, 4, 4)] * 2
+    assert m.feature_info.channels() == [32, 32]
+
+
+def test_dynamic_img_size(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', dynamic_img_size=True, **tiny_kwargs).eval()
+    assert m(torch.randn(1, 3, 48, 64)).shape == (1, 7)
+    torch.testing.assert_close(m.forward_features(torch.ones(1, 3, 32, 32)),
+                               timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+                               .load_state_dict(m.state_dict()) and m.forward_features(torch.ones(1, 3, 32, 32)))
+    fixed = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    with pytest.raises(Exception, match='does not match'):
+        fixed(torch.randn(1, 3, 48, 48))
+
+
+def test_fx_trace(tiny_kwargs):
+    m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+    gm = torch.fx.symbolic_trace(m)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(gm(x), m(x))
+
+
+def test_pretrained_needs_a_file(tiny_kwargs):
+    with pytest.raises(RuntimeError, match='No pretrained weights are published'):
+        timm.create_model('tokenformer_vit_ti16', pretrained=True, **tiny_kwargs)
+
+
+@pytest.mark.parametrize('ext', ['safetensors', 'pth'])
+def test_pretrained_from_local_file(tmp_path, tiny_kwargs, ext):
+    torch.manual_seed(0)
+    src = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+    path = str(tmp_path / f'w.{ext}')
+    if ext == 'safetensors':
+        save_weights(src.state_dict(), path)
+    else:
+        torch.save({'model': src.state_dict(), 'epoch': 3}, path)
+    m = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=path),
+                          **tiny_kwargs).eval()
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(m(x), src(x))
+
+
+def test_pretrained_resamples_pos_embed_and_adapts_channels(tmp_path, tiny_kwargs):
+    src = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    path = str(tmp_path / 'w.safetensors')
+    save_weights(src.state_dict(), path)
+    kw = dict(tiny_kwargs, img_size=48, in_chans=1)
+    m = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=path), **kw)
+    assert m.pos_embed.shape == (1, 37, 32)
+    # grey = sum of the RGB filters (timm's adapt_input_conv)
+    k_src = src.patch_embed.proj.key_param_tokens.view(16, 3, 64).sum(1)
+    torch.testing.assert_close(m.patch_embed.proj.key_param_tokens.detach(), k_src.detach())
+
+
+def test_mismatched_weights_name_the_tensors(tmp_path, tiny_kwargs):
+    src = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    path = str(tmp_path / 'w.safetensors')
+    save_weights(src.state_dict(), path)
+    other = timm.create_model('tokenformer_vit_ti16', **dict(tiny_kwargs, num_tokens_ffn=40, num_classes=5))
+    with pytest.raises(WeightsMismatchError) as e:
+        load_weights(other, path)
+    msg = str(e.value)
+    assert 'blocks.0.ffn.key_param_tokens: checkpoint (64, 32) vs model (40, 32)' in msg and 'head.weight' in msg
+
+
+def test_is_a_tokenformer(tiny_kwargs):
+    assert isinstance(timm.create_model('tokenformer_vit_ti16', **tiny_kwargs), TokenFormerViT)

@@ -1,0 +1,144 @@
+"""Pattention (paper Eq. 4-5) against a direct float64 implementation, and its invariants."""
+import math
+
+import pytest
+import torch
+
+from tkvision.layers import SCORE_NORMS, Pattention, default_tau
+
+
+def gelu_erf(z):
+    return 0.5 * z * (1 + torch.erf(z / math.sqrt(2)))
+
+
+def reference(x, K, V, score_norm, tau):
+    """Eq. 4-5 written out element by element (float64): S_ij = f(A_ij * tau / norm_i), O = S V."""
+    x, K, V = x.double(), K.double(), V.double()
+    A = torch.einsum('...d,nd->...n', x, K)
+    if score_norm == 'l2_norm_gelu':
+        S = gelu_erf(A * tau / torch.sqrt((A ** 2).sum(-1, keepdim=True)))
+    elif score_norm == 'l1_norm_gelu':
+        S = gelu_erf(A * tau / A.abs().sum(-1, keepdim=True))
+    elif score_norm == 'gelu_l2_norm':
+        G = gelu_erf(A)
+        S = G * tau / torch.sqrt((G ** 2).sum(-1, keepdim=True))
+    else:
+        E = torch.exp(A)
+        S = E / E.sum(-1, keepdim=True) * tau
+    return torch.einsum('...n,nd->...d', S, V)
+
+
+@pytest.mark.parametrize('score_norm', SCORE_NORMS)
+def test_matches_eq5_reference(score_norm):
+    torch.manual_seed(0)
+    layer = Pattention(12, 20, num_tokens=9, score_norm=score_norm, key_std=0.5, value_std=0.5)
+    x = torch.randn(3, 5, 12)
+    out = layer(x)
+    ref = reference(x, layer.key_param_tokens, layer.value_param_tokens, score_norm, layer.tau.item())
+    assert out.shape == (3, 5, 20)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_default_tau_and_shapes():
+    assert default_tau('l2_norm_gelu', 64) == 8.0
+    assert default_tau('gelu_l2_norm', 64) == 8.0
+    assert default_tau('l1_norm_gelu', 64) == 64.0
+    assert default_tau('softmax', 64) == 64.0
+    layer = Pattention(4, 6, num_tokens=16)
+    assert layer.key_param_tokens.shape == (16, 4) and layer.value_param_tokens.shape == (16, 6)
+    assert not any('bias' in n for n, _ in layer.named_parameters())
+    assert layer(torch.randn(2, 3, 7, 4)).shape == (2, 3, 7, 6)  # any leading dims
+
+
+def test_tau_recorded_in_state_dict_and_restored():
+    a = Pattention(4, 4, num_tokens=16, tau=3.5)
+    sd = a.state_dict()
+    assert sd['tau'].item() == 3.5
+    b = Pattention(4, 4, num_tokens=16)  # default tau 4.0
+    b.load_state_dict(sd)
+    assert b.tau.item() == 3.5
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(a(x), b(x))
+
+
+@pytest.mark.parametrize('score_norm', ['l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm'])
+def test_zero_keys_preserve_output_with_fixed_tau(score_norm):
+    torch.manual_seed(0)
+    layer = Pattention(16, 8, num_tokens=32, score_norm=score_norm).eval()
+    x = torch.randn(4, 10, 16)
+    before = layer(x)
+    tau = layer.tau.item()
+    layer.grow(32, key_init='zeros', value_init='normal')
+    assert layer.num_tokens == 64 and layer.tau.item() == tau  # tau not recomputed
+    assert (layer(x) - before).abs().max().item() <= 1e-6
+
+
+def test_recomputing_tau_would_break_preservation():
+    """Why tau is a fixed buffer: with tau = sqrt(n + m) the grown output differs (reference README)."""
+    torch.manual_seed(0)
+    layer = Pattention(16, 8, num_tokens=32)
+    x = torch.randn(10, 16)
+    before = layer(x)
+    layer.grow(32)
+    layer.tau.fill_(math.sqrt(64))
+    assert (layer(x) - before).abs().max().item() > 1e-3
+
+
+def test_softmax_growth_warns_and_changes_output():
+    torch.manual_seed(0)
+    layer = Pattention(8, 8, num_tokens=8, score_norm='softmax')
+    x = torch.randn(3, 8)
+    before = layer(x)
+    with pytest.warns(UserWarning, match='softmax'):
+        layer.grow(8)
+    assert (layer(x) - before).abs().max().item() > 1e-4
+
+
+def test_grow_keeps_old_rows_and_inits_new():
+    torch.manual_seed(0)
+    layer = Pattention(8, 6, num_tokens=4)
+    k, v = layer.key_param_tokens.detach().clone(), layer.value_param_tokens.detach().clone()
+    layer.grow(3, key_init='normal', value_init='zeros')
+    assert torch.equal(layer.key_param_tokens[:4], k) and torch.equal(layer.value_param_tokens[:4], v)
+    assert layer.key_param_tokens[4:].abs().sum() > 0 and layer.value_param_tokens[4:].abs().sum() == 0
+    with pytest.raises(ValueError, match='key_init'):
+        layer.grow(1, key_init='ones')
+    with pytest.raises(ValueError, match='>= 0'):
+        layer.grow(-1)
+
+
+@pytest.mark.parametrize('score_norm', SCORE_NORMS)
+def test_zero_input_row_gives_no_nan(score_norm):
+    layer = Pattention(8, 8, num_tokens=16, score_norm=score_norm)
+    out = layer(torch.zeros(2, 3, 8))
+    assert torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_autocast_is_finite_and_close(dtype):
+    torch.manual_seed(0)
+    layer = Pattention(64, 64, num_tokens=128)
+    x = torch.randn(4, 16, 64) * 30  # large scores: float32 normalisation keeps them in range
+    x[0, 0] = 0
+    ref = layer(x)
+    with torch.autocast('cpu', dtype=dtype):
+        out = layer(x)
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    assert (out.float() - ref).abs().max() / ref.abs().max() < 0.05
+
+
+def test_extra_repr_and_bad_args():
+    r = repr(Pattention(4, 6, num_tokens=9))
+    for s in ('in_features=4', 'out_features=6', 'num_tokens=9', 'score_norm=l2_norm_gelu', 'tau=3'):
+        assert s in r
+    with pytest.raises(ValueError, match='unknown score_norm'):
+        Pattention(4, 4, 4, score_norm='relu')
+    with pytest.raises(ValueError, match='positive'):
+        Pattention(4, 4, 0)
+
+
+def test_init_std():
+    torch.manual_seed(0)
+    layer = Pattention(256, 256, num_tokens=512, key_std=0.02, value_std=0.005)
+    assert abs(layer.key_param_tokens.std().item() - 0.02) < 0.001
+    assert abs(layer.value_param_tokens.std().item() - 0.005) < 0.0003

@@ -1,0 +1,87 @@
+"""Evaluation: top-1 / top-5 accuracy, loss and throughput over a dataset, on one or many processes.
+
+``tools/validate.py`` / ``tkvision-validate`` evaluate a weights file (``.safetensors`` or a
+training checkpoint) on an ImageNet-layout ``val`` folder or the Fashion-MNIST test set.
+"""
+import argparse
+import sys
+import time
+
+import timm
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from .checkpoint import load_weights
+from .config import load_config
+
+__all__ = ['evaluate', 'main']
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, device, amp=None) -> dict:
+    """Top-1 / top-5 accuracy (%), mean cross-entropy and img/s of ``model`` over ``loader``.
+
+    ``loader`` yields ``(images [B, C, H, W], labels [B], bad_paths)`` (:func:`tkvision.data.collate_skip_bad`).
+    Under ``torch.distributed`` the sums are reduced over ranks (each rank sees its own shard).
+
+    Returns:
+        ``dict(top1, top5, loss, count, img_per_s, skipped)``; ``skipped`` counts unreadable images.
+    """
+    model.eval()
+    totals = torch.zeros(5, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, count, skipped
+    start = time.perf_counter()
+    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
+    for images, labels, bad in loader:
+        totals[4] += len(bad)
+        if images is None:
+            continue
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(images)
+        logits = logits.float()
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hits = top5 == labels[:, None]
+        totals[0] += hits[:, 0].sum()
+        totals[1] += hits.any(dim=1).sum()
+        totals[2] += F.cross_entropy(logits, labels, reduction='sum')
+        totals[3] += len(labels)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals)
+    elapsed = time.perf_counter() - start
+    c1, c5, loss, n, skipped = totals.tolist()
+    n = max(n, 1)
+    return dict(top1=100 * c1 / n, top5=100 * c5 / n, loss=loss / n, count=int(n), img_per_s=n / elapsed,
+                skipped=int(skipped))
+
+
+def main(argv=None):
+    """``tkvision-validate`` / ``tools/validate.py``: evaluate a weights file; see ``--help``."""
+    ap = argparse.ArgumentParser(description='Evaluate a TokenFormer (or any timm) model on a val set.')
+    ap.add_argument('--model', help='timm model name (default: the config\'s)')
+    ap.add_argument('--checkpoint', required=True, help='.safetensors weights or a training .pth checkpoint')
+    ap.add_argument('--config', help='training config (data, img_size, mean/std, model_kwargs)')
+    ap.add_argument('--data-dir', help='ImageNet folder with val/, or Fashion-MNIST files')
+    ap.add_argument('--no-ema', action='store_true', help='use the model weights, not EMA, of a .pth checkpoint')
+    args, rest = ap.parse_known_args(argv)
+    overrides = list(rest) + (['--data_dir', args.data_dir] if args.data_dir else [])
+    if args.model:
+        overrides += ['--model', args.model]
+    cfg = load_config(args.config, overrides)
+    from .train import build_model, resolve_device, setup_threads  # shared construction, no cycle at import
+    from .data import build_dataset, build_loader
+    setup_threads(cfg)
+    device = resolve_device(cfg)
+    ds = build_dataset(cfg, 'val')
+    model = build_model(cfg, pretrained_file=None)
+    load_weights(model, args.checkpoint, use_ema=not args.no_ema)
+    model.to(device)
+    res = evaluate(model, build_loader(ds, cfg, train=False), device, cfg['amp'])
+    print(f"{cfg['model']} on {res['count']} images: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  "
+          f"loss {res['loss']:.4f}  {res['img_per_s']:.0f} img/s" +
+          (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""Progressive scaling: grow a TokenFormer by appending key/value parameter tokens (paper §3.3).
+
+    K_P^scale = [K_P^old, K_P^new],  V_P^scale = [V_P^old, V_P^new]      (Eq. 12)
+    O = Pattention(X, K_P^scale, V_P^scale)                              (Eq. 13)
+
+With zero-initialised new keys and τ held fixed, every Pattention's output is unchanged
+(Appendix B), so a grown model computes the same function as the old one, except under
+``score_norm='softmax'`` where exp(0) = 1 gives the new tokens weight (a warning is raised).
+
+Kinds of Pattention (``TOKEN_KINDS``): ``patch`` (patch embedding), ``qkv`` (Q, K, V of every block),
+``proj`` (attention output) and ``ffn``.
+
+Optimizer state when growing during training: AdamW's moments of the old tokens are kept and the
+new rows start at zero (the student report, ``shared/papers/001``, resets the whole optimizer
+instead; keeping the moments avoids the loss spike it reports at every growth step). The step
+count is kept, so Adam's bias correction treats the new rows' zero moments as warmed up: their
+first updates are small, which suits function-preserving growth.
+"""
+import argparse
+import copy as copy_module
+import sys
+
+import timm
+import torch
+
+from .checkpoint import check_fit, load_state_dict_file, save_weights
+from .layers import Pattention
+from .models.tokenformer_vit import TOKEN_KINDS
+
+__all__ = ['pattention_layers', 'token_counts', 'target_counts', 'grow', 'grow_optimizer_state',
+           'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
+
+
+def _kind(name: str) -> str:
+    if name.startswith('patch_embed'):
+        return 'patch'
+    if name.endswith('.ffn'):
+        return 'ffn'
+    if name.endswith('.attn.proj'):
+        return 'proj'
+    if name.rsplit('.', 1)[-1] in ('q', 'k', 'v'):
+        return 'qkv'
+    raise ValueError(f'cannot tell the kind of Pattention {name!r}')
+
+
+def pattention_layers(model: torch.nn.Module) -> dict:
+    """``{module name: (kind, Pattention)}`` for every Pattention in ``model`` (DDP/compile unwrapped)."""
+    model = getattr(model, 'module', getattr(model, '_orig_mod', model))
+    return {n: (_kind(n), m) for n, m in model.named_modules() if isinstance(m, Pattention)}
+
+
+def token_counts(model: torch.nn.Module) -> dict:
+    """``{kind: num_tokens}`` of ``model``.
+
+    Raises:
+        ValueError: layers of one kind with different counts (then use per-layer growth).
+    """
+    counts = {}
+    for name, (kind, layer) in pattention_layers(model).items():
+        if counts.setdefault(kind, layer.num_tokens) != layer.num_tokens:
+            raise ValueError(f'{kind} layers have different token counts ({name}: {layer.num_tokens})')
+    return counts
+
+
+def target_counts(variant: str, **model_kwargs) -> dict:
+    """``{kind: num_tokens}`` of the registered ``variant`` (built on the meta device, no memory)."""
+    with torch.device('meta'):
+        return token_counts(timm.create_model(variant, **model_kwargs))
+
+
+def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ffn: int = 0, to=None,
+         key_init: str = 'zeros', value_init: str = 'normal', copy: bool = False) -> torch.nn.Module:
+    """Append parameter tokens to every Pattention of ``model``, by kind.
+
+    Args:
+        model: a TokenFormer model (``tokenformer_vit_*``).
+        patch, qkv, proj, ffn: number of tokens to append to each layer of that kind.
+        to: alternatively, a target: a registered variant name or ``{kind: total num_tokens}``; the
+            appended count is target minus current (the other counts are then ignored).
+        key_init, value_init: init of the new rows (``'zeros'`` or ``'normal'``), see
+            :meth:`Pattention.grow`. Zero keys (default) preserve the function exactly.
+        copy: grow a deep copy and leave ``model`` untouched; otherwise grow **in place** (the
+            parameters are replaced, so an optimizer must be remapped with :func:`grow_optimizer_state`).
+
+    Returns:
+        The grown model (``model`` itself unless ``copy``). Its ``num_tokens_<kind>`` attributes
+        are updated so ``token_counts`` and re-creation agree.
+
+    Raises:
+        ValueError: a target smaller than the current count (shrinking is not growth), or an
+        unknown kind in ``to``.
+    """
+    if copy:
+        model = copy_module.deepcopy(model)
+    add = dict(patch=patch, qkv=qkv, proj=proj, ffn=ffn)
+    if to is not None:
+        target = target_counts(to) if isinstance(to, str) else dict(to)
+        unknown = set(target) - set(TOKEN_KINDS)
+        if unknown:
+            raise ValueError(f'unknown token kinds {sorted(unknown)}; kinds are {TOKEN_KINDS}')
+        current = token_counts(model)
+        add = {k: target.get(k, current[k]) - current[k] for k in TOKEN_KINDS}
+        shrink = {k: (current[k], target[k]) for k in add if add[k] < 0}
+        if shrink:
+            raise ValueError(f'target has fewer tokens than the model (current, target): {shrink}')
+    for name, (kind, layer) in pattention_layers(model).items():
+        layer.grow(add[kind], key_init=key_init, value_init=value_init)
+    inner = getattr(model, 'module', model)
+    for kind, n in token_counts(model).items():
+        if hasattr(inner, f'num_tokens_{kind}'):
+            setattr(inner, f'num_tokens_{kind}', n)
+    return model
+
+
+def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict):
+    """Point ``optimizer`` at grown parameters, keeping the old rows' state and zero-filling new rows.
+
+    Args:
+        optimizer: e.g. AdamW, whose ``param_groups`` hold the pre-growth parameters.
+        old_to_new: ``{old parameter: new parameter}`` (new has ≥ rows along dim 0).
+
+    Every tensor state entry with the old parameter's shape (AdamW's ``exp_avg``, ``exp_avg_sq``)
+    is copied into the first rows of a zero tensor of the new shape; scalars (``step``) are kept.
+    """
+    for group in optimizer.param_groups:
+        group['params'] = [old_to_new.get(p, p) for p in group['params']]
+    for old, new in old_to_new.items():
+        if old not in optimizer.state:
+            continue
+        state = optimizer.state.pop(old)
+        for key, value in state.items():
+            if torch.is_tensor(value) and value.shape == old.shape:
+                grown = value.new_zeros(new.shape)
+                grown[:old.shape[0]] = value
+                state[key] = grown
+        optimizer.state[new] = state
+
+
+def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
+    """Load a smaller TokenFormer's weights into ``model``: old tokens into the first rows.
+
+    As the public TokenFormer code does: every ``*_param_tokens`` tensor of the checkpoint with
+    fewer rows than the model's is copied into the model's first rows; the remaining rows keep the
+    model's own init (zero the model's new keys first for exact function preservation, as
+    :func:`grow_checkpoint` does). τ is taken from the checkpoint, so the grown layers keep the old τ
+    (Appendix B). Everything else must fit exactly.
+
+    Returns:
+        ``{tensor name: (old rows, new rows)}`` of what was grown.
+
+    Raises:
+        WeightsMismatchError: tensors that differ other than by appended rows (listed).
+    """
+    own = model.state_dict()
+    merged, grown = dict(state_dict), {}
+    for key, value in state_dict.items():
+        if (key.endswith('_param_tokens') and key in own and value.ndim == 2 and value.shape[1] == own[key].shape[1]
+                and value.shape[0] < own[key].shape[0]):
+            full = own[key].clone()
+            full[:value.shape[0]] = value
+            merged[key] = full
+            grown[key] = (value.shape[0], own[key].shape[0])
+    check_fit(model, merged, 'checkpoint')
+    model.load_state_dict(merged)
+    inner = getattr(model, 'module', model)
+    for kind, n in token_counts(model).items():
+        if hasattr(inner, f'num_tokens_{kind}'):
+            setattr(inner, f'num_tokens_{kind}', n)
+    return grown
+
+
+def freeze_old_tokens(model: torch.nn.Module, old_counts: dict, optimizer=None, trainable=('head',)):
+    """Parameter-efficient tuning (paper §5): train only appended tokens and ``trainable`` modules.
+
+    Non-Pattention parameters outside ``trainable`` get ``requires_grad=False``; in each Pattention,
+    gradients of the first ``old_counts[kind]`` rows are zeroed by a hook, and (with ``optimizer``)
+    those rows are restored after every step, so weight decay cannot move them either.
+
+    Args:
+        old_counts: ``{kind: rows to freeze}``, e.g. the pre-growth :func:`token_counts`.
+        optimizer: the optimizer that will train the model (for the post-step restore).
+
+    Returns:
+        The list of hook handles (remove them to unfreeze).
+    """
+    handles, frozen = [], []
+    layers = pattention_layers(model)
+    pattention_params = {id(p) for _, layer in layers.values() for p in layer.parameters()}
+    inner = getattr(model, 'module', model)
+    for name, param in inner.named_parameters():
+        if id(param) not in pattention_params and not any(name.startswith(t + '.') for t in trainable):
+            param.requires_grad_(False)
+    for name, (kind, layer) in layers.items():
+        n_old = old_counts.get(kind, 0)
+        for param in (layer.key_param_tokens, layer.value_param_tokens):
+            def zero_old(grad, n_old=n_old):
+                grad = grad.clone()
+                grad[:n_old] = 0
+                return grad
+            handles.append(param.register_hook(zero_old))
+            frozen.append((param, param.detach()[:n_old].clone()))
+    if optimizer is not None:
+        def restore(opt, args, kwargs):
+            with torch.no_grad():
+                for param, rows in frozen:
+                    param[:rows.shape[0]] = rows
+        handles.append(optimizer.register_step_post_hook(restore))
+    return handles
+
+
+def grow_checkpoint(checkpoint: str, model: str, out: str, to=None, add=None, key_init='zeros',
+                    value_init='normal', model_kwargs=None) -> dict:
+    """Grow a weights file on disk: build ``model`` (the checkpoint's architecture), load
+    ``checkpoint``, grow to ``to`` (variant name or counts) or by ``add`` (``{kind: m}``), and write
+    ``out`` as safetensors (atomic). Returns ``{kind: (old, new)}``.
+
+    ``model_kwargs`` (e.g. ``img_size``, ``num_classes``) must describe the checkpoint's model.
+    """
+    net = timm.create_model(model, **(model_kwargs or {}))
+    state = load_state_dict_file(checkpoint)
+    check_fit(net, state, checkpoint)
+    net.load_state_dict(state)
+    before = token_counts(net)
+    grow(net, to=to, key_init=key_init, value_init=value_init, **(add or {}))
+    after = token_counts(net)
+    save_weights(net.state_dict(), out, metadata=dict(grown_from=checkpoint, token_counts=after))
+    return {k: (before[k], after[k]) for k in before}
+
+
+def main(argv=None):
+    """``tkvision-grow`` / ``tools/grow.py``: grow a weights file; see ``--help``."""
+    ap = argparse.ArgumentParser(description='Grow a TokenFormer checkpoint by appending parameter tokens.')
+    ap.add_argument('--checkpoint', required=True, help='.safetensors or .pth of the small model')
+    ap.add_argument('--model', required=True, help='registered variant of the checkpoint, e.g. tokenformer_vit_b16_matched')
+    ap.add_argument('--to', help='target variant whose token counts to grow to, e.g. tokenformer_vit_b16')
+    for kind in TOKEN_KINDS:
+        ap.add_argument(f'--add-{kind}', type=int, default=0, help=f'tokens to append to every {kind} Pattention')
+    ap.add_argument('--key-init', default='zeros', choices=['zeros', 'normal'])
+    ap.add_argument('--value-init', default='normal', choices=['zeros', 'normal'])
+    ap.add_argument('--model-kwargs', default='{}', help="YAML mapping, e.g. '{img_size: 28, in_chans: 1}'")
+    ap.add_argument('--out', required=True, help='output .safetensors')
+    args = ap.parse_args(argv)
+    import yaml
+    add = {k: getattr(args, f'add_{k}') for k in TOKEN_KINDS}
+    if args.to is None and not any(add.values()):
+        ap.error('give --to VARIANT or at least one --add-<kind> N')
+    report = grow_checkpoint(args.checkpoint, args.model, args.out, to=args.to, add=add, key_init=args.key_init,
+                             value_init=args.value_init, model_kwargs=yaml.safe_load(args.model_kwargs))
+    for kind, (old, new) in report.items():
+        print(f'{kind:6s} {old:6d} -> {new:6d} tokens')
+    print(f'wrote {args.out}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

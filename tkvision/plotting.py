@@ -1,0 +1,36 @@
+"""Plots of training runs and experiments (matplotlib, Agg backend: no display needed)."""
+import matplotlib
+
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt  # noqa: E402
+
+__all__ = ['plot_curves']
+
+
+def plot_curves(history, path: str, title: str = ''):
+    """Loss (train, val) and top-1 (val, EMA) against epoch, side by side, saved as PNG at ``path``.
+
+    Args:
+        history: list of per-epoch dicts (``metrics.csv`` rows) with ``epoch``, ``train_loss`` and,
+            where evaluated, ``val_loss``, ``top1``, ``ema_top1``; values may be strings.
+    """
+    def series(key):
+        pts = [(int(r['epoch']) + 1, float(r[key])) for r in history if r.get(key) not in (None, '')]
+        return [p[0] for p in pts], [p[1] for p in pts]
+
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
+    for key, label in (('train_loss', 'train loss'), ('val_loss', 'val loss')):
+        ax_loss.plot(*series(key), marker='o', label=label)
+    for key, label in (('top1', 'val top-1'), ('ema_top1', 'EMA val top-1')):
+        x, y = series(key)
+        if x:
+            ax_acc.plot(x, y, marker='o', label=label)
+    ax_loss.set(xlabel='epoch', ylabel='loss', title='loss')
+    ax_acc.set(xlabel='epoch', ylabel='top-1 (%)', title='accuracy')
+    for ax in (ax_loss, ax_acc):
+        ax.grid(alpha=.3)
+        ax.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
