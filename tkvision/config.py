@@ -11,10 +11,11 @@ Recipe values in ``configs/imagenet/`` come from the MAE paper, Appendix A.2 (ta
 """
 import copy
 import os
+import re
 
 import yaml
 
-__all__ = ['DEFAULTS', 'ConfigError', 'load_config', 'parse_overrides', 'merge', 'resolve_lr']
+__all__ = ['DEFAULTS', 'ConfigError', 'load_config', 'parse_overrides', 'merge', 'resolve_lr', 'resolve_accum_steps']
 
 
 class ConfigError(ValueError):
@@ -52,6 +53,7 @@ DEFAULTS = {
     'epochs': 10,
     'batch_size': 128,           # per process
     'accum_steps': 1,            # gradient accumulation: global batch = batch_size * accum_steps * world
+    'global_batch_size': None,   # if set, accum_steps = global_batch_size / (batch_size * world)
     'opt': 'adamw',
     'opt_betas': [0.9, 0.999],
     'opt_eps': 1.0e-8,
@@ -92,6 +94,14 @@ DEFAULTS = {
 }
 
 
+_SCI = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+')
+
+
+def _coerce(value):
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; treat such scientific literals as floats."""
+    return float(value) if isinstance(value, str) and _SCI.fullmatch(value) else value
+
+
 def merge(base: dict, over: dict, where: str = 'config', schema: dict = DEFAULTS) -> dict:
     """Recursively merge ``over`` into a copy of ``base``, checking keys against ``schema``.
 
@@ -108,7 +118,7 @@ def merge(base: dict, over: dict, where: str = 'config', schema: dict = DEFAULTS
         if isinstance(schema[key], dict) and schema[key] and isinstance(value, dict):
             out[key] = merge(out.get(key) or {}, value, f'{where}:{key}', schema[key])
         else:
-            out[key] = copy.deepcopy(value)
+            out[key] = copy.deepcopy(_coerce(value))
     return out
 
 
@@ -154,7 +164,7 @@ def parse_overrides(args) -> dict:
         *parents, leaf = key.split('.')
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = yaml.safe_load(raw)
+        node[leaf] = _coerce(yaml.safe_load(raw))
     return out
 
 
@@ -176,8 +186,24 @@ def load_config(path=None, overrides=None) -> dict:
     return cfg
 
 
+def resolve_accum_steps(cfg: dict, world_size: int = 1) -> int:
+    """Gradient-accumulation steps: ``global_batch_size / (batch_size * world_size)`` when
+    ``global_batch_size`` is set, else ``accum_steps``.
+
+    Raises:
+        ConfigError: ``global_batch_size`` not a multiple of ``batch_size * world_size``.
+    """
+    if not cfg['global_batch_size']:
+        return int(cfg['accum_steps'])
+    per_step = cfg['batch_size'] * world_size
+    if cfg['global_batch_size'] % per_step:
+        raise ConfigError(f"global_batch_size {cfg['global_batch_size']} is not a multiple of batch_size x processes "
+                          f"= {cfg['batch_size']} x {world_size}")
+    return cfg['global_batch_size'] // per_step
+
+
 def resolve_lr(cfg: dict, world_size: int = 1) -> float:
     """Peak lr: ``cfg['lr']`` if set, else ``blr * global_batch / 256`` (MAE's linear scaling rule)."""
     if cfg['lr'] is not None:
         return float(cfg['lr'])
-    return cfg['blr'] * cfg['batch_size'] * cfg['accum_steps'] * world_size / 256
+    return cfg['blr'] * cfg['batch_size'] * resolve_accum_steps(cfg, world_size) * world_size / 256

@@ -140,11 +140,21 @@ def collate_skip_bad(batch):
     return images, labels, bad
 
 
+class _PILOp:
+    """A PIL-image transform applied to uint8 HWC arrays (picklable, for DataLoader workers)."""
+
+    def __init__(self, op):
+        self.op = op
+
+    def __call__(self, img, **_):
+        return np.asarray(self.op(Image.fromarray(img)))
+
+
 def _rand_augment_op(config_str: str, img_size: int, mean):
     """timm's RandAugment (PIL) as an albumentations op on uint8 HWC arrays."""
     ra = rand_augment_transform(config_str, dict(translate_const=int(img_size * 0.45),
                                                  img_mean=tuple(round(255 * m) for m in mean)))
-    return A.Lambda(image=lambda img, **_: np.asarray(ra(Image.fromarray(img))), name='rand_augment')
+    return A.Lambda(image=_PILOp(ra), name='rand_augment')
 
 
 def build_transform(cfg: dict, train: bool, resize: bool = True) -> A.Compose:

@@ -32,7 +32,7 @@ __all__ = ['pattention_layers', 'token_counts', 'target_counts', 'grow', 'grow_o
 
 
 def _kind(name: str) -> str:
-    if name.startswith('patch_embed'):
+    if 'patch_embed' in name.split('.'):
         return 'patch'
     if name.endswith('.ffn'):
         return 'ffn'

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from . import growth
 from .checkpoint import atomic_save, load_state, load_state_dict_file, save_weights
-from .config import load_config, resolve_lr
+from .config import load_config, resolve_accum_steps, resolve_lr
 from .data import build_dataset, build_loader
 from .evaluate import evaluate
 from .plotting import plot_curves
@@ -209,7 +209,8 @@ def train(cfg: dict, resume=None) -> dict:
     train_loader = build_loader(train_ds, cfg, train=True, rank=rank, world_size=world)
     val_loader = build_loader(val_ds, cfg, train=False, rank=rank, world_size=world)
     run = _Run(cfg, rank, world, device)
-    steps_per_epoch = max(len(train_loader) // cfg['accum_steps'], 1)
+    accum = resolve_accum_steps(cfg, world)
+    steps_per_epoch = max(len(train_loader) // accum, 1)
     scheduler = CosineLRScheduler(run.optimizer, t_initial=cfg['epochs'] * steps_per_epoch, lr_min=cfg['min_lr'],
                                   warmup_t=int(cfg['warmup_epochs'] * steps_per_epoch), warmup_lr_init=cfg['warmup_lr'],
                                   warmup_prefix=True, t_in_epochs=False)
@@ -248,7 +249,7 @@ def train(cfg: dict, resume=None) -> dict:
             writer = SummaryWriter(os.path.join(out, 'tb'))
         n_params = sum(p.numel() for p in run.model.parameters())
         print(f"{cfg['model']}: {n_params / 1e6:.2f}M params, {len(train_ds)} train / {len(val_ds)} val images, "
-              f"{world} process(es) on {device}, global batch {cfg['batch_size'] * cfg['accum_steps'] * world}, "
+              f"{world} process(es) on {device}, global batch {cfg['batch_size'] * accum * world}, "
               f"lr {run.lr:.3g}" + (f", grown from init_from: {run.grown_from}" if run.grown_from else ''))
 
     res = {}
@@ -271,7 +272,7 @@ def train(cfg: dict, resume=None) -> dict:
                 if len(images) % 2:  # timm's Mixup needs an even batch (a skipped image can make it odd)
                     images, labels = images[:-1], labels[:-1]
                 images, labels = mixup(images, labels)
-            update = (i + 1) % cfg['accum_steps'] == 0
+            update = (i + 1) % accum == 0
             with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
                 loss = criterion(run.net(images), labels)
             finite = torch.isfinite(loss.detach()).float()
@@ -281,7 +282,7 @@ def train(cfg: dict, resume=None) -> dict:
                 raise NonFiniteLossError(
                     f'loss is {loss.item()} at step {num_updates} (epoch {epoch + 1}, batch {i}); stopping. '
                     f'The last good checkpoint is {os.path.join(out, "last.pth")}')
-            scaled = loss / cfg['accum_steps']
+            scaled = loss / accum
             ctx = run.net.no_sync() if (world > 1 and not update) else contextlib.nullcontext()
             with ctx:
                 (scaler.scale(scaled) if scaler else scaled).backward()
@@ -344,7 +345,7 @@ def train(cfg: dict, resume=None) -> dict:
                     + (f"val top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  " if 'top1' in res else '')
                     + (f"ema top-1 {res['ema_top1']:.2f}%  " if 'ema_top1' in res else '')
                     + f"{res['img_per_s']:.0f} img/s  {train_time:.1f}s"
-                    + (f"  skipped {skipped_all} unreadable images" if skipped_all else '')
+                    + (f"  skipped {res['skipped']} unreadable images" if res['skipped'] else '')
                     + (f"  grew to {res['grown']}" if add else ''))
             tqdm.write(line)
             if (epoch + 1) % cfg['save_every'] == 0 or last_epoch:

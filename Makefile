@@ -1,0 +1,43 @@
+# The README's two set-up commands: `make train` (main job) and `make test` (what CI runs).
+# Both create the environment on a fresh machine: a virtualenv in .venv with the pinned
+# torch/torchvision of DEVELOPERS.md, this package (editable) and its test extras, and the
+# Fashion-MNIST Debian package.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: env data train train-long test benchmark sweep growth-experiment clean
+
+$(VENV)/.installed: setup.cfg pyproject.toml
+	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q $(TORCH_PINS)
+	$(PY) -m pip install -q -e '.[test,tensorboard]'
+	touch $@
+
+env: $(VENV)/.installed
+
+$(FMNIST):
+	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist
+
+data: $(FMNIST)
+
+# Main job: train a small TokenFormer on Fashion-MNIST (60k train, 10k test), <= 10 min on 2 cores.
+train: env data
+	$(PY) tools/train.py --config configs/fashion_mnist/quick.yaml $(ARGS)
+
+# Longer recipe (>= 91% test top-1, see README for its measured run time).
+train-long: env data
+	$(PY) tools/train.py --config configs/fashion_mnist/long.yaml $(ARGS)
+
+test: env data
+	$(PY) -m pytest -q $(ARGS)
+
+benchmark: env
+	$(PY) tools/benchmark.py $(ARGS)
+
+clean:
+	rm -rf runs .pytest_cache

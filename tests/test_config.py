@@ -1,0 +1,55 @@
+"""Configs: inheritance, overrides, unknown keys; every shipped recipe loads."""
+import glob
+import os
+
+import pytest
+
+from tkvision.config import ConfigError, load_config, parse_overrides, resolve_accum_steps, resolve_lr
+
+from .helpers import ROOT
+
+
+def test_base_inheritance_and_overrides(tmp_path):
+    (tmp_path / 'base.yaml').write_text('epochs: 5\nlr: 0.1\ngrowth: {every_epochs: 2}\n')
+    (tmp_path / 'child.yaml').write_text('_base_: base.yaml\nlr: 0.2\ngrowth: {add_tokens: {qkv: 8}}\n')
+    cfg = load_config(str(tmp_path / 'child.yaml'), ['--epochs', '7', '--growth.key_init=normal'])
+    assert cfg['epochs'] == 7 and cfg['lr'] == 0.2
+    assert cfg['growth']['every_epochs'] == 2 and cfg['growth']['add_tokens'] == {'qkv': 8}
+    assert cfg['growth']['key_init'] == 'normal' and cfg['growth']['value_init'] == 'normal'
+
+
+def test_unknown_key_is_named(tmp_path):
+    (tmp_path / 'bad.yaml').write_text('epochs: 5\nlearning_rate: 0.1\n')
+    with pytest.raises(ConfigError, match="unknown config key 'learning_rate' in .*bad.yaml"):
+        load_config(str(tmp_path / 'bad.yaml'))
+    with pytest.raises(ConfigError, match="unknown config key 'epoch' in command line"):
+        load_config(None, ['--epoch', '3'])
+    with pytest.raises(ConfigError, match="'every' in command line:growth"):
+        load_config(None, ['--growth.every', '3'])
+
+
+def test_override_parsing_and_errors():
+    assert parse_overrides(['--lr', '1e-3', '--opt-betas', '[0.9, 0.95]', '--amp', 'null']) == \
+        {'lr': 1e-3, 'opt_betas': [0.9, 0.95], 'amp': None}
+    with pytest.raises(ConfigError, match='no value'):
+        parse_overrides(['--lr'])
+    with pytest.raises(ConfigError, match='expected --key'):
+        parse_overrides(['lr', '3'])
+    with pytest.raises(ConfigError, match='amp'):
+        load_config(None, ['--amp', 'fp8'])
+
+
+def test_lr_scaling_and_accumulation():
+    cfg = load_config(os.path.join(ROOT, 'configs/imagenet/tokenformer_vit_b16.yaml'))
+    assert resolve_accum_steps(cfg, 8) == 4 and resolve_accum_steps(cfg, 32) == 1
+    assert resolve_lr(cfg, 8) == pytest.approx(1.6e-3)  # MAE: blr 1e-4 * 4096 / 256
+    with pytest.raises(ConfigError, match='multiple'):
+        resolve_accum_steps(cfg, 3)
+
+
+@pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'configs/**/*.yaml'), recursive=True)))
+def test_every_shipped_config_loads(path):
+    if os.path.basename(path).startswith('_base'):
+        return
+    cfg = load_config(path)
+    assert cfg['model'] and cfg['epochs'] > 0

@@ -1,0 +1,164 @@
+"""Progressive scaling (paper §3.3, Eq. 12-13, Appendix B): exact where the math allows, everywhere it is used."""
+import os
+import subprocess
+import sys
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from tkvision import growth
+from tkvision import train as train_mod
+from tkvision.checkpoint import WeightsMismatchError, save_weights
+
+from .helpers import ROOT, TINY_FMNIST, fmnist_cfg
+
+
+def tiny(score_norm='l2_norm_gelu', **kw):
+    torch.manual_seed(0)
+    args = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_tokens=16, num_classes=5)
+    return timm.create_model('tokenformer_vit_ti16', score_norm=score_norm, **dict(args, **kw)).eval()
+
+
+@pytest.mark.parametrize('score_norm', ['l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm'])
+def test_grown_model_computes_the_same_function(score_norm):
+    m = tiny(score_norm)
+    x = torch.randn(4, 3, 32, 32)
+    before = m(x)
+    growth.grow(m, patch=8, qkv=16, proj=8, ffn=64)
+    assert growth.token_counts(m) == dict(patch=24, qkv=32, proj=24, ffn=128)
+    assert m.num_tokens_qkv == 32
+    assert (m(x) - before).abs().max().item() <= 1e-6
+
+
+def test_softmax_growth_warns_and_random_keys_change_output():
+    m = tiny('softmax')
+    with pytest.warns(UserWarning, match='softmax'):
+        growth.grow(m, qkv=4)
+    m = tiny()
+    x = torch.randn(2, 3, 32, 32)
+    before = m(x)
+    growth.grow(m, ffn=16, key_init='normal')  # the public code's init: not function-preserving
+    assert (m(x) - before).abs().max().item() > 1e-4
+
+
+def test_grow_to_variant_and_copy():
+    with torch.device('meta'):
+        small = timm.create_model('tokenformer_vit_b16_matched')
+        big = growth.grow(small, to='tokenformer_vit_b16', copy=True)
+    assert growth.token_counts(small) == dict(patch=576, qkv=576, proj=576, ffn=2304)
+    assert growth.token_counts(big) == growth.target_counts('tokenformer_vit_b16') == \
+        dict(patch=768, qkv=768, proj=768, ffn=3072)
+    with pytest.raises(ValueError, match='fewer tokens'):
+        growth.grow(big, to='tokenformer_vit_b16_matched')
+
+
+def test_optimizer_moments_of_old_tokens_survive():
+    m = tiny().train()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3)
+    m(torch.randn(2, 3, 32, 32)).sum().backward()
+    opt.step()
+    layer = m.blocks[0].ffn
+    old_k = layer.key_param_tokens
+    saved = {k: v.clone() for k, v in opt.state[old_k].items()}
+    growth.grow(m, ffn=16)
+    growth.grow_optimizer_state(opt, {old_k: layer.key_param_tokens})
+    st = opt.state[layer.key_param_tokens]
+    assert st['exp_avg'].shape == (80, 32)
+    assert torch.equal(st['exp_avg'][:64], saved['exp_avg']) and torch.equal(st['exp_avg_sq'][:64], saved['exp_avg_sq'])
+    assert st['exp_avg'][64:].abs().sum() == 0 and st['step'] == saved['step']
+    assert any(p is layer.key_param_tokens for g in opt.param_groups for p in g['params'])
+    assert old_k not in opt.state
+
+
+def test_load_small_checkpoint_into_big_model(tmp_path):
+    small = tiny()
+    x = torch.randn(2, 3, 32, 32)
+    big = tiny(num_tokens_ffn=100)
+    for _, (kind, layer) in growth.pattention_layers(big).items():
+        layer.key_param_tokens.data.zero_()  # zero keys for the rows the checkpoint does not fill
+    report = growth.load_grown_state_dict(big, small.state_dict())
+    assert report['blocks.0.ffn.key_param_tokens'] == (64, 100)
+    assert big.blocks[0].ffn.tau.item() == small.blocks[0].ffn.tau.item() == 8.0  # the checkpoint's tau
+    assert (big(x) - small(x)).abs().max().item() <= 1e-6
+    wrong = tiny(embed_dim=48)
+    with pytest.raises(WeightsMismatchError, match='pos_embed'):
+        growth.load_grown_state_dict(wrong, small.state_dict())
+
+
+def test_grow_tool_and_init_from(tmp_path, capsys):
+    cfg = fmnist_cfg(tmp_path, epochs=1)
+    train_mod.train(cfg)
+    small = os.path.join(cfg['output'], 'last.safetensors')
+    grown = str(tmp_path / 'grown.safetensors')
+    kwargs = str(dict(TINY_FMNIST, num_classes=10)).replace("'", '')
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'tools/grow.py'), '--checkpoint', small, '--model',
+                        'tokenformer_vit_ti16', '--model-kwargs', kwargs, '--add-qkv', '16', '--add-ffn', '64',
+                        '--out', grown], capture_output=True, text=True, cwd=ROOT)
+    assert p.returncode == 0, p.stderr
+    assert 'qkv        16 ->     32' in p.stdout
+    w = load_file(grown)
+    assert w['blocks.0.attn.q.key_param_tokens'].shape == (32, 32) and w['blocks.0.ffn.value_param_tokens'].shape == (128, 32)
+    assert w['blocks.0.attn.q.key_param_tokens'][16:].abs().sum() == 0
+    # the grown file evaluates exactly like the small one ...
+    m_small = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=small),
+                                num_classes=10, **TINY_FMNIST).eval()
+    big_kwargs = dict(TINY_FMNIST, num_tokens_qkv=32, num_tokens_ffn=128)
+    m_big = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=grown),
+                              num_classes=10, **big_kwargs).eval()
+    x = torch.randn(3, 1, 28, 28)
+    assert (m_big(x) - m_small(x)).abs().max().item() <= 1e-6
+    # ... and the trainer starts from it, or from the small file directly (loaded into the first rows)
+    capsys.readouterr()
+    cfg2 = fmnist_cfg(tmp_path, epochs=1, model_kwargs=big_kwargs, init_from=small, output=str(tmp_path / 'big'))
+    res = train_mod.train(cfg2)
+    assert 'grown from init_from' in capsys.readouterr().out
+    assert res['model'].blocks[0].attn.q.num_tokens == 32
+
+
+def test_freeze_old_tokens_trains_only_new_tokens_and_head(tmp_path):
+    small = tiny()
+    path = str(tmp_path / 's.safetensors')
+    save_weights(small.state_dict(), path)
+    m = tiny(num_tokens_ffn=80).train()
+    growth.load_grown_state_dict(m, small.state_dict())
+    opt = torch.optim.AdamW([p for p in m.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.1)
+    growth.freeze_old_tokens(m, growth.token_counts(small), opt)
+    before = {k: v.clone() for k, v in m.state_dict().items()}
+    for _ in range(3):
+        m(torch.randn(4, 3, 32, 32)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    after = m.state_dict()
+    assert torch.equal(after['blocks.0.ffn.key_param_tokens'][:64], before['blocks.0.ffn.key_param_tokens'][:64])
+    assert not torch.equal(after['blocks.0.ffn.value_param_tokens'][64:], before['blocks.0.ffn.value_param_tokens'][64:])
+    assert torch.equal(after['blocks.0.attn.q.value_param_tokens'], before['blocks.0.attn.q.value_param_tokens'])
+    assert torch.equal(after['pos_embed'], before['pos_embed'])
+    assert not torch.equal(after['head.weight'], before['head.weight'])
+
+
+def test_growth_during_training_and_resume_across_it(tmp_path, monkeypatch):
+    """Grow at every epoch end; crash after the epoch-2 checkpoint; resume; same weights as without the crash."""
+    g = dict(every_epochs=1, add_tokens=dict(qkv=8, ffn=16), until_epoch=3)
+    full = train_mod.train(fmnist_cfg(tmp_path, epochs=3, output=str(tmp_path / 'full'), growth=g, model_ema=True))
+    assert growth.token_counts(full['model']) == dict(patch=16, qkv=32, proj=16, ffn=96)  # grew after epochs 1, 2
+    assert [r.get('tokens') for r in full['history']] == [112, 136, 160]  # tokens summed over kinds, per epoch
+
+    real_save, calls = train_mod.atomic_save, []
+
+    def crash_after_second(obj, path):
+        real_save(obj, path)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt('simulated crash')
+
+    cfg = fmnist_cfg(tmp_path, epochs=3, output=str(tmp_path / 'crashed'), growth=g, model_ema=True)
+    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_second)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg)
+    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
+    resumed = train_mod.train(cfg, resume=True)
+    a, b = full['model'].state_dict(), resumed['model'].state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k

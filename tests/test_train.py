@@ -1,0 +1,216 @@
+"""Training and evaluation end to end on real data (Fashion-MNIST subsets and real JPEG folders)."""
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from tkvision import checkpoint as ckpt
+from tkvision import train as train_mod
+from tkvision.config import load_config
+from tkvision.data import ImageFolderDataset, build_dataset, load_fashion_mnist
+from tkvision.evaluate import main as validate_main
+
+from .helpers import ROOT, TINY_FMNIST, fmnist_cfg, make_imagenet_folder
+
+
+def test_fashion_mnist_learns_and_writes_outputs(tmp_path, capsys):
+    cfg = fmnist_cfg(tmp_path, epochs=3, train_subset=8192, lr=3e-3, model_ema=True, model_ema_decay=0.9)
+    res = train_mod.train(cfg)
+    out = cfg['output']
+    assert res['top1'] > 70, res  # 10 classes: chance is 10%
+    with open(os.path.join(out, 'metrics.csv')) as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r['epoch']) for r in rows] == [0, 1, 2]
+    assert float(rows[-1]['train_loss']) < float(rows[0]['train_loss'])
+    assert {'top1', 'top5', 'ema_top1', 'img_per_s', 'epoch_time', 'lr'} <= set(rows[0])
+    for name in ('best.safetensors', 'last.safetensors', 'last.pth', 'curves.png', 'config.yaml'):
+        assert os.path.isfile(os.path.join(out, name)), name
+    with open(os.path.join(out, 'curves.png'), 'rb') as f:
+        assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    assert 'val top-1' in capsys.readouterr().out
+    # exported weights load through timm and reproduce the run's final accuracy
+    m = timm.create_model('tokenformer_vit_ti16', pretrained=True, num_classes=10,
+                          pretrained_cfg_overlay=dict(file=os.path.join(out, 'best.safetensors')), **TINY_FMNIST)
+    state = load_file(os.path.join(out, 'best.safetensors'))
+    for k, v in m.state_dict().items():
+        assert torch.equal(v, state[k]), k
+
+
+def test_validate_tool_matches_training_eval(tmp_path, capsys):
+    cfg = fmnist_cfg(tmp_path, epochs=1)
+    res = train_mod.train(cfg)
+    capsys.readouterr()
+    validate_main(['--config', os.path.join(cfg['output'], 'config.yaml'),
+                   '--checkpoint', os.path.join(cfg['output'], 'last.pth')])
+    out = capsys.readouterr().out
+    assert f"top-1 {res['top1']:.2f}%" in out and 'on 512 images' in out
+
+
+def test_missing_fashion_mnist_names_path_and_fix(tmp_path, monkeypatch):
+    monkeypatch.setattr('tkvision.data.FASHION_MNIST_DIR', str(tmp_path / 'nowhere'))
+    with pytest.raises(FileNotFoundError, match=r'nowhere.*apt-get install -y dataset-fashion-mnist'):
+        load_fashion_mnist('train')
+
+
+def test_missing_imagenet_dir_names_path(tmp_path):
+    cfg = load_config(None, dict(dataset='imagenet', data_dir=str(tmp_path / 'imnet')))
+    with pytest.raises(FileNotFoundError, match=r'imnet/train not found.*train/<class>'):
+        build_dataset(cfg, 'train')
+
+
+def test_corrupt_images_are_skipped_and_counted(tmp_path, capsys):
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=2, train_per_class=6, val_per_class=3, size=32)
+    bad = os.path.join(root, 'train', 'n00000000', 'broken.JPEG')
+    with open(bad, 'wb') as f:
+        f.write(b'not a jpeg at all')
+    with open(os.path.join(root, 'val', 'n00000001', 'truncated.JPEG'), 'wb') as f:
+        f.write(open(os.path.join(root, 'val', 'n00000001', 'img_0.JPEG'), 'rb').read()[:40])
+    cfg = load_config(None, dict(dataset='imagenet', data_dir=root, img_size=32, mean=[.5, .5, .5], std=[.5, .5, .5],
+                                 model='tokenformer_vit_ti16', threads=1, progress=False, epochs=1, batch_size=4,
+                                 model_kwargs=dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                                                   num_tokens=8, num_classes=2), output=str(tmp_path / 'run')))
+    ds = ImageFolderDataset(os.path.join(root, 'train'))
+    assert any(p == bad for p, _ in ds.samples)
+    res = train_mod.train(cfg)
+    rows = list(csv.DictReader(open(os.path.join(cfg['output'], 'metrics.csv'))))
+    assert int(rows[0]['skipped']) == 2  # one in train, one in val
+    assert 'skipped 2 unreadable images' in capsys.readouterr().out
+    assert res['top1'] is not None
+
+
+def test_imagenet_recipe_tiny_variant_224px(tmp_path, capsys):
+    """The ImageNet path on real JPEGs: full recipe augmentations at 224 px, train, resume, validate."""
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=8, val_per_class=4, size=80)
+    tiny = dict(embed_dim=32, depth=2, num_heads=2, num_tokens=16)
+    args = ['--config', os.path.join(ROOT, 'configs/imagenet/tokenformer_vit_b16.yaml'), '--data-dir', root,
+            '--model_kwargs', str(tiny).replace("'", ''), '--batch_size', '4', '--global_batch_size', '8',
+            '--epochs', '2', '--warmup_epochs', '1', '--num_workers', '0', '--amp', 'null', '--threads', '1',
+            '--model_ema_decay', '0.9', '--progress', 'false', '--output', str(tmp_path / 'run')]
+    cfg, _ = train_mod.parse_args(args)
+    assert cfg['auto_augment'] == 'rand-m9-mstd0.5-inc1' and cfg['mixup'] == 0.8 and cfg['reprob'] == 0.25
+    ds = build_dataset(cfg, 'train')
+    x, y = ds[0]
+    assert x.shape == (3, 224, 224) and y == 0
+    res = train_mod.train(dict(cfg, epochs=1))
+    assert res['top1'] is not None
+    res2 = train_mod.train(cfg, resume=True)  # epoch 2 from the epoch-1 checkpoint
+    assert 'resumed from' in capsys.readouterr().out
+    state = ckpt.load_state(os.path.join(cfg['output'], 'last.pth'))
+    assert state['epoch'] == 1 and state['model_ema'] is not None and state['config']['model'] == 'tokenformer_vit_b16'
+    validate_main(['--config', os.path.join(cfg['output'], 'config.yaml'), '--checkpoint',
+                   os.path.join(cfg['output'], 'best.safetensors')])
+    assert 'on 12 images' in capsys.readouterr().out
+    assert res2['history'][-1]['epoch'] == 1
+
+
+def _run_cli(args, **kw):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, 'tools/train.py')] + args, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _cli_args(out, epochs=3):
+    return ['--model_kwargs', str(TINY_FMNIST).replace("'", ''), '--rrc_scale', 'null', '--hflip', '0.5',
+            '--reprob', '0.25', '--mixup', '0.8', '--cutmix', '1.0', '--drop_path_rate', '0.1',
+            '--epochs', str(epochs), '--batch_size', '32', '--lr', '2e-3', '--train_subset', '1024',
+            '--val_subset', '256', '--threads', '1', '--progress', 'false', '--output', out]
+
+
+def test_kill_and_resume_gives_identical_weights(tmp_path):
+    """SIGKILL a run in its second epoch, resume it, compare with an uninterrupted run of the same seed."""
+    full, killed = str(tmp_path / 'full'), str(tmp_path / 'killed')
+    p = _run_cli(_cli_args(full))
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    p = _run_cli(_cli_args(killed))
+    ckpt_path = os.path.join(killed, 'last.pth')
+    deadline = time.time() + 300
+    while not os.path.exists(ckpt_path) and time.time() < deadline and p.poll() is None:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert ckpt.load_state(ckpt_path)['epoch'] < 2, 'the run finished before it could be killed'
+    p = _run_cli(_cli_args(killed) + ['--resume'])
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0 and 'resumed from' in log, log
+    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(killed, 'last.safetensors'))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, monkeypatch):
+    cfg = fmnist_cfg(tmp_path, epochs=3)
+    real_build = train_mod.build_model
+
+    class PoisonAfter(torch.nn.Module):
+        def __init__(self, inner, after):
+            super().__init__()
+            self.inner, self.after, self.calls = inner, after, 0
+            self.num_classes = inner.num_classes
+
+        def forward(self, x):
+            self.calls += self.training
+            out = self.inner(x)
+            return out * float('nan') if self.training and self.calls > self.after else out
+
+    steps_per_epoch = 1024 // 64
+    monkeypatch.setattr(train_mod, 'build_model', lambda cfg, **kw: PoisonAfter(real_build(cfg, **kw), steps_per_epoch + 3))
+    with pytest.raises(train_mod.NonFiniteLossError, match=f'at step {steps_per_epoch + 3} '):
+        train_mod.train(cfg)
+    state = ckpt.load_state(os.path.join(cfg['output'], 'last.pth'))
+    assert state['epoch'] == 0 and all(torch.isfinite(v).all() for v in state['model'].values())
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    path = str(tmp_path / 'last.pth')
+    ckpt.atomic_save({'epoch': 1, 'w': torch.ones(3)}, path)
+
+    def crash(obj, f):
+        with open(f, 'wb') as fh:
+            fh.write(b'partial')
+        raise KeyboardInterrupt('killed mid-write')
+
+    monkeypatch.setattr(torch, 'save', crash)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.atomic_save({'epoch': 2}, path)
+    assert ckpt.load_state(path)['epoch'] == 1
+    assert os.listdir(tmp_path) == ['last.pth']  # no temp file left behind
+
+
+def test_checkpoint_refuses_pickled_code(tmp_path):
+    path = str(tmp_path / 'evil.pth')
+    torch.save({'model': {}, 'hook': os.system}, path)
+    with pytest.raises(Exception, match='[Ww]eights only'):
+        ckpt.load_state(path)
+
+
+def test_torchrun_two_cpu_ranks_end_identical(tmp_path):
+    script = tmp_path / 'ddp_job.py'
+    script.write_text(f'''
+import hashlib, os, sys, torch
+sys.path.insert(0, {ROOT!r})
+from tkvision.config import load_config
+from tkvision.train import train
+from tests.helpers import TINY_FMNIST
+cfg = load_config(None, dict(model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=2, batch_size=32, lr=2e-3,
+                             train_subset=512, val_subset=256, threads=1, progress=False, output={str(tmp_path / "run")!r},
+                             growth=dict(every_epochs=1, add_tokens=dict(qkv=4, ffn=8))))
+res = train(cfg)
+h = hashlib.sha256()
+for k, v in sorted(res['model'].state_dict().items()):
+    h.update(k.encode()); h.update(v.detach().numpy().tobytes())
+with open(os.path.join({str(tmp_path)!r}, 'rank%s.sha' % os.environ['RANK']), 'w') as f:
+    f.write(h.hexdigest() + ' %d' % res['model'].blocks[0].attn.q.num_tokens)
+''')
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', '29531', str(script)]
+    p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    r0, r1 = (open(tmp_path / f'rank{r}.sha').read() for r in (0, 1))
+    assert r0 == r1 and r0.endswith(' 20')  # grown once (16 + 4 qkv tokens) identically on both ranks
+    assert os.path.isfile(tmp_path / 'run' / 'last.pth') and os.path.isfile(tmp_path / 'run' / 'metrics.csv')

@@ -1,0 +1,307 @@
+"""Benchmarks: TokenFormer against timm's ViT, Pattention against the layers it replaces, and data loading.
+
+``python tools/benchmark.py --models tokenformer_vit_b16_matched vit_base_patch16_224 --mode infer train
+--batch-size 64 [--amp bf16] [--compile] [--device cuda] [--out docs/bench]``
+
+Method: every model is built and warmed up, then the models are timed interleaved (A B A B ...),
+``--repeats`` rounds of ``--steps`` steps each; the figure is the median round. Each TokenFormer is
+reported as a ratio to its timm counterpart from the same run (:data:`COUNTERPARTS`). FLOPs per
+image come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul-class ops; a multiply-add is 2
+FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: the CUDA allocator's peak on GPU;
+on CPU the peak RSS of a fresh child process running the same steps (RSS cannot be reset in-process).
+"""
+import argparse
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
+
+import tkvision  # noqa: F401  (registers the models)
+from .layers import Pattention
+
+__all__ = ['COUNTERPARTS', 'benchmark_models', 'benchmark_pattention', 'benchmark_data', 'machine_info', 'main']
+
+#: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
+COUNTERPARTS = {
+    'tokenformer_vit_ti16': 'vit_tiny_patch16_224', 'tokenformer_vit_s16': 'vit_small_patch16_224',
+    'tokenformer_vit_b16': 'vit_base_patch16_224', 'tokenformer_vit_b16_matched': 'vit_base_patch16_224',
+    'tokenformer_vit_l16': 'vit_large_patch16_224', 'tokenformer_vit_l16_matched': 'vit_large_patch16_224',
+}
+
+
+def machine_info(device: torch.device) -> str:
+    """One line naming the machine: CPU model and cores (or GPU name), torch version, threads."""
+    if device.type == 'cuda':
+        return f'{torch.cuda.get_device_name(device)}, torch {torch.__version__}'
+    cpu = platform.processor() or 'cpu'
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+    except (OSError, StopIteration):
+        pass
+    return f'{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads'
+
+
+def _sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+class _Step:
+    """One timed unit of work for a model: an inference forward or a full training step."""
+
+    def __init__(self, name, mode, batch_size, device, amp, compile_):
+        self.name, self.mode, self.device = name, mode, device
+        self.model = timm.create_model(name).to(device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        size = self.model.pretrained_cfg['input_size']
+        self.x = torch.randn(batch_size, *size, device=device)
+        self.y = torch.randint(0, 1000, (batch_size,), device=device)
+        self.amp = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
+        self.fn = torch.compile(self.model) if compile_ else self.model
+        if mode == 'train':
+            self.model.train()
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        else:
+            self.model.eval()
+
+    def __call__(self):
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            if self.mode == 'infer':
+                with torch.inference_mode():
+                    return self.fn(self.x)
+            loss = F.cross_entropy(self.fn(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def flops_per_image(self) -> float:
+        with FlopCounterMode(display=False) as counter:
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                if self.mode == 'infer':
+                    with torch.no_grad():
+                        self.model(self.x)
+                else:
+                    F.cross_entropy(self.model(self.x), self.y).backward()
+        self.model.zero_grad(set_to_none=True)
+        return counter.get_total_flops() / len(self.x)
+
+
+def _peak_rss_child(name, mode, batch_size, steps) -> float:
+    """Peak RSS (MiB) of a fresh process that builds ``name`` and runs ``steps`` steps of ``mode`` on CPU."""
+    code = (f'import resource, torch, tkvision.benchmark as b; torch.set_num_threads({torch.get_num_threads()}); '
+            f's = b._Step({name!r}, {mode!r}, {batch_size}, torch.device("cpu"), None, False)\n'
+            f'for _ in range({steps}): s()\n'
+            'print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cpu', amp=None, compile_=False,
+                     warmup=2, steps=2, repeats=5, memory=True, log=print) -> list:
+    """Interleaved throughput of ``models`` per mode; returns one dict per (model, mode).
+
+    Each dict: ``model, mode, batch_size, img_per_s, step_ms, params, gflops_per_img, tflops_per_s,
+    peak_mem_mib`` and, for models with a timm counterpart in the run, ``ratio`` (img/s over the
+    counterpart's) and ``mem_ratio``.
+    """
+    device = torch.device(device)
+    rows = []
+    for mode in modes:
+        runners = [_Step(m, mode, batch_size, device, amp, compile_) for m in models]
+        flops = {r.name: r.flops_per_image() for r in runners}
+        for r in runners:
+            for _ in range(warmup):
+                r()
+        _sync(device)
+        times = {r.name: [] for r in runners}
+        for rep in range(repeats):
+            for r in runners:  # interleaved: A B A B ...
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    r()
+                _sync(device)
+                times[r.name].append((time.perf_counter() - t0) / steps)
+        for r in runners:
+            step = statistics.median(times[r.name])
+            if device.type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(device)
+                r()
+                _sync(device)
+                mem = torch.cuda.max_memory_allocated(device) / 2 ** 20
+            else:
+                mem = _peak_rss_child(r.name, mode, batch_size, 2) if memory else float('nan')
+            row = dict(model=r.name, mode=mode, batch_size=batch_size, img_per_s=batch_size / step,
+                       step_ms=1000 * step, params=r.params, gflops_per_img=flops[r.name] / 1e9,
+                       tflops_per_s=flops[r.name] * batch_size / step / 1e12, peak_mem_mib=mem,
+                       spread=(max(times[r.name]) - min(times[r.name])) / step)
+            rows.append(row)
+            log(f"{mode:5s} {r.name:32s} {row['img_per_s']:8.1f} img/s  {row['step_ms']:8.1f} ms/step  "
+                f"{row['tflops_per_s'] * 1000:7.1f} GFLOP/s  {mem:8.0f} MiB")
+        del runners
+    by_key = {(r['model'], r['mode']): r for r in rows}
+    for r in rows:
+        base = by_key.get((COUNTERPARTS.get(r['model']), r['mode']))
+        if base:
+            r['ratio'] = r['img_per_s'] / base['img_per_s']
+            r['mem_ratio'] = r['peak_mem_mib'] / base['peak_mem_mib']
+    return rows
+
+
+def _time(fn, steps, repeats):
+    fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        out.append((time.perf_counter() - t0) / steps)
+    return statistics.median(out)
+
+
+def benchmark_pattention(tokens=64 * 197, dim=768, num_tokens=576, mlp_ratio=4, steps=3, repeats=5, log=print):
+    """One Pattention (d -> d, ``num_tokens``) vs the ``Linear(d, d)`` it replaces in attention and the
+    ``Linear -> GELU -> Linear`` MLP (d -> 4d -> d) that an FFN Pattention with 4x tokens replaces,
+    at ViT-B shapes (``tokens`` = batch 64 x 197), fp32, forward and forward+backward.
+
+    Returns rows ``layer, pass, ms, gflops, gflop_per_s``.
+    """
+    x = torch.randn(tokens, dim, requires_grad=True)
+    layers = {
+        f'Linear({dim},{dim})': torch.nn.Linear(dim, dim),
+        f'Pattention({dim},{dim},n={num_tokens})': Pattention(dim, dim, num_tokens),
+        f'MLP({dim},{mlp_ratio * dim},{dim})': torch.nn.Sequential(torch.nn.Linear(dim, mlp_ratio * dim), torch.nn.GELU(),
+                                                             torch.nn.Linear(mlp_ratio * dim, dim)),
+        f'Pattention({dim},{dim},n={mlp_ratio * num_tokens})': Pattention(dim, dim, mlp_ratio * num_tokens),
+    }
+    rows = []
+    for name, layer in layers.items():
+        for kind in ('forward', 'forward+backward'):
+            def fn():
+                if kind == 'forward':
+                    with torch.no_grad():
+                        layer(x)
+                else:
+                    layer(x).sum().backward()
+            with FlopCounterMode(display=False) as fc:
+                fn()
+            t = _time(fn, steps, repeats)
+            rows.append(dict(layer=name, **{'pass': kind}, ms=1000 * t, gflops=fc.get_total_flops() / 1e9,
+                             gflop_per_s=fc.get_total_flops() / t / 1e9))
+            log(f'{name:34s} {kind:17s} {1000 * t:8.2f} ms  {rows[-1]["gflop_per_s"]:7.1f} GFLOP/s')
+    return rows
+
+
+def benchmark_data(n_images=64, size=224, repeats=3, log=print):
+    """Images/s of the recipe's training augmentation on one worker: albumentations (ours) vs timm's
+    ``create_transform`` (torchvision ops), on real-size JPEG-decoded RGB images (Fashion-MNIST upscaled
+    when installed, else random pixels).
+
+    Returns rows ``pipeline, img_per_s``.
+    """
+    import numpy as np
+    from PIL import Image
+    from timm.data import create_transform
+
+    from .config import load_config
+    from .data import build_transform
+    rng = np.random.default_rng(0)
+    try:
+        from .data import load_fashion_mnist
+        raw = load_fashion_mnist('test')[0][:n_images]
+        pil = [Image.fromarray(im).convert('RGB').resize((500, 375), Image.BICUBIC) for im in raw]
+    except FileNotFoundError:
+        pil = [Image.fromarray(rng.integers(0, 255, (375, 500, 3), dtype=np.uint8)) for _ in range(n_images)]
+    arrays = [np.asarray(p) for p in pil]
+    cfg = load_config(None, dict(dataset='imagenet', img_size=size, mean=[.485, .456, .406], std=[.229, .224, .225],
+                                 auto_augment='rand-m9-mstd0.5-inc1', reprob=0.25))
+    ours = build_transform(cfg, train=True)
+    theirs = create_transform(size, is_training=True, auto_augment='rand-m9-mstd0.5-inc1', re_prob=0.25,
+                              interpolation='bicubic')
+    rows = []
+    for name, fn, items in (('albumentations + timm RandAugment (tkvision)', lambda a: ours(image=a)['image'], arrays),
+                            ('timm create_transform (torchvision)', theirs, pil)):
+        t = _time(lambda: [fn(i) for i in items], 1, repeats)
+        rows.append(dict(pipeline=name, img_per_s=len(items) / t))
+        log(f'{name:48s} {len(items) / t:8.1f} img/s per worker')
+    return rows
+
+
+def _markdown(rows, cols):
+    def fmt(v):
+        return f'{v:.3g}' if isinstance(v, float) else str(v)
+    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+    lines += ['| ' + ' | '.join(fmt(r.get(c, '')) for c in cols) + ' |' for r in rows]
+    return '\n'.join(lines)
+
+
+def main(argv=None):
+    """``tkvision-benchmark`` / ``tools/benchmark.py``; see ``--help``. Writes ``<out>.md``, ``<out>.csv``."""
+    ap = argparse.ArgumentParser(description='Benchmark TokenFormer ViTs against timm ViTs.')
+    ap.add_argument('--models', nargs='+', default=['tokenformer_vit_b16_matched', 'vit_base_patch16_224'])
+    ap.add_argument('--mode', nargs='+', default=['infer', 'train'], choices=['infer', 'train'])
+    ap.add_argument('--batch-size', type=int, default=64)
+    ap.add_argument('--amp', choices=['bf16', 'fp16'])
+    ap.add_argument('--compile', action='store_true')
+    ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
+    ap.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
+    ap.add_argument('--steps', type=int, default=2, help='steps per timed round')
+    ap.add_argument('--repeats', type=int, default=5, help='interleaved rounds; the median is reported')
+    ap.add_argument('--parts', nargs='+', default=['models', 'pattention', 'data'],
+                    choices=['models', 'pattention', 'data'])
+    ap.add_argument('--no-memory', action='store_true', help='skip the CPU peak-RSS child processes')
+    ap.add_argument('--out', default='runs/benchmark', help='prefix for .md / .csv / .json results')
+    args = ap.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    info = machine_info(device)
+    stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    cmd = 'python tools/benchmark.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
+    print(f'{info}\n{stamp}\n{cmd}')
+    md = [f'Machine: {info}  \nDate: {stamp}  \nCommand: `{cmd}`\n']
+    results = {}
+    if 'models' in args.parts:
+        rows = benchmark_models(args.models, args.mode, args.batch_size, args.device, args.amp, args.compile,
+                                steps=args.steps, repeats=args.repeats, memory=not args.no_memory)
+        results['models'] = rows
+        for r in rows:
+            if 'ratio' in r:
+                print(f"HEADLINE {r['mode']:5s} {r['model']} / {COUNTERPARTS[r['model']]}: "
+                      f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory")
+        md += ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', 'step_ms',
+                                               'params', 'gflops_per_img', 'tflops_per_s', 'peak_mem_mib',
+                                               'mem_ratio', 'spread']), '']
+    if 'pattention' in args.parts:
+        results['pattention'] = benchmark_pattention()
+        md += ['### Pattention vs the layers it replaces (ViT-B shapes, fp32)',
+               _markdown(results['pattention'], ['layer', 'pass', 'ms', 'gflops', 'gflop_per_s']), '']
+    if 'data' in args.parts:
+        results['data'] = benchmark_data()
+        md += ['### Training augmentation, one worker', _markdown(results['data'], ['pipeline', 'img_per_s']), '']
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out + '.md', 'w') as f:
+        f.write('\n'.join(md))
+    with open(args.out + '.json', 'w') as f:
+        json.dump(dict(machine=info, date=stamp, command=cmd, **results), f, indent=1)
+    if 'models' in results:
+        with open(args.out + '.csv', 'w', newline='') as f:
+            w = csv.DictWriter(f, fieldnames=sorted({k for r in results['models'] for k in r}))
+            w.writeheader()
+            w.writerows(results['models'])
+    print(f'wrote {args.out}.md / .csv / .json')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

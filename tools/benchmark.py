@@ -1,0 +1,11 @@
+#!/usr/bin/env python
+"""Benchmark TokenFormer vs timm ViT: ``python tools/benchmark.py --models M1 M2 --mode infer train --batch-size 64``.
+
+Thin wrapper over :func:`tkvision.benchmark.main` (also installed as ``tkvision-benchmark``).
+"""
+import sys
+
+from tkvision.benchmark import main
+
+if __name__ == '__main__':
+    sys.exit(main())
