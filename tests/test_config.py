@@ -18,6 +18,15 @@ def test_base_inheritance_and_overrides(tmp_path):
     assert cfg['growth']['key_init'] == 'normal' and cfg['growth']['value_init'] == 'normal'
 
 
+def test_ablation_configs_change_one_thing():
+    base = load_config(os.path.join(ROOT, 'configs/ablations/fashion_mnist/_base_.yaml'))
+    cfg = load_config(os.path.join(ROOT, 'configs/ablations/fashion_mnist/norm_softmax.yaml'))
+    assert cfg['model_kwargs'] == dict(base['model_kwargs'], score_norm='softmax')
+    cfg = load_config(os.path.join(ROOT, 'configs/ablations/imagenet/ln_weight.yaml'))
+    assert cfg['model'] == 'tokenformer_vit_b16' and cfg['model_kwargs'] == {'block_norm_weight': True}
+    assert cfg['weight_decay'] == 0.3 and cfg['epochs'] == 300  # the MAE recipe, through two _base_ levels
+
+
 def test_unknown_key_is_named(tmp_path):
     (tmp_path / 'bad.yaml').write_text('epochs: 5\nlearning_rate: 0.1\n')
     with pytest.raises(ConfigError, match="unknown config key 'learning_rate' in .*bad.yaml"):

@@ -214,3 +214,16 @@ with open(os.path.join({str(tmp_path)!r}, 'rank%s.sha' % os.environ['RANK']), 'w
     r0, r1 = (open(tmp_path / f'rank{r}.sha').read() for r in (0, 1))
     assert r0 == r1 and r0.endswith(' 20')  # grown once (16 + 4 qkv tokens) identically on both ranks
     assert os.path.isfile(tmp_path / 'run' / 'last.pth') and os.path.isfile(tmp_path / 'run' / 'metrics.csv')
+
+
+def test_rand_augment_never_posterizes_to_zero_bits():
+    """timm's m9-mstd0.5 RandAugment can draw magnitude 10 -> Posterize(0 bits), which Pillow rejects."""
+    import numpy as np
+    from tkvision.data import build_transform
+    cfg = load_config(None, dict(dataset='imagenet', img_size=32, mean=[.5] * 3, std=[.5] * 3,
+                                 auto_augment='rand-n8-m9-mstd0.5-inc1', rrc_scale=None))
+    t = build_transform(cfg, train=True)
+    img = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    for seed in range(300):  # ~8 ops x 300 draws: several magnitude-10 Posterize draws without the cap
+        t.set_random_seed(seed)
+        assert t(image=img)['image'].shape == (3, 32, 32)

@@ -3,8 +3,9 @@
 ``import tkvision`` registers ``tokenformer_vit_*`` with ``timm.create_model``.
 """
 from . import layers, models
+from .growth import grow
 from .layers import Pattention
 from .models import TokenFormerViT
 
 __version__ = '0.1.0'
-__all__ = ['Pattention', 'TokenFormerViT', 'layers', 'models']
+__all__ = ['Pattention', 'TokenFormerViT', 'grow', 'layers', 'models']

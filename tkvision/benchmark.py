@@ -226,7 +226,8 @@ def benchmark_data(n_images=64, size=224, repeats=3, log=print):
     cfg = load_config(None, dict(dataset='imagenet', img_size=size, mean=[.485, .456, .406], std=[.229, .224, .225],
                                  auto_augment='rand-m9-mstd0.5-inc1', reprob=0.25))
     ours = build_transform(cfg, train=True)
-    theirs = create_transform(size, is_training=True, auto_augment='rand-m9-mstd0.5-inc1', re_prob=0.25,
+    # mmax9: timm's own pipeline otherwise hits its Posterize-0-bits crash with Pillow >= 11 (tkvision.data)
+    theirs = create_transform(size, is_training=True, auto_augment='rand-m9-mstd0.5-inc1-mmax9', re_prob=0.25,
                               interpolation='bicubic')
     rows = []
     for name, fn, items in (('albumentations + timm RandAugment (tkvision)', lambda a: ours(image=a)['image'], arrays),

@@ -105,8 +105,9 @@ def _coerce(value):
 def merge(base: dict, over: dict, where: str = 'config', schema: dict = DEFAULTS) -> dict:
     """Recursively merge ``over`` into a copy of ``base``, checking keys against ``schema``.
 
-    Mappings in the schema merge key by key; ``model_kwargs`` and ``growth.add_tokens`` are free
-    mappings (passed to other functions, which check them).
+    Mappings merge key by key (so a child config or ``--model_kwargs {score_norm: softmax}`` changes
+    one model kwarg and keeps the others); ``model_kwargs`` and ``growth.add_tokens`` are free
+    mappings whose keys are checked by the functions they are passed to.
 
     Raises:
         ConfigError: a key of ``over`` not in ``schema``, naming it and ``where``.
@@ -115,8 +116,10 @@ def merge(base: dict, over: dict, where: str = 'config', schema: dict = DEFAULTS
     for key, value in over.items():
         if key not in schema:
             raise ConfigError(f'unknown config key {key!r} in {where}; known keys: {", ".join(sorted(schema))}')
-        if isinstance(schema[key], dict) and schema[key] and isinstance(value, dict):
-            out[key] = merge(out.get(key) or {}, value, f'{where}:{key}', schema[key])
+        if isinstance(schema[key], dict) and isinstance(value, dict):
+            # a free mapping (empty in the schema) merges key by key without checks
+            sub_schema = schema[key] or {**(out.get(key) or {}), **value}
+            out[key] = merge(out.get(key) or {}, value, f'{where}:{key}', sub_schema)
         else:
             out[key] = copy.deepcopy(_coerce(value))
     return out
