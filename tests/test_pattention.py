@@ -142,3 +142,41 @@ def test_init_std():
     layer = Pattention(256, 256, num_tokens=512, key_std=0.02, value_std=0.005)
     assert abs(layer.key_param_tokens.std().item() - 0.02) < 0.001
     assert abs(layer.value_param_tokens.std().item() - 0.005) < 0.0003
+
+
+@pytest.mark.parametrize('shape', [(3, 5, 12), (7, 12)])
+def test_lean_backward_equals_reference_autograd(shape):
+    """The hand-written backward (pattention_memory.py) against plain autograd of Eq. 5, float64."""
+    torch.manual_seed(0)
+    ref = Pattention(12, 10, num_tokens=9, lean_backward=False, key_std=0.5, value_std=0.5).double()
+    lean = Pattention(12, 10, num_tokens=9, lean_backward=True).double()
+    assert Pattention(2, 2, 2).lean_backward == 'auto'
+    lean.load_state_dict(ref.state_dict())
+    x = torch.randn(*shape, dtype=torch.float64)
+    x[0].zero_()  # an all-zero row: the clamped-norm branch
+    grads = []
+    for layer in (ref, lean):
+        xi = x.clone().requires_grad_()
+        out = layer(xi)
+        (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
+        grads.append((out.detach(), xi.grad, layer.key_param_tokens.grad, layer.value_param_tokens.grad))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert torch.autograd.gradcheck(lambda x: lean(x), (torch.randn(2, 12, dtype=torch.float64, requires_grad=True),))
+
+
+def test_lean_backward_under_autocast_matches_reference():
+    torch.manual_seed(0)
+    ref = Pattention(32, 16, num_tokens=24, lean_backward=False)
+    lean = Pattention(32, 16, num_tokens=24, lean_backward=True)
+    lean.load_state_dict(ref.state_dict())
+    x = torch.randn(4, 8, 32)
+    outs = []
+    for layer in (ref, lean):
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            out = layer(x)
+        out.float().sum().backward()
+        outs.append((out.float(), layer.key_param_tokens.grad, layer.value_param_tokens.grad))
+    for a, b in zip(*outs):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)

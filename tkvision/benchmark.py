@@ -272,6 +272,19 @@ def main(argv=None):
     print(f'{info}\n{stamp}\n{cmd}')
     md = [f'Machine: {info}  \nDate: {stamp}  \nCommand: `{cmd}`\n']
     results = {}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+
+    def save():  # after every part, so a later failure loses nothing measured
+        with open(args.out + '.md', 'w') as f:
+            f.write('\n'.join(md))
+        with open(args.out + '.json', 'w') as f:
+            json.dump(dict(machine=info, date=stamp, command=cmd, **results), f, indent=1)
+        if 'models' in results:
+            with open(args.out + '.csv', 'w', newline='') as f:
+                w = csv.DictWriter(f, fieldnames=sorted({k for r in results['models'] for k in r}))
+                w.writeheader()
+                w.writerows(results['models'])
+
     if 'models' in args.parts:
         rows = benchmark_models(args.models, args.mode, args.batch_size, args.device, args.amp, args.compile,
                                 steps=args.steps, repeats=args.repeats, memory=not args.no_memory)
@@ -283,23 +296,16 @@ def main(argv=None):
         md += ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', 'step_ms',
                                                'params', 'gflops_per_img', 'tflops_per_s', 'peak_mem_mib',
                                                'mem_ratio', 'spread']), '']
+        save()
     if 'pattention' in args.parts:
         results['pattention'] = benchmark_pattention()
         md += ['### Pattention vs the layers it replaces (ViT-B shapes, fp32)',
                _markdown(results['pattention'], ['layer', 'pass', 'ms', 'gflops', 'gflop_per_s']), '']
+        save()
     if 'data' in args.parts:
         results['data'] = benchmark_data()
         md += ['### Training augmentation, one worker', _markdown(results['data'], ['pipeline', 'img_per_s']), '']
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out + '.md', 'w') as f:
-        f.write('\n'.join(md))
-    with open(args.out + '.json', 'w') as f:
-        json.dump(dict(machine=info, date=stamp, command=cmd, **results), f, indent=1)
-    if 'models' in results:
-        with open(args.out + '.csv', 'w', newline='') as f:
-            w = csv.DictWriter(f, fieldnames=sorted({k for r in results['models'] for k in r}))
-            w.writeheader()
-            w.writerows(results['models'])
+        save()
     print(f'wrote {args.out}.md / .csv / .json')
     return 0
 

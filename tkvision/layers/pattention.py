@@ -32,6 +32,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
+
+from .pattention_memory import l2_norm_gelu_attend
 
 __all__ = ['Pattention', 'SCORE_NORMS', 'default_tau', 'normalize_scores']
 
@@ -68,10 +71,10 @@ def normalize_scores(scores: torch.Tensor, score_norm: str, tau, eps: float = 1e
         eps: lower bound on the norm, so an all-zero row gives zeros, never NaN.
 
     Returns:
-        Normalised scores S, same shape and dtype as ``scores``. The normalisation runs in float32
+        Normalised scores S, same shape and dtype as ``scores``. The normalisation runs in float32 (or float64)
         (safe under bf16/fp16 autocast) and is cast back.
     """
-    a = scores.float()
+    a = scores.to(torch.promote_types(scores.dtype, torch.float32))  # >= float32
     if score_norm == 'l2_norm_gelu':
         s = F.gelu(a * (tau / torch.linalg.vector_norm(a, dim=-1, keepdim=True).clamp_min(eps)))
     elif score_norm == 'l1_norm_gelu':
@@ -99,6 +102,11 @@ class Pattention(nn.Module):
         key_std: std of the normal init of the key tokens (0.02, public code).
         value_std: std of the normal init of the value tokens (0.02 here; the model passes the
             public code's 2 / (depth · √d) for its blocks).
+        lean_backward: for ``l2_norm_gelu`` with autograd on, use the same math with a hand-written
+            backward that keeps one ``[..., n]`` tensor instead of three (``pattention_memory.py``):
+            ``'auto'`` (default) on CUDA, where activation memory limits the batch (B/16: 0.87x ViT-B's
+            saved activations instead of 1.6x), not on CPU, where its recomputation costs ~10%
+            (``docs/performance.md``); ``True`` / ``False`` force it.
 
     Attributes:
         key_param_tokens: K_P, ``[num_tokens, in_features]``.
@@ -110,14 +118,14 @@ class Pattention(nn.Module):
     """
 
     def __init__(self, in_features, out_features, num_tokens, score_norm='l2_norm_gelu', tau=None,
-                 eps=1e-6, key_std=0.02, value_std=0.02, device=None, dtype=None):
+                 eps=1e-6, key_std=0.02, value_std=0.02, lean_backward='auto', device=None, dtype=None):
         super().__init__()
         if min(in_features, out_features, num_tokens) <= 0:
             raise ValueError(f'Pattention sizes must be positive, got in_features={in_features}, '
                              f'out_features={out_features}, num_tokens={num_tokens}')
         tau = default_tau(score_norm, num_tokens) if tau is None else float(tau)
         self.in_features, self.out_features, self.score_norm, self.eps = in_features, out_features, score_norm, eps
-        self.key_std, self.value_std = key_std, value_std
+        self.key_std, self.value_std, self.lean_backward = key_std, value_std, lean_backward
         factory = dict(device=device, dtype=dtype)
         self.key_param_tokens = nn.Parameter(torch.empty(num_tokens, in_features, **factory))
         self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
@@ -137,6 +145,9 @@ class Pattention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]``."""
         scores = F.linear(x, self.key_param_tokens)  # A = X K_Pᵀ, [..., n]
+        lean = x.is_cuda if self.lean_backward == 'auto' else self.lean_backward
+        if lean and self.score_norm == 'l2_norm_gelu' and torch.is_grad_enabled() and not is_fx_symbolic_tracing():
+            return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)  # same math, less memory
         return normalize_scores(scores, self.score_norm, self.tau, self.eps) @ self.value_param_tokens
 
     @torch.no_grad()
