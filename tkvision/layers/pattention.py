@@ -145,8 +145,8 @@ class Pattention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]``."""
         scores = F.linear(x, self.key_param_tokens)  # A = X K_Pᵀ, [..., n]
-        lean = x.is_cuda if self.lean_backward == 'auto' else self.lean_backward
-        if lean and self.score_norm == 'l2_norm_gelu' and torch.is_grad_enabled() and not is_fx_symbolic_tracing():
+        if (self.score_norm == 'l2_norm_gelu' and torch.is_grad_enabled() and not is_fx_symbolic_tracing()
+                and (x.is_cuda if self.lean_backward == 'auto' else self.lean_backward)):
             return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)  # same math, less memory
         return normalize_scores(scores, self.score_norm, self.tau, self.eps) @ self.value_param_tokens
 
