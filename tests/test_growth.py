@@ -162,3 +162,9 @@ def test_growth_during_training_and_resume_across_it(tmp_path, monkeypatch):
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+
+
+def test_unknown_growth_kind_is_named(tmp_path):
+    from tkvision.config import ConfigError
+    with pytest.raises(ConfigError, match="unknown token kinds \\['mlp'\\]"):
+        train_mod.train(fmnist_cfg(tmp_path, growth=dict(every_epochs=1, add_tokens=dict(mlp=8))))

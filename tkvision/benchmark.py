@@ -6,8 +6,8 @@
 Method: every model is built and warmed up, then the models are timed interleaved (A B A B ...),
 ``--repeats`` rounds of ``--steps`` steps each; the figure is the median round. Each TokenFormer is
 reported as a ratio to its timm counterpart from the same run (:data:`COUNTERPARTS`). FLOPs per
-image come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul-class ops; a multiply-add is 2
-FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: the CUDA allocator's peak on GPU;
+image come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul-class ops and attention; a
+multiply-add is 2 FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: the CUDA allocator's peak on GPU;
 on CPU the peak RSS of a fresh child process running the same steps (RSS cannot be reset in-process).
 """
 import argparse
@@ -23,12 +23,12 @@ import time
 import timm
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 import tkvision  # noqa: F401  (registers the models)
 from .layers import Pattention
 
-__all__ = ['COUNTERPARTS', 'benchmark_models', 'benchmark_pattention', 'benchmark_data', 'machine_info', 'main']
+__all__ = ['COUNTERPARTS', 'flop_counter', 'benchmark_models', 'benchmark_pattention', 'benchmark_data', 'machine_info', 'main']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -36,6 +36,23 @@ COUNTERPARTS = {
     'tokenformer_vit_b16': 'vit_base_patch16_224', 'tokenformer_vit_b16_matched': 'vit_base_patch16_224',
     'tokenformer_vit_l16': 'vit_large_patch16_224', 'tokenformer_vit_l16_matched': 'vit_large_patch16_224',
 }
+
+
+def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def flop_counter() -> FlopCounterMode:
+    """``FlopCounterMode`` that also counts SDPA's CPU flash kernels (torch counts only the CUDA ones),
+    so CPU and GPU FLOPs per image agree."""
+    aten = torch.ops.aten
+    return FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward})
 
 
 def machine_info(device: torch.device) -> str:
@@ -85,7 +102,7 @@ class _Step:
         self.opt.zero_grad(set_to_none=True)
 
     def flops_per_image(self) -> float:
-        with FlopCounterMode(display=False) as counter:
+        with flop_counter() as counter:
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
                 if self.mode == 'infer':
                     with torch.no_grad():
@@ -193,7 +210,7 @@ def benchmark_pattention(tokens=64 * 197, dim=768, num_tokens=576, mlp_ratio=4, 
                         layer(x)
                 else:
                     layer(x).sum().backward()
-            with FlopCounterMode(display=False) as fc:
+            with flop_counter() as fc:
                 fn()
             t = _time(fn, steps, repeats)
             rows.append(dict(layer=name, **{'pass': kind}, ms=1000 * t, gflops=fc.get_total_flops() / 1e9,

@@ -27,7 +27,7 @@ from .checkpoint import check_fit, load_state_dict_file, save_weights
 from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
-__all__ = ['pattention_layers', 'token_counts', 'target_counts', 'grow', 'grow_optimizer_state',
+__all__ = ['TOKEN_KINDS', 'pattention_layers', 'token_counts', 'target_counts', 'grow', 'grow_optimizer_state',
            'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
 
 

@@ -24,8 +24,8 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from torch.utils.flop_counter import FlopCounterMode
 
+from .benchmark import flop_counter
 from .config import load_config
 from .growth import grow_checkpoint
 from .train import build_model, train
@@ -38,7 +38,7 @@ def train_flops_per_image(cfg: dict) -> float:
     model = build_model(cfg)
     size = cfg['model_kwargs'].get('img_size', cfg['img_size'])
     x = torch.randn(2, model.in_chans, size, size)
-    with FlopCounterMode(display=False) as fc:
+    with flop_counter() as fc:
         F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long)).backward()
     return fc.get_total_flops() / 2
 

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from . import growth
 from .checkpoint import atomic_save, load_state, load_state_dict_file, save_weights
-from .config import load_config, resolve_accum_steps, resolve_lr
+from .config import ConfigError, load_config, resolve_accum_steps, resolve_lr
 from .data import build_dataset, build_loader
 from .evaluate import evaluate
 from .plotting import plot_curves
@@ -148,8 +148,9 @@ class _Run:
         growth.grow_optimizer_state(self.optimizer, old_to_new)
         if self.ema is not None:
             growth.grow(self.ema.module, to=growth.token_counts(self.model), key_init='zeros', value_init='zeros')
+            live_layers = growth.pattention_layers(self.model)
             for n, (_, m) in growth.pattention_layers(self.ema.module).items():  # EMA starts from the new rows
-                live = growth.pattention_layers(self.model)[n][1]
+                live = live_layers[n][1]
                 k_old = before[n][0].shape[0]
                 m.key_param_tokens.data[k_old:] = live.key_param_tokens.data[k_old:]
                 m.value_param_tokens.data[k_old:] = live.value_param_tokens.data[k_old:]
@@ -200,6 +201,9 @@ def train(cfg: dict, resume=None) -> dict:
         NonFiniteLossError: NaN/inf loss (the step is named; the last checkpoint is left intact).
         FileNotFoundError: missing data (naming the path and how to get it) or resume checkpoint.
     """
+    unknown = set(cfg['growth']['add_tokens']) - set(growth.TOKEN_KINDS)
+    if unknown:
+        raise ConfigError(f'unknown token kinds {sorted(unknown)} in growth.add_tokens; kinds are {growth.TOKEN_KINDS}')
     setup_threads(cfg)
     rank, world, device = _setup_distributed(cfg)
     main_proc = rank == 0

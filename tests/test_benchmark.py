@@ -1,0 +1,21 @@
+"""The benchmark's arithmetic: FLOPs per image against the analytic count, ratios against the counterpart."""
+import pytest
+
+from tkvision.benchmark import COUNTERPARTS, benchmark_models
+
+
+def tokenformer_infer_flops(d=192, depth=12, n=192, n_ffn=768, tokens=197, patches=196, patch_dim=768, classes=1000):
+    """2 FLOPs per multiply-add: each Pattention costs 2 T n (d_in + d_out); attention 4 T^2 d (QK^T and AV)."""
+    stem = 2 * patches * n * (patch_dim + d)
+    block = 2 * tokens * (4 * n * 2 * d + n_ffn * 2 * d) + 4 * tokens ** 2 * d
+    return stem + depth * block + 2 * d * classes
+
+
+def test_flops_and_ratio():
+    rows = benchmark_models(['tokenformer_vit_ti16', 'vit_tiny_patch16_224'], modes=('infer',), batch_size=2,
+                            warmup=1, steps=1, repeats=2, memory=False, log=lambda *_: None)
+    ours, vit = rows
+    assert ours['gflops_per_img'] * 1e9 == pytest.approx(tokenformer_infer_flops(), rel=1e-6)
+    assert ours['ratio'] == pytest.approx(ours['img_per_s'] / vit['img_per_s'])
+    assert ours['tflops_per_s'] == pytest.approx(ours['gflops_per_img'] * ours['img_per_s'] / 1e3)
+    assert 'ratio' not in vit and COUNTERPARTS['tokenformer_vit_ti16'] == 'vit_tiny_patch16_224'
