@@ -19,3 +19,12 @@ def test_flops_and_ratio():
     assert ours['ratio'] == pytest.approx(ours['img_per_s'] / vit['img_per_s'])
     assert ours['tflops_per_s'] == pytest.approx(ours['gflops_per_img'] * ours['img_per_s'] / 1e3)
     assert 'ratio' not in vit and COUNTERPARTS['tokenformer_vit_ti16'] == 'vit_tiny_patch16_224'
+
+
+def test_profile_breakdown_accounts_for_the_step():
+    from tkvision.benchmark import profile_breakdown
+    rows = profile_breakdown(['tokenformer_vit_ti16'], batch_size=1, log=lambda *_: None)
+    shares = {r['category']: r['share'] for r in rows}
+    assert abs(sum(shares.values()) - 1) < 1e-6
+    assert max(shares, key=shares.get) == 'matmul'  # Pattention's two matmuls dominate, as in a Linear
+    assert shares.get('score normalisation / GELU', 0) > 0

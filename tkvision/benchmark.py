@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import tkvision  # noqa: F401  (registers the models)
 from .layers import Pattention
 
-__all__ = ['COUNTERPARTS', 'flop_counter', 'benchmark_models', 'benchmark_pattention', 'benchmark_data', 'machine_info', 'main']
+__all__ = ['COUNTERPARTS', 'flop_counter', 'benchmark_models', 'profile_breakdown', 'benchmark_pattention', 'benchmark_data', 'machine_info', 'main']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -175,6 +175,47 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
     return rows
 
 
+#: Profiler op-name categories for :func:`profile_breakdown` (first match wins; the rest is 'other').
+PROFILE_CATEGORIES = (
+    ('matmul', ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::linear', 'aten::matmul')),
+    ('attention (SDPA)', ('scaled_dot_product',)),
+    ('optimizer (AdamW)', ('aten::_foreach', 'aten::lerp', 'aten::addcdiv', 'aten::addcmul', 'aten::sqrt',
+                           'aten::mul_', 'aten::add_', 'aten::div_')),
+    ('score normalisation / GELU', ('aten::gelu', 'aten::linalg_vector_norm', 'aten::norm', 'aten::clamp',
+                                    'aten::masked_fill', 'aten::div', 'aten::mul', 'aten::erf', 'aten::exp',
+                                    'aten::where', 'aten::sum', 'aten::reciprocal')),
+    ('layer norm', ('layer_norm',)),
+)
+
+
+def profile_breakdown(models, batch_size=8, device='cpu', log=print) -> list:
+    """Self time of one training step per op category (``PROFILE_CATEGORIES``), per model.
+
+    Returns rows ``model, category, ms, share`` (share of the step's total self time).
+    """
+    from torch.profiler import ProfilerActivity, profile
+    device = torch.device(device)
+    rows = []
+    for name in models:
+        step = _Step(name, 'train', batch_size, device, None, False)
+        step()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+        with profile(activities=acts) as prof:
+            step()
+            _sync(device)
+        totals = {}
+        for ev in prof.key_averages():
+            cat = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
+            us = ev.self_device_time_total if device.type == 'cuda' else ev.self_cpu_time_total
+            totals[cat] = totals.get(cat, 0.0) + us / 1000
+        total = sum(totals.values())
+        for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+            rows.append(dict(model=name, category=cat, ms=ms, share=ms / total))
+            log(f'{name:32s} {cat:28s} {ms:9.1f} ms  {100 * ms / total:5.1f}%')
+        del step
+    return rows
+
+
 def _time(fn, steps, repeats):
     fn()
     out = []
@@ -275,8 +316,9 @@ def main(argv=None):
     ap.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
     ap.add_argument('--steps', type=int, default=2, help='steps per timed round')
     ap.add_argument('--repeats', type=int, default=5, help='interleaved rounds; the median is reported')
-    ap.add_argument('--parts', nargs='+', default=['models', 'pattention', 'data'],
-                    choices=['models', 'pattention', 'data'])
+    ap.add_argument('--parts', nargs='+', default=['models', 'pattention', 'data', 'profile'],
+                    choices=['models', 'pattention', 'data', 'profile'])
+    ap.add_argument('--profile-batch-size', type=int, default=8)
     ap.add_argument('--no-memory', action='store_true', help='skip the CPU peak-RSS child processes')
     ap.add_argument('--out', default='runs/benchmark', help='prefix for .md / .csv / .json results')
     args = ap.parse_args(argv)
@@ -318,6 +360,11 @@ def main(argv=None):
         results['pattention'] = benchmark_pattention()
         md += ['### Pattention vs the layers it replaces (ViT-B shapes, fp32)',
                _markdown(results['pattention'], ['layer', 'pass', 'ms', 'gflops', 'gflop_per_s']), '']
+        save()
+    if 'profile' in args.parts:
+        results['profile'] = profile_breakdown(args.models, args.profile_batch_size, args.device)
+        md += [f'### Where a training step goes (torch.profiler self time, batch {args.profile_batch_size})',
+               _markdown(results['profile'], ['model', 'category', 'ms', 'share']), '']
         save()
     if 'data' in args.parts:
         results['data'] = benchmark_data()
