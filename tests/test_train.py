@@ -227,3 +227,11 @@ def test_rand_augment_never_posterizes_to_zero_bits():
     for seed in range(300):  # ~8 ops x 300 draws: several magnitude-10 Posterize draws without the cap
         t.set_random_seed(seed)
         assert t(image=img)['image'].shape == (3, 32, 32)
+
+
+def test_bf16_autocast_and_grad_checkpointing_train_like_fp32(tmp_path):
+    """The recipe's bf16 autocast and gradient checkpointing options reach about the same accuracy as fp32."""
+    ref = train_mod.train(fmnist_cfg(tmp_path, epochs=2, train_subset=4096, output=str(tmp_path / 'fp32')))
+    low = train_mod.train(fmnist_cfg(tmp_path, epochs=2, train_subset=4096, amp='bf16', grad_checkpointing=True,
+                                     output=str(tmp_path / 'bf16')))
+    assert ref['top1'] > 60 and abs(low['top1'] - ref['top1']) < 5, (ref['top1'], low['top1'])

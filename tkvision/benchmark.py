@@ -28,7 +28,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import tkvision  # noqa: F401  (registers the models)
 from .layers import Pattention
 
-__all__ = ['COUNTERPARTS', 'flop_counter', 'benchmark_models', 'profile_breakdown', 'benchmark_pattention', 'benchmark_data', 'machine_info', 'main']
+__all__ = ['COUNTERPARTS', 'flop_counter', 'benchmark_models', 'profile_breakdown', 'benchmark_pattention',
+           'benchmark_data', 'machine_info', 'main']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {

@@ -19,7 +19,8 @@ def plot_curves(history, path: str, title: str = ''):
         return [p[0] for p in pts], [p[1] for p in pts]
 
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 4))
-    for key, label in (('train_loss', 'train loss'), ('val_loss', 'val loss')):
+    for key, label in (('train_loss', 'train loss (as trained: smoothing, mixup)'),
+                       ('val_loss', 'val loss (cross-entropy)')):
         ax_loss.plot(*series(key), marker='o', label=label)
     for key, label in (('top1', 'val top-1'), ('ema_top1', 'EMA val top-1')):
         x, y = series(key)
