@@ -28,3 +28,22 @@ def test_profile_breakdown_accounts_for_the_step():
     assert abs(sum(shares.values()) - 1) < 1e-6
     assert max(shares, key=shares.get) == 'matmul'  # Pattention's two matmuls dominate, as in a Linear
     assert shares.get('score normalisation / GELU', 0) > 0
+
+
+def test_saved_activations_lean_path_keeps_less():
+    """The lean backward keeps one [T, n] tensor per Pattention instead of three (pattention_memory.py)."""
+    import timm
+    import torch
+
+    from tkvision.benchmark import saved_activation_mib
+    kw = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_tokens=128)
+    x = torch.randn(4, 3, 32, 32)
+    mib = {}
+    for lean in (False, True):
+        m = timm.create_model('tokenformer_vit_ti16', **kw)
+        for mod in m.modules():
+            if hasattr(mod, 'lean_backward'):
+                mod.lean_backward = lean
+        mib[lean] = saved_activation_mib(m, x)
+    scores = 4 * 17 * (128 * 4 + 512) * 2 * 4 / 2 ** 20  # [B*N, n] fp32 per Pattention of 2 blocks
+    assert mib[False] - mib[True] == pytest.approx(2 * scores, rel=0.1)

@@ -28,7 +28,8 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import tkvision  # noqa: F401  (registers the models)
 from .layers import Pattention
 
-__all__ = ['COUNTERPARTS', 'flop_counter', 'benchmark_models', 'profile_breakdown', 'benchmark_pattention',
+__all__ = ['COUNTERPARTS', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
+           'benchmark_pattention',
            'benchmark_data', 'machine_info', 'main']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
@@ -114,6 +115,25 @@ class _Step:
         return counter.get_total_flops() / len(self.x)
 
 
+def saved_activation_mib(model: torch.nn.Module, x: torch.Tensor, amp=None) -> float:
+    """MiB that autograd keeps for backward in one forward of ``model`` on ``x``, parameters excluded
+    (unique storages, counted through ``torch.autograd.graph.saved_tensors_hooks``): the activation
+    memory of a training step, independent of the allocator."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+            model(x)
+    return sum(seen.values()) / 2 ** 20
+
+
 def _peak_rss_child(name, mode, batch_size, steps) -> float:
     """Peak RSS (MiB) of a fresh process that builds ``name`` and runs ``steps`` steps of ``mode`` on CPU."""
     code = (f'import resource, torch, tkvision.benchmark as b; torch.set_num_threads({torch.get_num_threads()}); '
@@ -159,7 +179,8 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
                 mem = torch.cuda.max_memory_allocated(device) / 2 ** 20
             else:
                 mem = _peak_rss_child(r.name, mode, batch_size, 2) if memory else float('nan')
-            row = dict(model=r.name, mode=mode, batch_size=batch_size, img_per_s=batch_size / step,
+            saved = saved_activation_mib(r.model.train(), r.x, r.amp) if mode == 'train' else float('nan')
+            row = dict(model=r.name, mode=mode, batch_size=batch_size, img_per_s=batch_size / step, saved_mib=saved,
                        step_ms=1000 * step, params=r.params, gflops_per_img=flops[r.name] / 1e9,
                        tflops_per_s=flops[r.name] * batch_size / step / 1e12, peak_mem_mib=mem,
                        spread=(max(times[r.name]) - min(times[r.name])) / step)
@@ -173,6 +194,7 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
         if base:
             r['ratio'] = r['img_per_s'] / base['img_per_s']
             r['mem_ratio'] = r['peak_mem_mib'] / base['peak_mem_mib']
+            r['saved_ratio'] = r['saved_mib'] / base['saved_mib']
     return rows
 
 
@@ -352,10 +374,11 @@ def main(argv=None):
         for r in rows:
             if 'ratio' in r:
                 print(f"HEADLINE {r['mode']:5s} {r['model']} / {COUNTERPARTS[r['model']]}: "
-                      f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory")
+                      f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory, "
+                      f"{r['saved_ratio']:.2f}x activations saved for backward")
         md += ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', 'step_ms',
                                                'params', 'gflops_per_img', 'tflops_per_s', 'peak_mem_mib',
-                                               'mem_ratio', 'spread']), '']
+                                               'mem_ratio', 'saved_mib', 'saved_ratio', 'spread']), '']
         save()
     if 'pattention' in args.parts:
         results['pattention'] = benchmark_pattention()
