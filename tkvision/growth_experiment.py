@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .benchmark import flop_counter
-from .config import load_config
+from .config import load_config, resolve_lr
 from .growth import grow_checkpoint
 from .train import build_model, train
 
@@ -54,8 +54,12 @@ def _points(history, flops_by_tokens, offset=0.0, n_train=60000):
 
 
 def run_experiment(cfg_path: str, out: str, epochs: int, grow_epochs: int, large_tokens: dict, online_steps: int,
-                   overrides=(), log=print) -> dict:
-    """Run (a)-(d) of the module docstring; returns ``{run: dict(top1, compute, points)}`` and writes the report."""
+                   overrides=(), grow_lr_scale: float = 0.25, log=print) -> dict:
+    """Run (a)-(d) of the module docstring; returns ``{run: dict(top1, compute, points)}`` and writes the report.
+
+    ``grow_lr_scale`` scales the peak lr of (b)'s continued training: (a) ends annealed, and restarting
+    at the full peak lr throws that away (measured: see docs/growth.md).
+    """
     base = load_config(cfg_path, list(overrides))
     small_cfg = dict(copy.deepcopy(base), epochs=epochs, output=os.path.join(out, 'small'))
     large_kwargs = dict(base['model_kwargs'], **{f'num_tokens_{k}': v for k, v in large_tokens.items()})
@@ -75,23 +79,24 @@ def run_experiment(cfg_path: str, out: str, epochs: int, grow_epochs: int, large
     res = train(small_cfg)
     pts, total = _points(res['history'], flops, n_train=n_train)
     runs['small'] = dict(top1=res['top1'], compute=total, points=pts, epochs=epochs)
-    log(f"(a) small from scratch: {res['top1']:.2f}% after {total / 1e15:.3f} PFLOPs")
+    log(f"(a) small from scratch: {res['top1']:.2f}% after {total / 1e12:.1f} TFLOPs")
 
     grown_path = os.path.join(out, 'small_grown.safetensors')
     grow_checkpoint(os.path.join(out, 'small', 'last.safetensors'), small_cfg['model'], grown_path,
                     to=large_tokens, model_kwargs=dict(small_cfg['model_kwargs'], num_classes=res['model'].num_classes))
     grown_cfg = dict(copy.deepcopy(large_cfg), epochs=grow_epochs, init_from=grown_path,
+                     lr=resolve_lr(base) * grow_lr_scale,
                      warmup_epochs=min(base['warmup_epochs'], grow_epochs / 4), output=os.path.join(out, 'grown'))
     res_g = train(grown_cfg)
     pts_g, total_g = _points(res_g['history'], flops, offset=total, n_train=n_train)
     runs['grown'] = dict(top1=res_g['top1'], compute=total_g, points=[runs['small']['points'][-1]] + pts_g,
                          epochs=f'{epochs} + {grow_epochs}')
-    log(f"(b) grown + {grow_epochs} epochs: {res_g['top1']:.2f}% after {total_g / 1e15:.3f} PFLOPs")
+    log(f"(b) grown + {grow_epochs} epochs: {res_g['top1']:.2f}% after {total_g / 1e12:.1f} TFLOPs")
 
     res_l = train(large_cfg)
     pts_l, total_l = _points(res_l['history'], flops, n_train=n_train)
     runs['large'] = dict(top1=res_l['top1'], compute=total_l, points=pts_l, epochs=epochs)
-    log(f"(c) large from scratch: {res_l['top1']:.2f}% after {total_l / 1e15:.3f} PFLOPs")
+    log(f"(c) large from scratch: {res_l['top1']:.2f}% after {total_l / 1e12:.1f} TFLOPs")
 
     if online_steps:
         from .growth import token_counts
@@ -108,7 +113,7 @@ def run_experiment(cfg_path: str, out: str, epochs: int, grow_epochs: int, large
         res_o = train(online_cfg)
         pts_o, total_o = _points(res_o['history'], flops, n_train=n_train)
         runs['online'] = dict(top1=res_o['top1'], compute=total_o, points=pts_o, epochs=epochs)
-        log(f"(d) grown online in {online_steps} steps: {res_o['top1']:.2f}% after {total_o / 1e15:.3f} PFLOPs")
+        log(f"(d) grown online in {online_steps} steps: {res_o['top1']:.2f}% after {total_o / 1e12:.1f} TFLOPs")
     _report(runs, out, flops)
     return runs
 
@@ -122,17 +127,17 @@ def _report(runs, out, flops):
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for name, r in runs.items():
         xs, ys = zip(*r['points'])
-        ax.plot([x / 1e15 for x in xs], ys, marker='o', label=labels[name])
-    ax.set(xlabel='cumulative training compute (PFLOPs)', ylabel='test top-1 (%)',
+        ax.plot([x / 1e12 for x in xs], ys, marker='o', label=labels[name])
+    ax.set(xlabel='cumulative training compute (TFLOPs)', ylabel='test top-1 (%)',
            title='Fashion-MNIST: accuracy vs training compute')
     ax.grid(alpha=.3)
     ax.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out, 'accuracy_vs_compute.png'), dpi=100)
     plt.close(fig)
-    lines = ['| run | epochs | test top-1 (%) | training compute (PFLOPs) |', '|---|---|---|---|']
+    lines = ['| run | epochs | test top-1 (%) | training compute (TFLOPs) |', '|---|---|---|---|']
     for name, r in runs.items():
-        lines.append(f"| {labels[name]} | {r['epochs']} | {r['top1']:.2f} | {r['compute'] / 1e15:.3f} |")
+        lines.append(f"| {labels[name]} | {r['epochs']} | {r['top1']:.2f} | {r['compute'] / 1e12:.1f} |")
     lines.append('')
     lines.append('FLOPs per training image by total parameter tokens: ' +
                  ', '.join(f'{n} tokens: {f / 1e6:.1f} MFLOPs' for n, f in sorted(flops.items())))
@@ -149,6 +154,7 @@ def main(argv=None):
     ap.add_argument('--out', default='runs/growth_experiment')
     ap.add_argument('--epochs', type=int, default=4, help='epochs of (a), (c) and (d)')
     ap.add_argument('--grow-epochs', type=int, default=2, help='epochs of (b) after growing')
+    ap.add_argument('--grow-lr-scale', type=float, default=0.25, help='peak lr of (b) relative to the recipe\'s')
     ap.add_argument('--large-tokens', default='{qkv: 64, proj: 64, ffn: 256}',
                     help='YAML mapping: token counts of the large model per kind')
     ap.add_argument('--online-steps', type=int, default=2,
@@ -156,7 +162,7 @@ def main(argv=None):
     args, rest = ap.parse_known_args(argv)
     import yaml
     runs = run_experiment(args.config, args.out, args.epochs, args.grow_epochs, yaml.safe_load(args.large_tokens),
-                          args.online_steps, rest)
+                          args.online_steps, rest, args.grow_lr_scale)
     with open(os.path.join(args.out, 'report.md')) as f:
         print(f.read())
     print(f'wrote {args.out}/report.md, results.json, accuracy_vs_compute.png')
