@@ -118,7 +118,7 @@ def _run_cli(args, **kw):
 def _cli_args(out, epochs=3):
     return ['--model_kwargs', str(TINY_FMNIST).replace("'", ''), '--rrc_scale', 'null', '--hflip', '0.5',
             '--reprob', '0.25', '--mixup', '0.8', '--cutmix', '1.0', '--drop_path_rate', '0.1',
-            '--epochs', str(epochs), '--batch_size', '32', '--lr', '2e-3', '--train_subset', '1024',
+            '--epochs', str(epochs), '--batch_size', '32', '--lr', '2e-3', '--train_subset', '3072',
             '--val_subset', '256', '--threads', '1', '--progress', 'false', '--output', out]
 
 
