@@ -27,11 +27,17 @@ from .checkpoint import check_fit, load_state_dict_file, save_weights
 from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
-__all__ = ['TOKEN_KINDS', 'pattention_layers', 'token_counts', 'target_counts', 'grow', 'grow_optimizer_state',
+__all__ = ['TOKEN_KINDS', 'layer_kind', 'pattention_layers', 'token_counts', 'target_counts', 'grow',
+           'grow_optimizer_state',
            'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
 
 
-def _kind(name: str) -> str:
+def layer_kind(name: str) -> str:
+    """Kind (``TOKEN_KINDS``) of the Pattention module called ``name`` in a TokenFormer ViT.
+
+    Raises:
+        ValueError: a name that is none of patch embedding, q/k/v, attention output or FFN.
+    """
     if 'patch_embed' in name.split('.'):
         return 'patch'
     if name.endswith('.ffn'):
@@ -46,7 +52,7 @@ def _kind(name: str) -> str:
 def pattention_layers(model: torch.nn.Module) -> dict:
     """``{module name: (kind, Pattention)}`` for every Pattention in ``model`` (DDP/compile unwrapped)."""
     model = getattr(model, 'module', getattr(model, '_orig_mod', model))
-    return {n: (_kind(n), m) for n, m in model.named_modules() if isinstance(m, Pattention)}
+    return {n: (layer_kind(n), m) for n, m in model.named_modules() if isinstance(m, Pattention)}
 
 
 def token_counts(model: torch.nn.Module) -> dict:

@@ -110,7 +110,8 @@ class _Run:
         if cfg['freeze_old_tokens']:
             if not cfg['init_from']:
                 raise ValueError('freeze_old_tokens needs init_from (the tokens to freeze come from it)')
-            self.frozen_counts = {growth._kind(k.rsplit('.', 1)[0]): old for k, (old, _) in self.grown_from.items()}
+            self.frozen_counts = {growth.layer_kind(k.rsplit('.', 1)[0]): old
+                                  for k, (old, _) in self.grown_from.items()}
         if cfg['grad_checkpointing']:
             self.model.set_grad_checkpointing(True)
         self.lr = resolve_lr(cfg, world)
