@@ -21,7 +21,7 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
                 lr=2e-3, train_subset=512, val_subset=256, threads=1)
     (tmp_path / '_base_.yaml').write_text(yaml.safe_dump(base))
     good = _write(tmp_path / 'l1.yaml', {'_base_': '_base_.yaml', 'model_kwargs': {'score_norm': 'l1_norm_gelu'}})
-    bad = _write(tmp_path / 'broken.yaml', {'_base_': '_base_.yaml', 'model_kwargs': {'score_norm': 'cubic'}})
+    _write(tmp_path / 'broken.yaml', {'_base_': '_base_.yaml', 'model_kwargs': {'score_norm': 'cubic'}})
     out = str(tmp_path / 'sweep')
     assert sweep_main([str(tmp_path / '*.yaml'), '--seeds', '0', '1', '--out', out]) == 0
     rows = list(csv.DictReader(open(os.path.join(out, 'results.csv'))))

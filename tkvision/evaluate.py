@@ -7,7 +7,6 @@ import argparse
 import sys
 import time
 
-import timm
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F

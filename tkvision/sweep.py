@@ -120,7 +120,7 @@ def summarize(records, out, title='Ablation sweep') -> list:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
         w.writeheader()
         w.writerows(rows)
-    lines = [f'| config | top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |', '|---|---|---|---|---|---|---|']
+    lines = ['| config | top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |', '|---|---|---|---|---|---|---|']
     for r in rows:
         lines.append(f"| {r['config']} | {r['top1_mean']:.2f} ± {r['top1_std']:.2f} | {r['seeds']} | {r['params']} | "
                      f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")

@@ -164,9 +164,10 @@ class _Run:
                     token_counts=growth.token_counts(self.model), config=self.cfg)
 
     def load(self, state, scheduler, scaler):
-        growth.grow(self.model, to=state['token_counts'])
-        if self.ema is not None:
-            growth.grow(self.ema.module, to=state['token_counts'])
+        if growth.token_counts(self.model) != state['token_counts']:  # the checkpoint was saved after growth
+            growth.grow(self.model, to=state['token_counts'])
+            if self.ema is not None:
+                growth.grow(self.ema.module, to=state['token_counts'])
         self.model.load_state_dict(state['model'])
         self.optimizer = self._make_optimizer()
         self.optimizer.load_state_dict(state['optimizer'])
