@@ -229,6 +229,28 @@ def test_rand_augment_never_posterizes_to_zero_bits():
         assert t(image=img)['image'].shape == (3, 32, 32)
 
 
+def test_crop_padding_is_a_zero_filled_shift_of_at_most_the_padding():
+    """crop_padding: p gives the image shifted by (dy, dx) in [-p, p]^2, vacated pixels 0 (background),
+    every shift reachable; the eval transform is untouched."""
+    import numpy as np
+    from tkvision.data import build_transform
+    cfg = load_config(None, dict(img_size=28, rrc_scale=None, hflip=0.0, crop_padding=2, mean=[0.0], std=[1.0]))
+    t = build_transform(cfg, train=True, resize=False)
+    img = np.random.default_rng(0).integers(1, 256, (28, 28, 1), dtype=np.uint8)
+    padded = np.pad(img[..., 0], 2)
+    shifts = set()
+    for seed in range(200):
+        t.set_random_seed(seed)
+        out = (t(image=img)['image'][0].numpy() * 255).round().astype(np.uint8)
+        match = [(dy, dx) for dy in range(5) for dx in range(5)
+                 if np.array_equal(out, padded[dy:dy + 28, dx:dx + 28])]
+        assert len(match) == 1, 'output is not a zero-filled shift of the input'
+        shifts.add(match[0])
+    assert shifts == {(dy, dx) for dy in range(5) for dx in range(5)}
+    ev = build_transform(cfg, train=False, resize=False)
+    assert np.array_equal((ev(image=img)['image'][0].numpy() * 255).round().astype(np.uint8), img[..., 0])
+
+
 def test_bf16_autocast_and_grad_checkpointing_train_like_fp32(tmp_path):
     """The recipe's bf16 autocast and gradient checkpointing options reach about the same accuracy as fp32."""
     ref = train_mod.train(fmnist_cfg(tmp_path, epochs=2, train_subset=4096, output=str(tmp_path / 'fp32')))

@@ -211,10 +211,11 @@ PROFILE_CATEGORIES = (
 )
 
 
-def profile_breakdown(models, batch_size=8, device='cpu', log=print) -> list:
-    """Self time of one training step per op category (``PROFILE_CATEGORIES``), per model.
+def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3) -> list:
+    """Self time of a training step per op category (``PROFILE_CATEGORIES``), per model, summed over
+    ``steps`` profiled steps after one warm-up step (several steps smooth out OS noise).
 
-    Returns rows ``model, category, ms, share`` (share of the step's total self time).
+    Returns rows ``model, category, ms, share`` (``ms``: per step; share of the steps' total self time).
     """
     from torch.profiler import ProfilerActivity, profile
     device = torch.device(device)
@@ -224,13 +225,14 @@ def profile_breakdown(models, batch_size=8, device='cpu', log=print) -> list:
         step()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
         with profile(activities=acts) as prof:
-            step()
+            for _ in range(steps):
+                step()
             _sync(device)
         totals = {}
         for ev in prof.key_averages():
             cat = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
             us = ev.self_device_time_total if device.type == 'cuda' else ev.self_cpu_time_total
-            totals[cat] = totals.get(cat, 0.0) + us / 1000
+            totals[cat] = totals.get(cat, 0.0) + us / 1000 / steps
         total = sum(totals.values())
         for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
             rows.append(dict(model=name, category=cat, ms=ms, share=ms / total))

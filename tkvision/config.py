@@ -43,6 +43,8 @@ DEFAULTS = {
     'crop_pct': 0.875,
     'interpolation': 'bicubic',
     'rrc_scale': [0.08, 1.0],    # RandomResizedCrop area range; null: no crop
+    'crop_padding': 0,           # random translation: zero-pad each side by this many px, random crop back
+                                 # to img_size (torchvision RandomCrop(padding=...)); 0: off
     'hflip': 0.5,
     'auto_augment': None,        # timm RandAugment string, e.g. rand-m9-mstd0.5-inc1
     'reprob': 0.0,               # random erasing probability

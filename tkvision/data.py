@@ -168,8 +168,10 @@ def _rand_augment_op(config_str: str, img_size: int, mean):
 def build_transform(cfg: dict, train: bool, resize: bool = True) -> A.Compose:
     """albumentations pipeline of ``cfg`` producing float tensors ``[C, img_size, img_size]``.
 
-    Train: RandomResizedCrop(img_size, rrc_scale, bicubic) → HorizontalFlip(hflip) →
-    RandAugment(auto_augment) → Normalize(mean, std) → Erasing(reprob) → tensor.
+    Train: RandomResizedCrop(img_size, rrc_scale, bicubic) → random translation (``crop_padding`` > 0:
+    zero-pad each side by ``crop_padding`` px and RandomCrop img_size back, i.e. a uniform shift of
+    up to ``crop_padding`` px per axis, as torchvision's ``RandomCrop(padding=...)``) →
+    HorizontalFlip(hflip) → RandAugment(auto_augment) → Normalize(mean, std) → Erasing(reprob) → tensor.
     Eval: resize the short side to img_size / crop_pct, center crop img_size (as timm's eval
     transform for a model's ``pretrained_cfg``) → Normalize → tensor. ``resize=False`` (data
     already at img_size, e.g. Fashion-MNIST) skips crop and resize when ``rrc_scale`` is null.
@@ -182,6 +184,10 @@ def build_transform(cfg: dict, train: bool, resize: bool = True) -> A.Compose:
             ops.append(A.RandomResizedCrop((size, size), scale=tuple(cfg['rrc_scale']), interpolation=interp))
         elif resize:
             ops.append(A.Resize(size, size, interpolation=interp))
+        if cfg['crop_padding']:
+            pad = size + 2 * cfg['crop_padding']
+            ops += [A.PadIfNeeded(pad, pad, border_mode=cv2.BORDER_CONSTANT, fill=0),
+                    A.RandomCrop(size, size)]
         if cfg['hflip']:
             ops.append(A.HorizontalFlip(p=cfg['hflip']))
         if cfg['auto_augment']:
