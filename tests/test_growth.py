@@ -166,5 +166,35 @@ def test_growth_during_training_and_resume_across_it(tmp_path, monkeypatch):
 
 def test_unknown_growth_kind_is_named(tmp_path):
     from tkvision.config import ConfigError
-    with pytest.raises(ConfigError, match="unknown token kinds \\['mlp'\\]"):
+    with pytest.raises(ConfigError, match="unknown token kind 'mlp'"):
         train_mod.train(fmnist_cfg(tmp_path, growth=dict(every_epochs=1, add_tokens=dict(mlp=8))))
+
+
+def test_grow_training_state_remaps_optimizer_and_ema(tiny_kwargs):
+    """Growth in the middle of training: the optimizer trains the new tensors, keeps the old rows'
+    moments and starts the new rows at zero; the EMA grows alike and takes the new rows from the model."""
+    from timm.utils import ModelEmaV3
+    torch.manual_seed(0)
+    model = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    ema = ModelEmaV3(model, decay=0.5)
+    for _ in range(2):
+        model(torch.randn(2, 3, 32, 32)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        ema.update(model)
+    q_before = model.blocks[0].attn.q.key_param_tokens
+    moments = opt.state[q_before]['exp_avg'].clone()
+    ema_old = ema.module.blocks[0].attn.q.key_param_tokens.detach().clone()
+    counts = growth.grow_training_state(model, opt, ema.module, qkv=4, ffn=8)
+    q = model.blocks[0].attn.q
+    assert counts['qkv'] == 20 and counts['ffn'] == 72 and growth.token_counts(ema.module) == counts
+    assert any(p is q.key_param_tokens for g in opt.param_groups for p in g['params'])
+    assert not any(p is q_before for g in opt.param_groups for p in g['params'])
+    state = opt.state[q.key_param_tokens]
+    assert torch.equal(state['exp_avg'][:16], moments) and not state['exp_avg'][16:].any()
+    ema_q = ema.module.blocks[0].attn.q
+    assert torch.equal(ema_q.key_param_tokens[:16], ema_old)
+    assert torch.equal(ema_q.value_param_tokens[16:], q.value_param_tokens[16:])
+    model(torch.randn(2, 3, 32, 32)).sum().backward()  # and the grown model keeps training
+    opt.step()

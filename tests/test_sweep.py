@@ -17,7 +17,7 @@ def _write(path, cfg):
 
 
 def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
-    base = dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=1, batch_size=64,
+    base = dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=1, warmup_epochs=0.5, batch_size=64,
                 lr=2e-3, train_subset=512, val_subset=256, threads=1)
     (tmp_path / '_base_.yaml').write_text(yaml.safe_dump(base))
     good = _write(tmp_path / 'l1.yaml', {'_base_': '_base_.yaml', 'model_kwargs': {'score_norm': 'l1_norm_gelu'}})

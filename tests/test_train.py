@@ -1,10 +1,8 @@
 """Training and evaluation end to end on real data (Fashion-MNIST subsets and real JPEG folders)."""
 import csv
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import timm
@@ -72,16 +70,19 @@ def test_corrupt_images_are_skipped_and_counted(tmp_path, capsys):
         f.write(b'not a jpeg at all')
     with open(os.path.join(root, 'val', 'n00000001', 'truncated.JPEG'), 'wb') as f:
         f.write(open(os.path.join(root, 'val', 'n00000001', 'img_0.JPEG'), 'rb').read()[:40])
+    # a decompression bomb (PIL raises DecompressionBombError, not OSError): 200 Mpx of 1-bit PNG, a few kB
+    from PIL import Image
+    Image.new('1', (20000, 10000)).save(os.path.join(root, 'train', 'n00000001', 'bomb.png'))
     cfg = load_config(None, dict(dataset='imagenet', data_dir=root, img_size=32, mean=[.5, .5, .5], std=[.5, .5, .5],
-                                 model='tokenformer_vit_ti16', threads=1, progress=False, epochs=1, batch_size=4,
+                                 model='tokenformer_vit_ti16', threads=1, progress=False, epochs=1, warmup_epochs=0.5, batch_size=2,  # 14 train files: every one read
                                  model_kwargs=dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
                                                    num_tokens=8, num_classes=2), output=str(tmp_path / 'run')))
     ds = ImageFolderDataset(os.path.join(root, 'train'))
     assert any(p == bad for p, _ in ds.samples)
     res = train_mod.train(cfg)
     rows = list(csv.DictReader(open(os.path.join(cfg['output'], 'metrics.csv'))))
-    assert int(rows[0]['skipped']) == 2  # one in train, one in val
-    assert 'skipped 2 unreadable images' in capsys.readouterr().out
+    assert int(rows[0]['skipped']) == 2 and int(rows[0]['val_skipped']) == 1  # broken + bomb in train, one in val
+    assert 'skipped 3 unreadable images' in capsys.readouterr().out
     assert res['top1'] is not None
 
 
@@ -91,80 +92,23 @@ def test_imagenet_recipe_tiny_variant_224px(tmp_path, capsys):
     tiny = dict(embed_dim=32, depth=2, num_heads=2, num_tokens=16)
     args = ['--config', os.path.join(ROOT, 'configs/imagenet/tokenformer_vit_b16.yaml'), '--data-dir', root,
             '--model_kwargs', str(tiny).replace("'", ''), '--batch_size', '4', '--global_batch_size', '8',
-            '--epochs', '2', '--warmup_epochs', '1', '--num_workers', '0', '--amp', 'null', '--threads', '1',
+            '--epochs', '2', '--warmup_epochs', '0.5', '--num_workers', '0', '--amp', 'null', '--threads', '1',
             '--model_ema_decay', '0.9', '--progress', 'false', '--output', str(tmp_path / 'run')]
     cfg, _ = train_mod.parse_args(args)
     assert cfg['auto_augment'] == 'rand-m9-mstd0.5-inc1' and cfg['mixup'] == 0.8 and cfg['reprob'] == 0.25
     ds = build_dataset(cfg, 'train')
     x, y = ds[0]
-    assert x.shape == (3, 224, 224) and y == 0
+    assert x.shape == (3, 224, 224) and x.dtype == torch.uint8 and y == 0  # workers ship uint8
     res = train_mod.train(dict(cfg, epochs=1))
     assert res['top1'] is not None
     res2 = train_mod.train(cfg, resume=True)  # epoch 2 from the epoch-1 checkpoint
     assert 'resumed from' in capsys.readouterr().out
     state = ckpt.load_state(os.path.join(cfg['output'], 'last.pth'))
-    assert state['epoch'] == 1 and state['model_ema'] is not None and state['config']['model'] == 'tokenformer_vit_b16'
+    assert state['epochs_done'] == 2 and state['model_ema'] is not None and state['config']['model'] == 'tokenformer_vit_b16'
     validate_main(['--config', os.path.join(cfg['output'], 'config.yaml'), '--checkpoint',
                    os.path.join(cfg['output'], 'best.safetensors')])
     assert 'on 12 images' in capsys.readouterr().out
     assert res2['history'][-1]['epoch'] == 1
-
-
-def _run_cli(args, **kw):
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, 'tools/train.py')] + args, cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
-
-
-def _cli_args(out, epochs=3):
-    return ['--model_kwargs', str(TINY_FMNIST).replace("'", ''), '--rrc_scale', 'null', '--hflip', '0.5',
-            '--reprob', '0.25', '--mixup', '0.8', '--cutmix', '1.0', '--drop_path_rate', '0.1',
-            '--epochs', str(epochs), '--batch_size', '32', '--lr', '2e-3', '--train_subset', '3072',
-            '--val_subset', '256', '--threads', '1', '--progress', 'false', '--output', out]
-
-
-def test_kill_and_resume_gives_identical_weights(tmp_path):
-    """SIGKILL a run in its second epoch, resume it, compare with an uninterrupted run of the same seed."""
-    full, killed = str(tmp_path / 'full'), str(tmp_path / 'killed')
-    p = _run_cli(_cli_args(full))
-    assert p.wait(timeout=600) == 0, p.stdout.read()
-    p = _run_cli(_cli_args(killed))
-    ckpt_path = os.path.join(killed, 'last.pth')
-    deadline = time.time() + 300
-    while not os.path.exists(ckpt_path) and time.time() < deadline and p.poll() is None:
-        time.sleep(0.05)
-    p.send_signal(signal.SIGKILL)
-    p.wait()
-    assert ckpt.load_state(ckpt_path)['epoch'] < 2, 'the run finished before it could be killed'
-    p = _run_cli(_cli_args(killed) + ['--resume'])
-    log = p.communicate(timeout=600)[0]
-    assert p.returncode == 0 and 'resumed from' in log, log
-    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(killed, 'last.safetensors'))
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
-def test_nan_loss_stops_with_step_and_keeps_checkpoint(tmp_path, monkeypatch):
-    cfg = fmnist_cfg(tmp_path, epochs=3)
-    real_build = train_mod.build_model
-
-    class PoisonAfter(torch.nn.Module):
-        def __init__(self, inner, after):
-            super().__init__()
-            self.inner, self.after, self.calls = inner, after, 0
-            self.num_classes = inner.num_classes
-
-        def forward(self, x):
-            self.calls += self.training
-            out = self.inner(x)
-            return out * float('nan') if self.training and self.calls > self.after else out
-
-    steps_per_epoch = 1024 // 64
-    monkeypatch.setattr(train_mod, 'build_model', lambda cfg, **kw: PoisonAfter(real_build(cfg, **kw), steps_per_epoch + 3))
-    with pytest.raises(train_mod.NonFiniteLossError, match=f'at step {steps_per_epoch + 3} '):
-        train_mod.train(cfg)
-    state = ckpt.load_state(os.path.join(cfg['output'], 'last.pth'))
-    assert state['epoch'] == 0 and all(torch.isfinite(v).all() for v in state['model'].values())
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
@@ -234,21 +178,21 @@ def test_crop_padding_is_a_zero_filled_shift_of_at_most_the_padding():
     every shift reachable; the eval transform is untouched."""
     import numpy as np
     from tkvision.data import build_transform
-    cfg = load_config(None, dict(img_size=28, rrc_scale=None, hflip=0.0, crop_padding=2, mean=[0.0], std=[1.0]))
+    cfg = load_config(None, dict(img_size=28, rrc_scale=None, hflip=0.0, crop_padding=2))
     t = build_transform(cfg, train=True, resize=False)
     img = np.random.default_rng(0).integers(1, 256, (28, 28, 1), dtype=np.uint8)
     padded = np.pad(img[..., 0], 2)
     shifts = set()
     for seed in range(200):
         t.set_random_seed(seed)
-        out = (t(image=img)['image'][0].numpy() * 255).round().astype(np.uint8)
+        out = t(image=img)['image'][0].numpy()
         match = [(dy, dx) for dy in range(5) for dx in range(5)
                  if np.array_equal(out, padded[dy:dy + 28, dx:dx + 28])]
         assert len(match) == 1, 'output is not a zero-filled shift of the input'
         shifts.add(match[0])
     assert shifts == {(dy, dx) for dy in range(5) for dx in range(5)}
     ev = build_transform(cfg, train=False, resize=False)
-    assert np.array_equal((ev(image=img)['image'][0].numpy() * 255).round().astype(np.uint8), img[..., 0])
+    assert np.array_equal(ev(image=img)['image'][0].numpy(), img[..., 0])
 
 
 def test_bf16_autocast_and_grad_checkpointing_train_like_fp32(tmp_path):

@@ -11,7 +11,8 @@ import os
 import tempfile
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
+from timm.models import load_state_dict as timm_load_state_dict
 
 __all__ = ['atomic_save', 'save_weights', 'load_state', 'load_state_dict_file', 'check_fit', 'load_weights',
            'WeightsMismatchError']
@@ -58,22 +59,16 @@ def load_state(path: str, map_location='cpu') -> dict:
 
 
 def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
-    """Model weights from ``.safetensors`` or a ``.pth`` (a training checkpoint's EMA weights win when
-    ``use_ema``, as in timm; then ``model``, ``state_dict``, or the file itself as a state dict).
+    """Model weights from ``.safetensors`` or a ``.pth``, through timm's ``load_state_dict``
+    (``weights_only=True``; a training checkpoint's EMA weights win when ``use_ema``; ``module.``
+    prefixes removed).
 
     Raises:
         FileNotFoundError: no file at ``path``.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f'weights file not found: {path}')
-    if path.endswith('.safetensors'):
-        return load_file(path)
-    state = load_state(path)
-    keys = (('model_ema',) if use_ema else ()) + ('model', 'state_dict')
-    for key in keys:
-        if isinstance(state.get(key), dict):
-            return state[key]
-    return state
+    return timm_load_state_dict(path, use_ema=use_ema, weights_only=True)
 
 
 def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoint'):
@@ -104,7 +99,6 @@ def load_weights(model: torch.nn.Module, path: str, use_ema: bool = True) -> tor
         FileNotFoundError: no file. WeightsMismatchError: tensors differ (listed).
     """
     state_dict = load_state_dict_file(path, use_ema)
-    state_dict = {k.removeprefix('module.'): v for k, v in state_dict.items()}
     check_fit(model, state_dict, path)
     model.load_state_dict(state_dict)
     return model

@@ -15,7 +15,8 @@ import re
 
 import yaml
 
-__all__ = ['DEFAULTS', 'ConfigError', 'load_config', 'parse_overrides', 'merge', 'resolve_lr', 'resolve_accum_steps']
+__all__ = ['DEFAULTS', 'RULES', 'RESUME_MUTABLE', 'SCHEDULERS', 'INTERPOLATIONS', 'ConfigError', 'load_config',
+           'validate_config', 'config_changes', 'parse_overrides', 'merge', 'resolve_lr', 'resolve_accum_steps']
 
 
 class ConfigError(ValueError):
@@ -41,13 +42,13 @@ DEFAULTS = {
     'mean': [0.2860],
     'std': [0.3530],
     'crop_pct': 0.875,
-    'interpolation': 'bicubic',
+    'interpolation': 'bicubic',  # one of INTERPOLATIONS; 'random' draws one per image (timm)
     'rrc_scale': [0.08, 1.0],    # RandomResizedCrop area range; null: no crop
     'crop_padding': 0,           # random translation: zero-pad each side by this many px, random crop back
                                  # to img_size (torchvision RandomCrop(padding=...)); 0: off
     'hflip': 0.5,
     'auto_augment': None,        # timm RandAugment string, e.g. rand-m9-mstd0.5-inc1
-    'reprob': 0.0,               # random erasing probability
+    'reprob': 0.0,               # random erasing probability (timm RandomErasing, mode 'pixel', on device)
     'num_workers': 0,
     'train_subset': None,        # use only the first N training images (tests, quick probes)
     'val_subset': None,
@@ -61,12 +62,17 @@ DEFAULTS = {
     'opt_eps': 1.0e-8,
     'lr': None,                  # absolute lr; null: blr * global_batch / 256
     'blr': 1.0e-3,
-    'min_lr': 1.0e-6,
-    'warmup_epochs': 1.0,
+    'sched': 'cosine',           # timm scheduler name (SCHEDULERS), stepped per optimizer update
+    'min_lr': 1.0e-6,            # the lr of the last update (cosine, tanh, poly)
+    'warmup_epochs': 1.0,        # linear warmup from warmup_lr to lr, then the schedule
     'warmup_lr': 1.0e-6,
+    'decay_epochs': 90,          # step: decay interval; wsd / rsqrt: decay length (a fraction if < 1)
+    'decay_milestones': [90, 180, 270],  # multistep
+    'decay_rate': 0.1,           # step / multistep: factor per decay; poly: the power
     'weight_decay': 0.05,
     'layer_decay': None,         # layer-wise lr decay (fine-tuning), e.g. 0.65
     'clip_grad': None,
+    'clip_mode': 'norm',         # timm dispatch_clip_grad: 'norm', 'value' or 'agc'
     'smoothing': 0.1,
     'mixup': 0.0,
     'cutmix': 0.0,
@@ -75,6 +81,7 @@ DEFAULTS = {
     'model_ema': False,
     'model_ema_decay': 0.9999,
     'amp': None,                 # null, 'bf16' or 'fp16'
+    'tf32': True,                # CUDA: TF32 matmuls and convolutions for float32 work
     # growth during training (tkvision.growth)
     'growth': {
         'every_epochs': None,    # grow at the end of every k-th epoch
@@ -88,12 +95,133 @@ DEFAULTS = {
     'device': None,              # null: cuda if available else cpu
     'threads': None,             # torch.set_num_threads on CPU
     'output': 'runs/default',
-    'eval_every': 1,
-    'save_every': 1,
+    'eval_every': 1,             # epochs
+    'save_every': 1,             # epochs
+    'checkpoint_every_steps': None,    # also write last.pth every N optimizer updates (mid-epoch)
+    'checkpoint_every_minutes': None,  # also write last.pth when this much time passed since the last one
     'tensorboard': False,
-    'log_interval': 50,
+    'log_interval': 50,          # optimizer updates between progress updates, loss checks and signal checks
     'progress': True,
 }
+
+
+#: Interpolation names accepted by ``interpolation`` (timm's names; 'random' picks one per image).
+INTERPOLATIONS = ('bicubic', 'bilinear', 'nearest', 'area', 'lanczos', 'random')
+#: timm schedulers usable per optimizer update (``timm.scheduler.create_scheduler_v2``; 'plateau'
+#: steps per epoch on a metric and is not offered).
+SCHEDULERS = ('cosine', 'tanh', 'poly', 'step', 'multistep', 'wsd', 'rsqrt', 'constant')
+#: Keys a resumed run may change (the schedule is rebuilt at the current update); every other key
+#: must equal the checkpoint's, since it fixes the model, the data or the order of the samples.
+RESUME_MUTABLE = frozenset({
+    'epochs', 'lr', 'blr', 'min_lr', 'sched', 'warmup_epochs', 'warmup_lr', 'decay_epochs', 'decay_milestones',
+    'decay_rate', 'clip_grad', 'clip_mode', 'eval_every', 'save_every', 'checkpoint_every_steps',
+    'checkpoint_every_minutes', 'log_interval', 'progress', 'tensorboard', 'num_workers', 'threads', 'device',
+    'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from'})
+
+
+def _is_num(v):
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _rule(kind, lo=None, hi=None, lo_open=False, hi_open=False, null=False, choices=None, length=None):
+    """A value check and the words that say what it allows (used in the error message)."""
+    if choices is not None:
+        return (lambda v: v in choices), 'one of ' + ', '.join('null' if c is None else repr(c) for c in choices)
+
+    def bounds_ok(x):
+        return ((lo is None or (x > lo if lo_open else x >= lo)) and (hi is None or (x < hi if hi_open else x <= hi)))
+
+    words = {'int': 'an integer', 'num': 'a number', 'bool': 'true or false', 'str': 'a string', 'map': 'a mapping',
+             'nums': f'a list of {length or "one or more"} numbers'}[kind]
+    if lo is not None:
+        words += f" {'>' if lo_open else '>='} {lo}"
+    if hi is not None:
+        words += f"{' and' if lo is not None else ''} {'<' if hi_open else '<='} {hi}"
+
+    def check(v):
+        if v is None:
+            return null
+        if kind == 'int':
+            return _is_num(v) and float(v).is_integer() and bounds_ok(v)
+        if kind == 'num':
+            return _is_num(v) and bounds_ok(v)
+        if kind == 'bool':
+            return isinstance(v, bool)
+        if kind == 'str':
+            return isinstance(v, str) and v != ''
+        if kind == 'map':
+            return isinstance(v, dict)
+        return (isinstance(v, (list, tuple)) and len(v) > 0 and (length is None or len(v) == length)
+                and all(_is_num(x) and bounds_ok(x) for x in v))
+    return check, words + (' or null' if null else '')
+
+
+#: What each key allows (``growth.*`` for the growth section). Checked by :func:`validate_config`.
+RULES = {
+    'model': _rule('str'), 'model_kwargs': _rule('map'), 'drop_path_rate': _rule('num', 0, 1, hi_open=True),
+    'init_from': _rule('str', null=True), 'freeze_old_tokens': _rule('bool'), 'grad_checkpointing': _rule('bool'),
+    'compile': _rule('bool'),
+    'dataset': _rule(None, choices=('fashion_mnist', 'imagenet')), 'data_dir': _rule('str', null=True),
+    'download': _rule('bool'), 'img_size': _rule('int', 1), 'mean': _rule('nums'), 'std': _rule('nums', 0, lo_open=True),
+    'crop_pct': _rule('num', 0, 1, lo_open=True), 'interpolation': _rule(None, choices=INTERPOLATIONS),
+    'rrc_scale': _rule('nums', 0, 1, lo_open=True, length=2, null=True), 'crop_padding': _rule('int', 0),
+    'hflip': _rule('num', 0, 1), 'auto_augment': _rule('str', null=True), 'reprob': _rule('num', 0, 1),
+    'num_workers': _rule('int', 0), 'train_subset': _rule('int', 1, null=True), 'val_subset': _rule('int', 1, null=True),
+    'epochs': _rule('int', 1), 'batch_size': _rule('int', 1), 'accum_steps': _rule('int', 1),
+    'global_batch_size': _rule('int', 1, null=True), 'opt': _rule('str'), 'opt_betas': _rule('nums', 0, 1, hi_open=True),
+    'opt_eps': _rule('num', 0, lo_open=True), 'lr': _rule('num', 0, lo_open=True, null=True),
+    'blr': _rule('num', 0, lo_open=True), 'sched': _rule(None, choices=SCHEDULERS), 'min_lr': _rule('num', 0),
+    'warmup_epochs': _rule('num', 0), 'warmup_lr': _rule('num', 0), 'decay_epochs': _rule('num', 0, lo_open=True),
+    'decay_milestones': _rule('nums', 0), 'decay_rate': _rule('num', 0, lo_open=True),
+    'weight_decay': _rule('num', 0), 'layer_decay': _rule('num', 0, 1, lo_open=True, null=True),
+    'clip_grad': _rule('num', 0, lo_open=True, null=True), 'clip_mode': _rule(None, choices=('norm', 'value', 'agc')),
+    'smoothing': _rule('num', 0, 1, hi_open=True), 'mixup': _rule('num', 0), 'cutmix': _rule('num', 0),
+    'mixup_prob': _rule('num', 0, 1), 'mixup_switch_prob': _rule('num', 0, 1), 'model_ema': _rule('bool'),
+    'model_ema_decay': _rule('num', 0, 1, hi_open=True), 'amp': _rule(None, choices=(None, 'bf16', 'fp16')),
+    'tf32': _rule('bool'),
+    'growth.every_epochs': _rule('int', 1, null=True), 'growth.add_tokens': _rule('map'),
+    'growth.until_epoch': _rule('int', 1, null=True), 'growth.key_init': _rule(None, choices=('zeros', 'normal')),
+    'growth.value_init': _rule(None, choices=('zeros', 'normal')),
+    'seed': _rule('int', 0), 'device': _rule('str', null=True), 'threads': _rule('int', 1, null=True),
+    'output': _rule('str'), 'eval_every': _rule('int', 1), 'save_every': _rule('int', 1),
+    'checkpoint_every_steps': _rule('int', 1, null=True),
+    'checkpoint_every_minutes': _rule('num', 0, lo_open=True, null=True), 'tensorboard': _rule('bool'),
+    'log_interval': _rule('int', 1), 'progress': _rule('bool'),
+}
+
+
+def validate_config(cfg: dict) -> dict:
+    """Check the type and range of every key of ``cfg`` (and the few rules that join two keys).
+
+    Integral floats (``300.0``) become ints. Returns ``cfg``.
+
+    Raises:
+        ConfigError: the first bad value, naming the key, the value and what is allowed.
+    """
+    for key, (check, allowed) in RULES.items():
+        parent, _, leaf = key.rpartition('.')
+        node = cfg[parent] if parent else cfg
+        value = node[leaf]
+        if not check(value):
+            raise ConfigError(f'{key} must be {allowed}, got {value!r}')
+        if allowed.startswith('an integer') and value is not None:
+            node[leaf] = int(value)
+    from .models.tokenformer_vit import TOKEN_KINDS
+    for kind, n in cfg['growth']['add_tokens'].items():
+        if kind not in TOKEN_KINDS:
+            raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are {", ".join(TOKEN_KINDS)}')
+        if not (_is_num(n) and float(n).is_integer() and n >= 0):
+            raise ConfigError(f'growth.add_tokens.{kind} must be an integer >= 0, got {n!r}')
+    if len(cfg['mean']) != len(cfg['std']):
+        raise ConfigError(f"mean and std must have one value per channel, got {len(cfg['mean'])} and {len(cfg['std'])}")
+    if cfg['warmup_epochs'] >= cfg['epochs']:
+        raise ConfigError(f"warmup_epochs must be < epochs ({cfg['epochs']}), got {cfg['warmup_epochs']!r}")
+    if cfg['rrc_scale'] and cfg['rrc_scale'][0] > cfg['rrc_scale'][1]:
+        raise ConfigError(f"rrc_scale must be [min, max] with min <= max, got {cfg['rrc_scale']!r}")
+    if cfg['freeze_old_tokens'] and not cfg['init_from']:
+        raise ConfigError('freeze_old_tokens needs init_from (the tokens to freeze are the ones loaded from it)')
+    resolve_accum_steps(cfg, 1)
+    return cfg
 
 
 _SCI = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+')
@@ -177,18 +305,15 @@ def load_config(path=None, overrides=None) -> dict:
     """Config from ``path`` (or the defaults) with ``overrides`` (a dict or ``--key value`` list).
 
     Raises:
-        ConfigError: unknown key (named), missing file, or ``_base_`` cycle.
+        ConfigError: unknown key (named), missing file, ``_base_`` cycle, or a value of the wrong type
+            or range (:func:`validate_config`).
     """
     cfg = _read_yaml(path) if path else copy.deepcopy(DEFAULTS)
     if overrides:
         if not isinstance(overrides, dict):
             overrides = parse_overrides(list(overrides))
         cfg = merge(cfg, overrides, 'command line')
-    if cfg['amp'] not in (None, 'bf16', 'fp16'):
-        raise ConfigError(f"amp must be null, 'bf16' or 'fp16', got {cfg['amp']!r}")
-    if cfg['dataset'] not in ('fashion_mnist', 'imagenet'):
-        raise ConfigError(f"dataset must be 'fashion_mnist' or 'imagenet', got {cfg['dataset']!r}")
-    return cfg
+    return validate_config(cfg)
 
 
 def resolve_accum_steps(cfg: dict, world_size: int = 1) -> int:
@@ -212,3 +337,19 @@ def resolve_lr(cfg: dict, world_size: int = 1) -> float:
     if cfg['lr'] is not None:
         return float(cfg['lr'])
     return cfg['blr'] * cfg['batch_size'] * resolve_accum_steps(cfg, world_size) * world_size / 256
+
+
+def config_changes(old: dict, new: dict):
+    """What differs between a checkpoint's config ``old`` and the config ``new`` of a resumed run.
+
+    Returns:
+        ``(allowed, forbidden)``: two lists of ``'key old -> new'`` strings; ``allowed`` holds the
+        keys of :data:`RESUME_MUTABLE`, ``forbidden`` every other changed key (``model_kwargs`` and
+        ``growth`` are compared as a whole under their top-level name).
+    """
+    allowed, forbidden = [], []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            (allowed if key in RESUME_MUTABLE else forbidden).append(f'{key} {a!r} -> {b!r}')
+    return allowed, forbidden

@@ -7,12 +7,21 @@
   unreadable images skipped and counted, never fatal.
 
 Augmentation (the MAE / MMPretrain supervised recipe, ``shared/reference/README.md``, "Recipes"):
-albumentations for RandomResizedCrop (bicubic), flip, normalisation and random erasing, timm's
-RandAugment (``rand-m9-mstd0.5-inc1``) for the op albumentations lacks; mixup/cutmix and label
-smoothing are applied per batch in :mod:`tkvision.train` with timm's ``Mixup``.
+albumentations for RandomResizedCrop (bicubic), translation and flip, timm's RandAugment
+(``rand-m9-mstd0.5-inc1``) for the op albumentations lacks. Workers return **uint8** batches (a
+quarter of float32's bytes through shared memory and the host-to-device copy); normalisation and
+random erasing run on the device in :class:`BatchPreprocessor`, as timm's ``PrefetchLoader`` does;
+mixup/cutmix and label smoothing are applied per batch in :mod:`tkvision.train` with timm's ``Mixup``.
+
+Reproducibility: each training sample's augmentation is seeded from ``(seed, epoch, sample index)``
+(:func:`sample_seed`, passed by :class:`ResumableSampler` with the index), never from a worker's
+own random state, so the augmentations do not depend on ``num_workers`` and a run resumed in the
+middle of an epoch sees exactly the images an uninterrupted run would.
 """
 import gzip
+import hashlib
 import os
+import random
 
 import albumentations as A
 import cv2
@@ -21,12 +30,14 @@ import torch
 from albumentations.pytorch import ToTensorV2
 from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
+from timm.data.random_erasing import RandomErasing
 from torch.utils.data import DataLoader, Dataset, Subset, default_collate
 from torch.utils.data.distributed import DistributedSampler
 from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
 __all__ = ['FASHION_MNIST_DIR', 'load_fashion_mnist', 'ArrayDataset', 'ImageFolderDataset', 'build_transform',
-           'build_dataset', 'build_loader', 'collate_skip_bad']
+           'build_dataset', 'build_loader', 'collate_skip_bad', 'sample_seed', 'ResumableSampler', 'SeededDataset',
+           'BatchPreprocessor']
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the data.
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
@@ -120,7 +131,7 @@ class ImageFolderDataset(Dataset):
         try:
             with Image.open(path) as img:
                 image = np.asarray(img.convert('RGB'))
-        except (OSError, ValueError, SyntaxError):
+        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
             return ('bad', path)
         return self.transform(image=image)['image'], label
 
@@ -165,25 +176,46 @@ def _rand_augment_op(config_str: str, img_size: int, mean):
     return A.Lambda(image=_PILOp(ra), name='rand_augment')
 
 
-def build_transform(cfg: dict, train: bool, resize: bool = True) -> A.Compose:
-    """albumentations pipeline of ``cfg`` producing float tensors ``[C, img_size, img_size]``.
+_CV2_INTERPOLATION = {'bicubic': cv2.INTER_CUBIC, 'bilinear': cv2.INTER_LINEAR, 'nearest': cv2.INTER_NEAREST,
+                      'area': cv2.INTER_AREA, 'lanczos': cv2.INTER_LANCZOS4}
 
-    Train: RandomResizedCrop(img_size, rrc_scale, bicubic) → random translation (``crop_padding`` > 0:
-    zero-pad each side by ``crop_padding`` px and RandomCrop img_size back, i.e. a uniform shift of
-    up to ``crop_padding`` px per axis, as torchvision's ``RandomCrop(padding=...)``) →
-    HorizontalFlip(hflip) → RandAugment(auto_augment) → Normalize(mean, std) → Erasing(reprob) → tensor.
+
+def _interpolations(name: str, train: bool) -> list:
+    """cv2 codes for ``name``; timm's 'random' is bilinear or bicubic drawn per image (bicubic at eval)."""
+    if name == 'random':
+        return [cv2.INTER_LINEAR, cv2.INTER_CUBIC] if train else [cv2.INTER_CUBIC]
+    if name not in _CV2_INTERPOLATION:
+        raise ValueError(f"interpolation must be one of {', '.join(list(_CV2_INTERPOLATION) + ['random'])}, got {name!r}")
+    return [_CV2_INTERPOLATION[name]]
+
+
+def build_transform(cfg: dict, train: bool, resize: bool = True) -> A.Compose:
+    """albumentations pipeline of ``cfg``: uint8 HWC array -> uint8 tensor ``[C, img_size, img_size]``.
+
+    Train: RandomResizedCrop(img_size, rrc_scale, interpolation) → random translation
+    (``crop_padding`` > 0: zero-pad each side by ``crop_padding`` px and RandomCrop img_size back,
+    i.e. a uniform shift of up to ``crop_padding`` px per axis, as torchvision's
+    ``RandomCrop(padding=...)``) → HorizontalFlip(hflip) → RandAugment(auto_augment) → tensor.
     Eval: resize the short side to img_size / crop_pct, center crop img_size (as timm's eval
-    transform for a model's ``pretrained_cfg``) → Normalize → tensor. ``resize=False`` (data
-    already at img_size, e.g. Fashion-MNIST) skips crop and resize when ``rrc_scale`` is null.
+    transform for a model's ``pretrained_cfg``) → tensor. ``resize=False`` (data already at img_size,
+    e.g. Fashion-MNIST) skips crop and resize when ``rrc_scale`` is null. Normalisation and random
+    erasing are not here: :class:`BatchPreprocessor` applies them on the device.
+
+    Raises:
+        ValueError: an unknown ``interpolation`` (the message lists the valid names).
     """
-    size, mean, std = cfg['img_size'], tuple(cfg['mean']), tuple(cfg['std'])
-    interp = {'bicubic': cv2.INTER_CUBIC, 'bilinear': cv2.INTER_LINEAR}[cfg['interpolation']]
+    size, mean = cfg['img_size'], tuple(cfg['mean'])
+    interps = _interpolations(cfg['interpolation'], train)
+
+    def one_of(make):  # 'random' interpolation: one op per mode, one drawn per image
+        ops = [make(i) for i in interps]
+        return ops[0] if len(ops) == 1 else A.OneOf(ops, p=1.0)
     ops = []
     if train:
         if cfg['rrc_scale']:
-            ops.append(A.RandomResizedCrop((size, size), scale=tuple(cfg['rrc_scale']), interpolation=interp))
+            ops.append(one_of(lambda i: A.RandomResizedCrop((size, size), scale=tuple(cfg['rrc_scale']), interpolation=i)))
         elif resize:
-            ops.append(A.Resize(size, size, interpolation=interp))
+            ops.append(one_of(lambda i: A.Resize(size, size, interpolation=i)))
         if cfg['crop_padding']:
             pad = size + 2 * cfg['crop_padding']
             ops += [A.PadIfNeeded(pad, pad, border_mode=cv2.BORDER_CONSTANT, fill=0),
@@ -193,13 +225,32 @@ def build_transform(cfg: dict, train: bool, resize: bool = True) -> A.Compose:
         if cfg['auto_augment']:
             ops.append(_rand_augment_op(cfg['auto_augment'], size, mean))
     elif resize:
-        ops += [A.SmallestMaxSize(max_size=int(size / cfg['crop_pct']), interpolation=interp),
+        ops += [A.SmallestMaxSize(max_size=int(size / cfg['crop_pct']), interpolation=interps[0]),
                 A.CenterCrop(size, size)]
-    ops.append(A.Normalize(mean=mean, std=std, max_pixel_value=255.0))
-    if train and cfg['reprob']:
-        ops.append(A.Erasing(p=cfg['reprob'], fill='random'))
     ops.append(ToTensorV2())
     return A.Compose(ops, seed=cfg['seed'])
+
+
+class BatchPreprocessor:
+    """Device-side step of the input pipeline: uint8 ``[B, C, H, W]`` → normalised float32, then
+    (training) timm's ``RandomErasing(mode='pixel')``, which fills each erased box with per-pixel
+    N(0, 1) noise in normalised space, as timm's and MAE's recipes do.
+
+    Args:
+        mean, std: per-channel values in [0, 1] units (timm's ``IMAGENET_DEFAULT_MEAN`` style).
+        reprob: random-erasing probability per image (0: off).
+        device: where the batches are processed (copies are non-blocking from pinned memory).
+    """
+
+    def __init__(self, mean, std, device, reprob: float = 0.0):
+        self.device = torch.device(device)
+        self.mean = torch.tensor(mean, device=self.device).view(1, -1, 1, 1) * 255
+        self.std = torch.tensor(std, device=self.device).view(1, -1, 1, 1) * 255
+        self.erase = (RandomErasing(reprob, mode='pixel', device=self.device.type) if reprob else None)
+
+    def __call__(self, images: torch.Tensor, train: bool = False) -> torch.Tensor:
+        x = images.to(self.device, non_blocking=True).float().sub_(self.mean).div_(self.std)
+        return self.erase(x) if (train and self.erase is not None) else x
 
 
 def build_dataset(cfg: dict, split: str) -> Dataset:
@@ -223,13 +274,70 @@ def build_dataset(cfg: dict, split: str) -> Dataset:
     return Subset(ds, range(min(limit, len(ds)))) if limit else ds
 
 
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """32-bit seed of one sample's augmentation: a hash of ``(seed, epoch, index)``, so it depends
+    on nothing else (not on the worker, nor on how many samples came before)."""
+    digest = hashlib.blake2b(f'{seed}/{epoch}/{index}'.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, 'little')
+
+
+class ResumableSampler(DistributedSampler):
+    """``DistributedSampler`` (disjoint per-rank shards, reshuffled per epoch from ``seed``) that yields
+    ``(index, sample_seed)`` pairs for :class:`SeededDataset` and can start an epoch part-way.
+
+    ``set_epoch(epoch, start=k)`` skips the first ``k`` samples of this rank's order for that epoch
+    (a resumed run skips the batches it already consumed); the next ``set_epoch`` starts from 0.
+    """
+
+    def __init__(self, dataset, num_replicas=1, rank=0, seed=0):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0):
+        super().set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self):
+        order = list(super().__iter__())[self.start:]
+        return iter([(i, sample_seed(self.seed, self.epoch, i)) for i in order])
+
+    def __len__(self):
+        return self.num_samples - self.start
+
+
+class SeededDataset(Dataset):
+    """Wraps a dataset whose items take ``(index, seed)``: seeds the transform (albumentations'
+    generators, and Python's / NumPy's global ones that timm's RandAugment draws from) before
+    reading item ``index``. Items are those of the wrapped dataset."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, seed = key
+        random.seed(seed)
+        np.random.seed(seed)
+        ds = self.dataset
+        while hasattr(ds, 'dataset'):
+            ds = ds.dataset
+        if hasattr(ds.transform, 'set_random_seed'):
+            ds.transform.set_random_seed(seed)
+        return self.dataset[index]
+
+
 def build_loader(ds: Dataset, cfg: dict, train: bool, rank: int = 0, world_size: int = 1) -> DataLoader:
-    """DataLoader of ``ds``: shuffled per epoch by a ``DistributedSampler`` (also on one process, so the
-    order depends only on seed and epoch: exact resume) when ``train``; for evaluation each rank takes
-    items ``rank::world_size`` so summed metrics count every item once."""
+    """DataLoader of ``ds`` yielding ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
+
+    Training: :class:`ResumableSampler` over :class:`SeededDataset` (order and augmentation depend
+    only on seed, epoch and sample index: exact resume, any ``num_workers``), incomplete last batch
+    dropped. Evaluation: each rank takes items ``rank::world_size`` so summed metrics count every item
+    once. Pinned memory on CUDA for non-blocking copies; persistent workers.
+    """
     if train:
-        sampler = DistributedSampler(ds, num_replicas=world_size, rank=rank, shuffle=True, seed=cfg['seed'],
-                                     drop_last=True)
+        sampler, ds = ResumableSampler(ds, num_replicas=world_size, rank=rank, seed=cfg['seed']), SeededDataset(ds)
     else:
         sampler, ds = None, Subset(ds, range(rank, len(ds), world_size))
     return DataLoader(ds, batch_size=cfg['batch_size'], sampler=sampler, shuffle=False, drop_last=train,

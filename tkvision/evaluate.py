@@ -13,16 +13,20 @@ import torch.nn.functional as F
 
 from .checkpoint import load_weights
 from .config import load_config
+from .data import BatchPreprocessor, build_dataset, build_loader
+from .runtime import build_model, cli, init_distributed, setup_threads
 
 __all__ = ['evaluate', 'main']
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader, device, amp=None) -> dict:
+def evaluate(model: torch.nn.Module, loader, device, preprocess, amp=None) -> dict:
     """Top-1 / top-5 accuracy (%), mean cross-entropy and img/s of ``model`` over ``loader``.
 
-    ``loader`` yields ``(images [B, C, H, W], labels [B], bad_paths)`` (:func:`tkvision.data.collate_skip_bad`).
-    Under ``torch.distributed`` the sums are reduced over ranks (each rank sees its own shard).
+    ``loader`` yields ``(uint8 images [B, C, H, W], labels [B], bad_paths)``
+    (:func:`tkvision.data.collate_skip_bad`); ``preprocess`` (a :class:`tkvision.data.BatchPreprocessor`)
+    moves and normalises the images. Under ``torch.distributed`` the sums are reduced over ranks
+    (each rank sees its own shard). One host synchronisation at the end.
 
     Returns:
         ``dict(top1, top5, loss, count, img_per_s, skipped)``; ``skipped`` counts unreadable images.
@@ -35,7 +39,7 @@ def evaluate(model: torch.nn.Module, loader, device, amp=None) -> dict:
         totals[4] += len(bad)
         if images is None:
             continue
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        images, labels = preprocess(images), labels.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             logits = model(images)
         logits = logits.float()
@@ -54,8 +58,13 @@ def evaluate(model: torch.nn.Module, loader, device, amp=None) -> dict:
                 skipped=int(skipped))
 
 
-def main(argv=None):
-    """``tkvision-validate`` / ``tools/validate.py``: evaluate a weights file; see ``--help``."""
+def main(argv=None) -> int:
+    """``tkvision-validate`` / ``tools/validate.py``: evaluate a weights file; see ``--help``. A user
+    error (missing file, weights that do not fit, bad setting) is one line on stderr, exit 2."""
+    return cli(_main, argv)
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(description='Evaluate a TokenFormer (or any timm) model on a val set.')
     ap.add_argument('--model', help='timm model name (default: the config\'s)')
     ap.add_argument('--checkpoint', required=True, help='.safetensors weights or a training .pth checkpoint')
@@ -67,15 +76,16 @@ def main(argv=None):
     if args.model:
         overrides += ['--model', args.model]
     cfg = load_config(args.config, overrides)
-    from .train import build_model, resolve_device, setup_threads  # shared construction, no cycle at import
-    from .data import build_dataset, build_loader
     setup_threads(cfg)
-    device = resolve_device(cfg)
+    rank, world, device = init_distributed(cfg)
     ds = build_dataset(cfg, 'val')
-    model = build_model(cfg, pretrained_file=None)
+    model = build_model(cfg)
     load_weights(model, args.checkpoint, use_ema=not args.no_ema)
     model.to(device)
-    res = evaluate(model, build_loader(ds, cfg, train=False), device, cfg['amp'])
+    loader = build_loader(ds, cfg, train=False, rank=rank, world_size=world)
+    res = evaluate(model, loader, device, BatchPreprocessor(cfg['mean'], cfg['std'], device), cfg['amp'])
+    if rank:
+        return 0
     print(f"{cfg['model']} on {res['count']} images: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  "
           f"loss {res['loss']:.4f}  {res['img_per_s']:.0f} img/s" +
           (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))

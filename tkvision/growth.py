@@ -18,6 +18,7 @@ first updates are small, which suits function-preserving growth.
 """
 import argparse
 import copy as copy_module
+import os
 import sys
 
 import timm
@@ -28,7 +29,7 @@ from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
 __all__ = ['TOKEN_KINDS', 'layer_kind', 'pattention_layers', 'token_counts', 'target_counts', 'grow',
-           'grow_optimizer_state',
+           'grow_optimizer_state', 'grow_training_state',
            'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
 
 
@@ -142,6 +143,39 @@ def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict):
         optimizer.state[new] = state
 
 
+def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema_model=None,
+                        key_init: str = 'zeros', value_init: str = 'normal', **add) -> dict:
+    """Grow a model in the middle of training, with the state that trains it (paper §3.3).
+
+    ``model`` grows in place by ``add`` (``{kind: tokens}``, see :func:`grow`); the optimizer is
+    remapped to the new parameters (:func:`grow_optimizer_state`: old rows keep their moments, new
+    rows start at zero); the EMA copy, if any, grows to the same counts and takes the new rows from
+    the live model (an average of rows that did not exist would be meaningless). Call it with the
+    same torch seed on every rank so all ranks append identical tokens.
+
+    Returns:
+        ``{kind: num_tokens}`` after growth.
+    """
+    layers = pattention_layers(model)
+    before = {n: (m.key_param_tokens, m.value_param_tokens) for n, (_, m) in layers.items()}
+    grow(model, key_init=key_init, value_init=value_init, **add)
+    old_to_new = {}
+    for n, (_, m) in pattention_layers(model).items():
+        old_to_new[before[n][0]] = m.key_param_tokens
+        old_to_new[before[n][1]] = m.value_param_tokens
+    grow_optimizer_state(optimizer, old_to_new)
+    counts = token_counts(model)
+    if ema_model is not None:
+        grow(ema_model, to=counts, key_init='zeros', value_init='zeros')
+        live = pattention_layers(model)
+        with torch.no_grad():
+            for n, (_, m) in pattention_layers(ema_model).items():
+                n_old = before[n][0].shape[0]
+                m.key_param_tokens[n_old:] = live[n][1].key_param_tokens[n_old:]
+                m.value_param_tokens[n_old:] = live[n][1].value_param_tokens[n_old:]
+    return counts
+
+
 def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
     """Load a smaller TokenFormer's weights into ``model``: old tokens into the first rows.
 
@@ -233,8 +267,14 @@ def grow_checkpoint(checkpoint: str, model: str, out: str, to=None, add=None, ke
     return {k: (before[k], after[k]) for k in before}
 
 
-def main(argv=None):
-    """``tkvision-grow`` / ``tools/grow.py``: grow a weights file; see ``--help``."""
+def main(argv=None) -> int:
+    """``tkvision-grow`` / ``tools/grow.py``: grow a weights file; see ``--help``. Refuses to write over
+    its input and to take ``--to`` together with ``--add-<kind>``; user errors are one line (exit 2)."""
+    from .runtime import cli
+    return cli(_main, argv)
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(description='Grow a TokenFormer checkpoint by appending parameter tokens.')
     ap.add_argument('--checkpoint', required=True, help='.safetensors or .pth of the small model')
     ap.add_argument('--model', required=True, help='registered variant of the checkpoint, e.g. tokenformer_vit_b16_matched')
@@ -250,6 +290,10 @@ def main(argv=None):
     add = {k: getattr(args, f'add_{k}') for k in TOKEN_KINDS}
     if args.to is None and not any(add.values()):
         ap.error('give --to VARIANT or at least one --add-<kind> N')
+    if args.to is not None and any(add.values()):
+        ap.error('give either --to VARIANT or --add-<kind> N, not both (--to sets every count)')
+    if os.path.abspath(args.out) == os.path.abspath(args.checkpoint):
+        ap.error(f'--out {args.out} is the input checkpoint; write the grown weights to another file')
     report = grow_checkpoint(args.checkpoint, args.model, args.out, to=args.to, add=add, key_init=args.key_init,
                              value_init=args.value_init, model_kwargs=yaml.safe_load(args.model_kwargs))
     for kind, (old, new) in report.items():

@@ -28,7 +28,8 @@ import torch.nn.functional as F
 from .benchmark import flop_counter
 from .config import load_config, resolve_lr
 from .growth import grow_checkpoint
-from .train import build_model, train
+from .runtime import build_model
+from .train import train
 
 __all__ = ['train_flops_per_image', 'run_experiment', 'main']
 

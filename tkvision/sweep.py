@@ -15,6 +15,7 @@ import glob
 import json
 import os
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -26,6 +27,17 @@ __all__ = ['run_sweep', 'summarize', 'main']
 
 def _point_dir(out, config, seed):
     return os.path.join(out, os.path.splitext(os.path.basename(config))[0], f'seed{seed}')
+
+
+def _prepare_point_dir(run_dir) -> list:
+    """``['--resume']`` when an interrupted point left a checkpoint to continue from; a point that
+    failed before its first checkpoint is started again from an empty folder (the trainer never
+    writes into a folder that holds another run)."""
+    if os.path.isfile(os.path.join(run_dir, 'last.pth')):
+        return ['--resume']
+    if os.path.isdir(run_dir):
+        shutil.rmtree(run_dir)
+    return []
 
 
 def _command(config, seed, run_dir, launcher, nproc, extra):
@@ -44,7 +56,7 @@ def _run_point(config, seed, run_dir, extra):
     from .train import train
     cfg = load_config(config, ['--seed', str(seed), '--output', run_dir, '--progress', 'false', *extra])
     t0 = time.perf_counter()
-    res = train(cfg)
+    res = train(cfg, resume=bool(_prepare_point_dir(run_dir)))
     hist = res['history']
     return dict(top1=res['top1'], best_top1=res['best_top1'], params=sum(p.numel() for p in res['model'].parameters()),
                 img_per_s=statistics.mean(float(h['img_per_s']) for h in hist), minutes=(time.perf_counter() - t0) / 60,
@@ -78,7 +90,7 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
                 if launcher == 'local':
                     rec.update(_run_point(config, seed, run_dir, list(extra)))
                 else:
-                    subprocess.run(cmd, check=True)
+                    subprocess.run(cmd + _prepare_point_dir(run_dir), check=True)
                     with open(os.path.join(run_dir, 'metrics.csv')) as f:
                         rows = list(csv.DictReader(f))
                     rec.update(top1=float(rows[-1]['top1']), best_top1=max(float(r['top1']) for r in rows if r.get('top1')),

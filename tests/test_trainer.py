@@ -1,0 +1,336 @@
+"""The trainer on a pre-emptible cluster: schedule, accumulation, exact resume from any step with
+workers, runs that never overwrite each other, settings checked up front, no per-step host syncs."""
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file
+from timm.loss import LabelSmoothingCrossEntropy
+
+from tkvision import checkpoint as ckpt
+from tkvision import train as train_mod
+from tkvision.config import ConfigError, load_config
+from tkvision.runtime import RunError
+
+from .helpers import ROOT, TINY_FMNIST, fmnist_cfg
+
+
+@pytest.fixture
+def record_lr(monkeypatch):
+    """The lr of every optimizer update (and how many losses were computed since the previous one)."""
+    lrs, windows, calls = [], [], [0]
+    real_step, real_loss = torch.optim.AdamW.step, LabelSmoothingCrossEntropy.forward
+
+    def step(self, *a, **kw):
+        lrs.append(self.param_groups[0]['lr'])
+        windows.append(calls[0])
+        calls[0] = 0
+        return real_step(self, *a, **kw)
+
+    def loss(self, *a, **kw):
+        calls[0] += 1
+        return real_loss(self, *a, **kw)
+    monkeypatch.setattr(torch.optim.AdamW, 'step', step)
+    monkeypatch.setattr(LabelSmoothingCrossEntropy, 'forward', loss)
+    return lrs, windows
+
+
+def _cosine(u, total, warmup, peak, min_lr, warmup_lr):
+    if u < warmup:
+        return warmup_lr + u * (peak - warmup_lr) / warmup
+    return min_lr + 0.5 * (peak - min_lr) * (1 + math.cos(math.pi * (u - warmup) / (total - 1 - warmup)))
+
+
+def test_lr_of_every_update_is_the_closed_form_and_ends_at_min_lr(tmp_path, record_lr):
+    lrs, _ = record_lr
+    cfg = fmnist_cfg(tmp_path, epochs=3, warmup_epochs=0.5, lr=2e-3, min_lr=1e-5, warmup_lr=1e-6)
+    train_mod.train(cfg)
+    total, warmup = 3 * 16, 8  # 1024 images / 64 per batch = 16 updates per epoch
+    assert len(lrs) == total
+    expected = [_cosine(u, total, warmup, 2e-3, 1e-5, 1e-6) for u in range(total)]
+    assert lrs == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert lrs[warmup] == pytest.approx(2e-3) and lrs[-1] == pytest.approx(1e-5)
+
+
+def test_other_timm_schedules_are_selectable(tmp_path, record_lr):
+    lrs, _ = record_lr
+    train_mod.train(fmnist_cfg(tmp_path, epochs=3, warmup_epochs=0.5, lr=2e-3, sched='step', decay_epochs=1,
+                               decay_rate=0.5))
+    # warmup 8 updates, then halved every 16 updates counted after the warmup
+    assert lrs[8:24] == pytest.approx([2e-3] * 16) and lrs[24:40] == pytest.approx([1e-3] * 16)
+
+
+def test_accumulation_windows_end_with_the_epoch(tmp_path, record_lr):
+    """16 batches per epoch, accum_steps 3: windows 3,3,3,3,3,1 in every epoch; nothing carries over."""
+    _, windows = record_lr
+    train_mod.train(fmnist_cfg(tmp_path, epochs=2, accum_steps=3, warmup_epochs=0.5))
+    assert windows == [3, 3, 3, 3, 3, 1] * 2
+
+
+def test_partial_window_loss_scale():
+    assert [train_mod._window(i, 16, 3) for i in range(16)] == [3] * 15 + [1]
+    assert [train_mod._window(i, 5, 2) for i in range(5)] == [2, 2, 2, 2, 1]
+
+
+def _cli(args, **kw):
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, 'tools/train.py')] + args, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def _args(out, workers, epochs=2):
+    """Every random draw of the recipe: translation, flip, erasing, mixup/cutmix, drop path."""
+    return ['--model_kwargs', str(TINY_FMNIST).replace("'", ''), '--rrc_scale', 'null', '--crop_padding', '2',
+            '--hflip', '0.5', '--reprob', '0.25', '--mixup', '0.8', '--cutmix', '1.0', '--drop_path_rate', '0.1',
+            '--epochs', str(epochs), '--batch_size', '32', '--lr', '2e-3', '--train_subset', '2048',
+            '--val_subset', '256', '--threads', '1', '--progress', 'false', '--num_workers', str(workers),
+            '--checkpoint_every_steps', '5', '--output', out]
+
+
+def _wait_for_checkpoint(path, p, after=lambda s: True, timeout=300):
+    deadline, seen = time.time() + timeout, None
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(path) and os.path.getmtime(path) != seen:
+            seen = os.path.getmtime(path)
+            state = ckpt.load_state(path)
+            if after(state):
+                return state
+        time.sleep(0.05)
+    raise AssertionError('no such checkpoint before the run ended: ' + (p.stdout.read() if p.poll() is not None else ''))
+
+
+def test_sigkill_and_sigterm_mid_epoch_with_workers_resume_bit_identical(tmp_path):
+    """An uninterrupted run with 0 workers against one with 2 workers that is SIGKILLed in the middle of
+    epoch 1, resumed, stopped by SIGTERM in the middle of epoch 2 (checkpoint written, exit 75) and
+    resumed again: the final weights are bit-identical."""
+    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
+    p = _cli(_args(full, workers=0))
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    path = os.path.join(broken, 'last.pth')
+
+    p = _cli(_args(broken, workers=2))
+    state = _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 0 and s['batches_done'] >= 10)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert ckpt.load_state(path)['epochs_done'] == 0, 'the run finished its first epoch before it was killed'
+
+    p = _cli(_args(broken, workers=2) + ['--resume'])
+    _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 1 and s['batches_done'] >= 10)
+    p.send_signal(signal.SIGTERM)
+    log = p.communicate(timeout=300)[0]
+    assert p.returncode == train_mod.EXIT_PREEMPTED and 'stopped by SIGTERM' in log, log
+    stopped = ckpt.load_state(path)
+    assert stopped['epochs_done'] == 1 and 0 < stopped['batches_done'] < 64, 'not stopped mid-epoch'
+    assert stopped['batches_done'] == stopped['num_updates'] - 64  # the checkpoint is the stop's, not a periodic one
+
+    p = _cli(_args(broken, workers=2) + ['--resume'])
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0 and f"batch {stopped['batches_done']}" in log, log
+    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(broken, 'last.safetensors'))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ma = open(os.path.join(full, 'metrics.csv')).read().splitlines()
+    mb = open(os.path.join(broken, 'metrics.csv')).read().splitlines()
+    col = ma[0].split(',').index('train_loss')
+    assert [r.split(',')[col] for r in ma[1:]] == [r.split(',')[col] for r in mb[1:]]
+
+
+def test_augmentation_depends_on_sample_not_worker():
+    from tkvision.data import ResumableSampler, SeededDataset, build_dataset
+    cfg = load_config(None, dict(rrc_scale=[0.5, 1.0], img_size=28, hflip=0.5, crop_padding=2, train_subset=64))
+    ds = SeededDataset(build_dataset(cfg, 'train'))
+    sampler = ResumableSampler(ds.dataset, seed=0)
+    sampler.set_epoch(3)
+    keys = list(sampler)
+    first = [ds[k][0] for k in keys[:8]]
+    again = [ds[k][0] for k in reversed(keys[:8])][::-1]  # another order: same images
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    sampler.set_epoch(3, start=5)
+    assert list(sampler) == keys[5:]
+    sampler.set_epoch(4)
+    other_epoch = {i: s for i, s in sampler}
+    assert any(other_epoch[i] != s for i, s in keys)
+
+
+def test_rerun_in_a_used_output_dir_fails_naming_both_ways_out(tmp_path):
+    cfg = fmnist_cfg(tmp_path, epochs=1, warmup_epochs=0.5)
+    train_mod.train(cfg)
+    before = {f: os.path.getmtime(os.path.join(cfg['output'], f)) for f in os.listdir(cfg['output'])}
+    with pytest.raises(RunError, match=r'already holds a run.*--resume.*another --output'):
+        train_mod.train(cfg)
+    assert before == {f: os.path.getmtime(os.path.join(cfg['output'], f)) for f in os.listdir(cfg['output'])}
+
+
+def test_second_run_on_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
+    out = str(tmp_path / 'run')
+    first = _cli(_args(out, workers=0, epochs=50))  # still running when the second starts
+    _wait_for_checkpoint(os.path.join(out, 'last.pth'), first)
+    t0 = time.time()
+    second = _cli(_args(out, workers=0, epochs=50) + ['--resume'])
+    log = second.communicate(timeout=120)[0]
+    first.kill()
+    first.wait()
+    assert second.returncode == 2 and time.time() - t0 < 60
+    assert f'in use by a running job (host ' in log and f'pid {first.pid}' in log and 'Traceback' not in log, log
+
+
+def test_resume_with_longer_schedule_rebuilds_it_and_reports_the_change(tmp_path, record_lr, capsys):
+    lrs, _ = record_lr
+    cfg = fmnist_cfg(tmp_path, epochs=2, warmup_epochs=0.5, min_lr=1e-6)
+    train_mod.train(cfg)
+    del lrs[:]
+    res = train_mod.train(dict(cfg, epochs=4), resume=True)
+    assert 'changed: epochs 2 -> 4' in capsys.readouterr().out
+    assert len(res['history']) == 4 and len(lrs) == 32
+    expected = [_cosine(u, 64, 8, 2e-3, 1e-6, 1e-6) for u in range(32, 64)]
+    assert lrs == pytest.approx(expected, rel=1e-9, abs=1e-12)  # not stuck at min_lr
+    with pytest.raises(ConfigError, match=r"cannot change when resuming.*model_kwargs"):
+        train_mod.train(dict(cfg, epochs=5, model_kwargs=dict(TINY_FMNIST, num_tokens=8)), resume=True)
+
+
+def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
+    args = _args(str(tmp_path / 'run'), workers=0, epochs=1) + ['--warmup_epochs', '0.5', '--train_subset', '256']
+    assert train_mod.main(args) == 0
+    capsys.readouterr()
+    assert train_mod.main(args + ['--resume']) == 0
+    out = capsys.readouterr().out
+    assert 'nothing to train' in out and '--epochs N' in out and 'final test top-1' in out, out
+
+
+@pytest.mark.parametrize('override, key', [
+    (['--save_every', '0'], 'save_every'), (['--eval_every', '0'], 'eval_every'), (['--epochs', '-1'], 'epochs'),
+    (['--epochs', '1.5'], 'epochs'), (['--lr', 'abc'], 'lr'), (['--accum_steps', '0'], 'accum_steps'),
+    (['--interpolation', 'cubic'], 'interpolation'), (['--checkpoint_every_steps', '0'], 'checkpoint_every_steps'),
+    (['--batch_size', '64', '--train_subset', '32'], 'train_subset'), (['--growth.add_tokens', '{mlp: 8}'], 'mlp')])
+def test_bad_settings_are_one_line_errors_before_any_work(tmp_path, capsys, override, key):
+    from tkvision.train import main
+    out = str(tmp_path / 'run')
+    assert main(['--output', out, '--epochs', '2', *override]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith('error: ') and key in err[0], err
+    assert not os.path.exists(os.path.join(out, 'last.pth')) and not os.path.exists(os.path.join(out, 'metrics.csv'))
+    assert main(['--output', out, '--epochs', '2', *override, '--debug']) == 2
+    assert 'Traceback' in capsys.readouterr().err
+
+
+def test_command_line_error_is_one_line_without_traceback(tmp_path):
+    p = subprocess.run([sys.executable, os.path.join(ROOT, 'tools/train.py'), '--epochs', '-1'], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2 and p.stderr.strip().splitlines() == [
+        'error: epochs must be an integer >= 1, got -1  (--debug shows the traceback)'], p.stderr
+
+
+def test_nan_names_a_checkpoint_only_if_one_exists(tmp_path, monkeypatch):
+    real = LabelSmoothingCrossEntropy.forward
+    calls = [0]
+
+    def poisoned(after):
+        def forward(self, x, target):
+            calls[0] += 1
+            loss = real(self, x, target)
+            return loss * float('nan') if calls[0] > after else loss
+        return forward
+    monkeypatch.setattr(LabelSmoothingCrossEntropy, 'forward', poisoned(3))
+    with pytest.raises(train_mod.NonFiniteLossError, match='between updates 1 and 16.*no checkpoint was written'):
+        train_mod.train(fmnist_cfg(tmp_path, epochs=3, output=str(tmp_path / 'a')))
+    assert not os.path.exists(tmp_path / 'a' / 'last.pth')
+    calls[0] = 0
+    monkeypatch.setattr(LabelSmoothingCrossEntropy, 'forward', poisoned(16 + 3))
+    cfg = fmnist_cfg(tmp_path, epochs=3, output=str(tmp_path / 'b'))
+    with pytest.raises(train_mod.NonFiniteLossError, match=f"between updates 17 and 32.*last good checkpoint is "
+                                                           f"{cfg['output']}/last.pth"):
+        train_mod.train(cfg)
+    state = ckpt.load_state(os.path.join(cfg['output'], 'last.pth'))
+    assert state['epochs_done'] == 1 and all(torch.isfinite(v).all() for v in state['model'].values())
+
+
+def test_no_host_synchronisation_per_step(tmp_path, monkeypatch):
+    """tkvision's own device-to-host reads are as many for 16 updates as for 48 between log intervals.
+    (Only calls made by tkvision's code are counted: AdamW's ``step`` counter, read with ``.item()``
+    inside torch, lives on the CPU and does not wait for the device.)"""
+    import tkvision
+    package = os.path.dirname(tkvision.__file__)
+    counts = []
+    for n in (1024, 3072):
+        seen = [0]
+        for name in ('item', 'tolist', 'cpu', '__bool__', 'numpy'):
+            real = getattr(torch.Tensor, name)
+
+            def counted(self, *a, _real=real, **kw):
+                seen[0] += sys._getframe(1).f_code.co_filename.startswith(package)
+                return _real(self, *a, **kw)
+            monkeypatch.setattr(torch.Tensor, name, counted)
+        train_mod.train(fmnist_cfg(tmp_path, epochs=1, warmup_epochs=0.5, train_subset=n, log_interval=100,
+                                   val_subset=64, output=str(tmp_path / f'n{n}')))
+        monkeypatch.undo()
+        counts.append(seen[0])
+    assert counts[0] == counts[1], counts
+
+
+def test_batches_are_uint8_until_the_device_and_erasing_is_per_pixel_normal():
+    from tkvision.data import BatchPreprocessor, build_dataset, build_loader
+    cfg = load_config(None, dict(train_subset=256, batch_size=64))
+    images, labels, bad = next(iter(build_loader(build_dataset(cfg, 'train'), cfg, train=True)))
+    assert images.dtype == torch.uint8 and images.shape == (64, 1, 28, 28) and not bad
+    prep = BatchPreprocessor(cfg['mean'], cfg['std'], 'cpu')
+    expected = (images.float() / 255 - cfg['mean'][0]) / cfg['std'][0]
+    assert torch.allclose(prep(images), expected, atol=1e-6)
+    torch.manual_seed(0)
+    erased = BatchPreprocessor([0.5], [0.5], 'cpu', reprob=1.0)(torch.full((64, 1, 28, 28), 255, dtype=torch.uint8),
+                                                                train=True)
+    noise = erased[erased != 1.0]  # every un-erased pixel is (1 - 0.5) / 0.5 = 1
+    assert noise.numel() > 64 * 20 and abs(noise.mean()) < 0.05 and abs(noise.std() - 1) < 0.05
+
+
+def test_grow_tool_refuses_to_overwrite_its_input_and_contradictory_arguments(tmp_path, capsys):
+    import timm
+    from tkvision.checkpoint import save_weights
+    from tkvision.growth import main as grow_main
+    path = str(tmp_path / 'small.safetensors')
+    save_weights(timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST).state_dict(), path)
+    before = open(path, 'rb').read()
+    kw = ['--model', 'tokenformer_vit_ti16', '--model-kwargs', str(TINY_FMNIST).replace("'", '')]
+    with pytest.raises(SystemExit):
+        grow_main(['--checkpoint', path, '--out', path, '--add-qkv', '8', *kw])
+    assert 'is the input checkpoint' in capsys.readouterr().err and open(path, 'rb').read() == before
+    with pytest.raises(SystemExit):
+        grow_main(['--checkpoint', path, '--out', str(tmp_path / 'g.safetensors'), '--to', 'tokenformer_vit_s16',
+                   '--add-qkv', '8', *kw])
+    assert 'not both' in capsys.readouterr().err and not os.path.exists(tmp_path / 'g.safetensors')
+
+
+def test_slurm_launch_of_two_cpu_processes_trains_identically(tmp_path):
+    """What `srun --ntasks 2 python tools/train.py ...` sets (no torchrun): SLURM_PROCID / NTASKS / LOCALID."""
+    script = tmp_path / 'job.py'
+    script.write_text(f'''
+import hashlib, os, sys
+sys.path.insert(0, {ROOT!r})
+from tkvision.config import load_config
+from tkvision.train import train
+from tests.helpers import TINY_FMNIST
+cfg = load_config(None, dict(model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=1, warmup_epochs=0.5, batch_size=32,
+                             lr=2e-3, train_subset=512, val_subset=128, threads=1, progress=False,
+                             output={str(tmp_path / "run")!r}))
+res = train(cfg)
+import torch.distributed as dist
+h = hashlib.sha256()
+for k, v in sorted(res['model'].state_dict().items()):
+    h.update(k.encode()); h.update(v.detach().numpy().tobytes())
+open(os.path.join({str(tmp_path)!r}, 'rank%d.sha' % dist.get_rank()), 'w').write(h.hexdigest() + ' %d' % dist.get_world_size())
+''')
+    env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}
+    procs = [subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              text=True, env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_NTASKS='2',
+                                                  MASTER_ADDR='127.0.0.1', MASTER_PORT='29547'))
+             for r in (0, 1)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert all(p.returncode == 0 for p in procs), logs
+    r0, r1 = (open(tmp_path / f'rank{r}.sha').read() for r in (0, 1))
+    assert r0 == r1 and r0.endswith(' 2')
+    assert os.path.isfile(tmp_path / 'run' / 'last.pth')
