@@ -334,3 +334,31 @@ open(os.path.join({str(tmp_path)!r}, 'rank%d.sha' % dist.get_rank()), 'w').write
     r0, r1 = (open(tmp_path / f'rank{r}.sha').read() for r in (0, 1))
     assert r0 == r1 and r0.endswith(' 2')
     assert os.path.isfile(tmp_path / 'run' / 'last.pth')
+
+
+def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_path):
+    """Two CPU ranks under torchrun: SIGTERM to torchrun reaches both workers, which stop at the same
+    update in the middle of an epoch and write one checkpoint; resumed under torchrun, the weights equal
+    an uninterrupted torchrun run's."""
+    def torchrun(out, port, extra=()):
+        return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
+                                 '--master_port', str(port), os.path.join(ROOT, 'tools/train.py'),
+                                 *_args(out, workers=0), '--log_interval', '2', *extra],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    full, stopped = str(tmp_path / 'full'), str(tmp_path / 'stopped')
+    p = torchrun(full, 29561)
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    p = torchrun(stopped, 29562)
+    path = os.path.join(stopped, 'last.pth')
+    _wait_for_checkpoint(path, p, lambda s: s['batches_done'] >= 5)
+    p.send_signal(signal.SIGTERM)
+    log = p.communicate(timeout=300)[0]
+    assert p.returncode != 0 and log.count('stopped by SIGTERM') == 2, log  # both ranks, then torchrun fails
+    state = ckpt.load_state(path)
+    assert state['epochs_done'] < 2 and 0 < state['batches_done'] < 32
+    p = torchrun(stopped, 29563, ['--resume'])
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0 and 'resumed from' in log, log
+    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(stopped, 'last.safetensors'))
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
