@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 from tkvision import checkpoint as ckpt
 from tkvision import train as train_mod
 from tkvision.config import load_config
-from tkvision.data import ImageFolderDataset, build_dataset, load_fashion_mnist
+from tkvision.data import build_dataset, load_fashion_mnist
 from tkvision.evaluate import main as validate_main
 
 from .helpers import ROOT, TINY_FMNIST, fmnist_cfg, make_imagenet_folder
@@ -77,8 +77,6 @@ def test_corrupt_images_are_skipped_and_counted(tmp_path, capsys):
                                  model='tokenformer_vit_ti16', threads=1, progress=False, epochs=1, warmup_epochs=0.5, batch_size=2,  # 14 train files: every one read
                                  model_kwargs=dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
                                                    num_tokens=8, num_classes=2), output=str(tmp_path / 'run')))
-    ds = ImageFolderDataset(os.path.join(root, 'train'))
-    assert any(p == bad for p, _ in ds.samples)
     res = train_mod.train(cfg)
     rows = list(csv.DictReader(open(os.path.join(cfg['output'], 'metrics.csv'))))
     assert int(rows[0]['skipped']) == 2 and int(rows[0]['val_skipped']) == 1  # broken + bomb in train, one in val

@@ -275,7 +275,9 @@ def test_no_host_synchronisation_per_step(tmp_path, monkeypatch):
 
 def test_batches_are_uint8_until_the_device_and_erasing_is_per_pixel_normal():
     from tkvision.data import BatchPreprocessor, build_dataset, build_loader
-    cfg = load_config(None, dict(train_subset=256, batch_size=64))
+    from tkvision.data import resolve_data_cfg
+    cfg = resolve_data_cfg(load_config(None, dict(train_subset=256, batch_size=64)))
+    assert cfg['mean'] == [0.2860] and cfg['img_size'] == 28  # Fashion-MNIST's statistics
     images, labels, bad = next(iter(build_loader(build_dataset(cfg, 'train'), cfg, train=True)))
     assert images.dtype == torch.uint8 and images.shape == (64, 1, 28, 28) and not bad
     prep = BatchPreprocessor(cfg['mean'], cfg['std'], 'cpu')

@@ -35,14 +35,16 @@ DEFAULTS = {
     'grad_checkpointing': False,
     'compile': False,
     # data
-    'dataset': 'fashion_mnist',  # 'fashion_mnist' or 'imagenet' (folder layout train/<class>/*)
+    'dataset': 'fashion_mnist',  # 'fashion_mnist', 'folder' (= 'imagenet': train/<class>/*, val/<class>/*),
+                                 # 'tar', 'wds/<name>' (WebDataset shards), 'hfds/<name>' (Hugging Face)
     'data_dir': None,
     'download': False,           # fashion_mnist only: torchvision download when the Debian package is absent
-    'img_size': 28,
-    'mean': [0.2860],
-    'std': [0.3530],
-    'crop_pct': 0.875,
-    'interpolation': 'bicubic',  # one of INTERPOLATIONS; 'random' draws one per image (timm)
+    # null: from the model's pretrained_cfg (timm.data.resolve_data_config), or Fashion-MNIST's statistics
+    'img_size': None,
+    'mean': None,
+    'std': None,
+    'crop_pct': None,
+    'interpolation': None,       # one of INTERPOLATIONS; 'random' draws one per image (timm)
     'rrc_scale': [0.08, 1.0],    # RandomResizedCrop area range; null: no crop
     'crop_padding': 0,           # random translation: zero-pad each side by this many px, random crop back
                                  # to img_size (torchvision RandomCrop(padding=...)); 0: off
@@ -161,9 +163,12 @@ RULES = {
     'model': _rule('str'), 'model_kwargs': _rule('map'), 'drop_path_rate': _rule('num', 0, 1, hi_open=True),
     'init_from': _rule('str', null=True), 'freeze_old_tokens': _rule('bool'), 'grad_checkpointing': _rule('bool'),
     'compile': _rule('bool'),
-    'dataset': _rule(None, choices=('fashion_mnist', 'imagenet')), 'data_dir': _rule('str', null=True),
-    'download': _rule('bool'), 'img_size': _rule('int', 1), 'mean': _rule('nums'), 'std': _rule('nums', 0, lo_open=True),
-    'crop_pct': _rule('num', 0, 1, lo_open=True), 'interpolation': _rule(None, choices=INTERPOLATIONS),
+    'dataset': (lambda v: isinstance(v, str) and (v in ('fashion_mnist', 'imagenet', 'folder', 'tar') or (
+        v.split('/')[0] in ('wds', 'hfds') and len(v.split('/', 1)[-1]) > 0 and '/' in v)),
+        "'fashion_mnist', 'folder' (or 'imagenet'), 'tar', 'wds/<name>' or 'hfds/<name>'"),
+    'data_dir': _rule('str', null=True), 'download': _rule('bool'), 'img_size': _rule('int', 1, null=True),
+    'mean': _rule('nums', null=True), 'std': _rule('nums', 0, lo_open=True, null=True),
+    'crop_pct': _rule('num', 0, 1, lo_open=True, null=True), 'interpolation': _rule(None, choices=INTERPOLATIONS + (None,)),
     'rrc_scale': _rule('nums', 0, 1, lo_open=True, length=2, null=True), 'crop_padding': _rule('int', 0),
     'hflip': _rule('num', 0, 1), 'auto_augment': _rule('str', null=True), 'reprob': _rule('num', 0, 1),
     'num_workers': _rule('int', 0), 'train_subset': _rule('int', 1, null=True), 'val_subset': _rule('int', 1, null=True),
@@ -212,7 +217,7 @@ def validate_config(cfg: dict) -> dict:
             raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are {", ".join(TOKEN_KINDS)}')
         if not (_is_num(n) and float(n).is_integer() and n >= 0):
             raise ConfigError(f'growth.add_tokens.{kind} must be an integer >= 0, got {n!r}')
-    if len(cfg['mean']) != len(cfg['std']):
+    if cfg['mean'] is not None and cfg['std'] is not None and len(cfg['mean']) != len(cfg['std']):
         raise ConfigError(f"mean and std must have one value per channel, got {len(cfg['mean'])} and {len(cfg['std'])}")
     if cfg['warmup_epochs'] >= cfg['epochs']:
         raise ConfigError(f"warmup_epochs must be < epochs ({cfg['epochs']}), got {cfg['warmup_epochs']!r}")

@@ -3,8 +3,18 @@
 - Fashion-MNIST (Xiao et al. 2017), held in memory as uint8 arrays, read from the Debian package
   ``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist/*.gz``, idx format) or from
   ``data_dir``; torchvision's download only when asked (``download: true``).
-- ImageNet folder layout (``<data_dir>/train/<class>/*``, ``<data_dir>/val/<class>/*``) with
-  unreadable images skipped and counted, never fatal.
+- The dataset specs timm's ``create_dataset`` knows, read through timm's readers: ``folder`` (or
+  ``imagenet``: ``<data_dir>/train/<class>/*``, ``<data_dir>/val/<class>/*``, timm's
+  ``ReaderImageFolder``), ``tar`` (``<data_dir>/train.tar`` / ``val.tar`` holding ``<class>/<image>``,
+  timm's ``ReaderImageInTar``), ``hfds/<name>`` (a Hugging Face dataset, a local folder or a
+  cached one, split ``train`` / ``validation``, timm's ``ReaderHfds``; package ``datasets``), and
+  ``wds/<name>`` (WebDataset shards in ``data_dir``, streamed by :mod:`tkvision.shards`; package
+  ``webdataset``). On every format an image that cannot be decoded (truncated, not an image, a
+  decompression bomb) is skipped and counted, never fatal. The evaluation split uses the training
+  split's class-to-index map; a class present in only one split is an error naming it.
+- Unset ``img_size``, ``mean``, ``std``, ``crop_pct`` and ``interpolation`` come from the model's
+  ``pretrained_cfg`` through ``timm.data.resolve_data_config`` (:func:`resolve_data_cfg`), or from
+  Fashion-MNIST's statistics for that dataset.
 
 Augmentation (the MAE / MMPretrain supervised recipe, ``shared/reference/README.md``, "Recipes"):
 albumentations for RandomResizedCrop (bicubic), translation and flip, timm's RandAugment
@@ -29,20 +39,29 @@ import numpy as np
 import torch
 from albumentations.pytorch import ToTensorV2
 from PIL import Image
+import timm.data
 from timm.data.auto_augment import rand_augment_transform
 from timm.data.random_erasing import RandomErasing
-from torch.utils.data import DataLoader, Dataset, Subset, default_collate
+from timm.data.readers import create_reader
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset, default_collate
 from torch.utils.data.distributed import DistributedSampler
-from torchvision.datasets.folder import IMG_EXTENSIONS, find_classes, make_dataset
 
-__all__ = ['FASHION_MNIST_DIR', 'load_fashion_mnist', 'ArrayDataset', 'ImageFolderDataset', 'build_transform',
-           'build_dataset', 'build_loader', 'collate_skip_bad', 'sample_seed', 'ResumableSampler', 'SeededDataset',
-           'BatchPreprocessor']
+from .runtime import UsageError
+
+__all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'load_fashion_mnist', 'ArrayDataset', 'ReaderDataset',
+           'build_transform', 'resolve_data_cfg', 'build_dataset', 'build_loader', 'set_loader_epoch',
+           'batches_per_epoch', 'dataset_size', 'dataset_classes', 'train_class_map', 'collate_skip_bad', 'sample_seed', 'seed_sample', 'ResumableSampler',
+           'SeededDataset', 'BatchPreprocessor']
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the data.
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
 _FMNIST_FILES = {'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
                  'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')}
+#: Fashion-MNIST's image size and pixel statistics (the data keys' defaults for that dataset).
+FASHION_MNIST_STATS = dict(img_size=28, mean=[0.2860], std=[0.3530], crop_pct=1.0, interpolation='bicubic')
+#: Data keys resolved from the model's pretrained_cfg (or FASHION_MNIST_STATS) when null.
+DATA_CFG_KEYS = ('img_size', 'mean', 'std', 'crop_pct', 'interpolation')
+_BAD_IMAGE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 _HOW_TO_GET_FMNIST = ('install it with `apt-get update && apt-get install -y dataset-fashion-mnist` '
                       f'(files under {FASHION_MNIST_DIR}), pass --data-dir with the four idx files, '
                       'or set download: true to use torchvision\'s download')
@@ -102,37 +121,28 @@ class ArrayDataset(Dataset):
         return self.transform(image=self.images[i])['image'], int(self.labels[i])
 
 
-class ImageFolderDataset(Dataset):
-    """ImageNet-style folder ``root/<class>/<image>`` (classes sorted, as torchvision's ImageFolder).
+class ReaderDataset(Dataset):
+    """A map-style dataset over a timm reader (``timm.data.readers.create_reader``: image folder, tar,
+    Hugging Face dataset): items are ``(transform(image) [C, H, W] uint8, label)``, or ``('bad', name)``
+    for an image that cannot be decoded, which :func:`collate_skip_bad` drops and counts.
 
-    Items are ``(transform(image) [3, H, W], label)``; an image that cannot be decoded yields
-    ``('bad', path)`` instead, which :func:`collate_skip_bad` drops and counts.
-
-    Raises:
-        FileNotFoundError: ``root`` missing or without class folders / images, naming the path.
+    Attributes:
+        reader: the timm reader (``class_to_idx``, ``filename(i)``).
     """
 
-    def __init__(self, root: str, transform=None):
-        if not os.path.isdir(root):
-            raise FileNotFoundError(f'image folder {root} not found: expected {root}/<class>/<image> '
-                                    '(ImageNet layout: <data_dir>/train/<class>/*.JPEG, <data_dir>/val/<class>/*)')
-        try:
-            self.classes, self.class_to_idx = find_classes(root)
-            self.samples = make_dataset(root, self.class_to_idx, extensions=IMG_EXTENSIONS)
-        except FileNotFoundError as e:
-            raise FileNotFoundError(f'{root}: {e}') from e
-        self.transform = transform
+    def __init__(self, reader, transform=None):
+        self.reader, self.transform = reader, transform
 
     def __len__(self):
-        return len(self.samples)
+        return len(self.reader)
 
     def __getitem__(self, i):
-        path, label = self.samples[i]
+        source, label = self.reader[i][:2]
         try:
-            with Image.open(path) as img:
+            with source, Image.open(source) as img:
                 image = np.asarray(img.convert('RGB'))
-        except (OSError, ValueError, SyntaxError, Image.DecompressionBombError):
-            return ('bad', path)
+        except _BAD_IMAGE:
+            return ('bad', str(self.reader.filename(i)))
         return self.transform(image=image)['image'], label
 
 
@@ -204,6 +214,7 @@ def build_transform(cfg: dict, train: bool, resize: bool = True) -> A.Compose:
     Raises:
         ValueError: an unknown ``interpolation`` (the message lists the valid names).
     """
+    cfg = resolve_data_cfg(cfg)
     size, mean = cfg['img_size'], tuple(cfg['mean'])
     interps = _interpolations(cfg['interpolation'], train)
 
@@ -253,28 +264,135 @@ class BatchPreprocessor:
         return self.erase(x) if (train and self.erase is not None) else x
 
 
-def build_dataset(cfg: dict, split: str) -> Dataset:
-    """Training (``split='train'``) or evaluation (``'val'``) dataset of ``cfg``.
+def resolve_data_cfg(cfg: dict) -> dict:
+    """``cfg`` with every null data key (:data:`DATA_CFG_KEYS`) filled in: from
+    :data:`FASHION_MNIST_STATS` for Fashion-MNIST, else from the model's ``pretrained_cfg`` with
+    ``timm.data.resolve_data_config`` (the model is built on the meta device: no memory, no weights);
+    ``img_size`` from ``model_kwargs['img_size']`` when given. Keys the config sets are kept."""
+    unset = [k for k in DATA_CFG_KEYS if cfg[k] is None]
+    if not unset:
+        return cfg
+    if cfg['dataset'] == 'fashion_mnist':
+        found = dict(FASHION_MNIST_STATS, img_size=cfg['model_kwargs'].get('img_size', 28))
+    else:
+        from .runtime import build_model
+        with torch.device('meta'):
+            model = build_model(cfg)
+        dc = timm.data.resolve_data_config(args={}, model=model)
+        found = dict(img_size=cfg['model_kwargs'].get('img_size', dc['input_size'][-1]), mean=list(dc['mean']),
+                     std=list(dc['std']), crop_pct=dc['crop_pct'], interpolation=dc['interpolation'])
+    return dict(cfg, **{k: found[k] for k in unset})
+
+
+def _split_names(cfg, split):
+    """timm's split names: Hugging Face datasets call the evaluation split 'validation'."""
+    if split == 'val' and cfg['dataset'].startswith('hfds/'):
+        return 'validation'
+    return split
+
+
+def _check_same_classes(train_classes, val_classes, where: str):
+    only_train = sorted(set(train_classes) - set(val_classes))
+    only_val = sorted(set(val_classes) - set(train_classes))
+    if only_train or only_val:
+        raise UsageError(f'{where}: the training and evaluation splits must have the same classes; '
+                         + (f'only in train: {only_train}' if only_train else '')
+                         + ('; ' if only_train and only_val else '')
+                         + (f'only in val: {only_val}' if only_val else ''))
+
+
+def _reader(cfg: dict, split: str, class_to_idx=None):
+    """A timm reader for ``folder`` / ``imagenet``, ``tar`` and ``hfds/...`` datasets."""
+    name, root = cfg['dataset'], cfg['data_dir']
+    if name.startswith('hfds/'):
+        try:
+            return create_reader(name, root=root, split=_split_names(cfg, split), class_map=class_to_idx)
+        except ImportError as e:
+            raise ImportError('hfds/ datasets need the datasets package: pip install "tkvision[hfds]"') from e
+    path = os.path.join(root, split + ('.tar' if name == 'tar' else ''))
+    if not os.path.exists(path):
+        layout = ('<data_dir>/train.tar and val.tar holding <class>/<image>' if name == 'tar' else
+                  'ImageNet layout: <data_dir>/train/<class>/*.JPEG, <data_dir>/val/<class>/*')
+        raise FileNotFoundError(f'{path} not found: expected {layout}')
+    if name != 'tar' and class_to_idx is not None:
+        _check_same_classes(class_to_idx, [e.name for e in os.scandir(path) if e.is_dir()], path)
+    reader = create_reader('', root=path, class_map=class_to_idx if name != 'tar' else None)
+    if name == 'tar' and class_to_idx is not None:
+        _check_same_classes(class_to_idx, reader.class_name_to_idx, path)
+        if reader.class_name_to_idx != class_to_idx:
+            reader = create_reader('', root=path, class_map=class_to_idx)
+    if len(reader) == 0:
+        raise FileNotFoundError(f'no images found in {path}')
+    return reader
+
+
+def dataset_classes(ds) -> dict:
+    """``{class name: index}`` of a dataset built by :func:`build_dataset` (None for Fashion-MNIST)."""
+    while isinstance(ds, (Subset, SeededDataset)):
+        ds = ds.dataset
+    if isinstance(ds, ReaderDataset):
+        reader = ds.reader
+        return getattr(reader, 'class_to_idx', None) or getattr(reader, 'class_name_to_idx', None)
+    if getattr(ds, 'classes', None):
+        return {c: i for i, c in enumerate(ds.classes)}
+    return None
+
+
+def build_dataset(cfg: dict, split: str, rank: int = 0, world_size: int = 1, class_to_idx=None) -> Dataset:
+    """Training (``split='train'``) or evaluation (``'val'``) dataset of ``cfg`` (data keys resolved).
 
     Fashion-MNIST's 'val' is its 10k test set. ``train_subset`` / ``val_subset`` keep the first N
-    items (for quick probes and tests; Fashion-MNIST's order is class-mixed).
+    items (for quick probes and tests; Fashion-MNIST's order is class-mixed). ``class_to_idx``: the
+    training split's map, which the evaluation split must share. ``rank`` / ``world_size`` matter
+    for streamed shards only (each rank reads its own).
 
     Raises:
         FileNotFoundError: missing data, naming the path and how to get it.
+        ValueError: the splits' classes differ (the classes are named).
     """
+    cfg = resolve_data_cfg(cfg)
     train = split == 'train'
-    if cfg['dataset'] == 'fashion_mnist':
+    limit = cfg['train_subset' if train else 'val_subset']
+    name = cfg['dataset']
+    if name == 'fashion_mnist':
         images, labels = load_fashion_mnist('train' if train else 'test', cfg['data_dir'], cfg['download'])
         ds = ArrayDataset(images, labels, build_transform(cfg, train, resize=cfg['img_size'] != images.shape[1]))
+    elif not cfg['data_dir'] and not name.startswith('hfds/'):
+        raise FileNotFoundError(f'dataset {name} needs data_dir (--data-dir /path/to/data with train and val)')
+    elif name.startswith('wds/'):
+        from .shards import ShardStream
+        ds = ShardStream(cfg['data_dir'], split, build_transform(cfg, train), train=train,
+                         batch_size=cfg['batch_size'], num_workers=cfg['num_workers'], rank=rank, world=world_size,
+                         seed=cfg['seed'], limit=limit)
+        if class_to_idx is not None and ds.classes:
+            from .shards import read_info
+            counts = read_info(cfg['data_dir'])['splits']
+            _check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], cfg['data_dir'])
+        return ds
     else:
-        if not cfg['data_dir']:
-            raise FileNotFoundError('dataset imagenet needs data_dir (--data-dir /path/to/imagenet with train/ and val/)')
-        ds = ImageFolderDataset(os.path.join(cfg['data_dir'], split), build_transform(cfg, train))
-    limit = cfg['train_subset' if train else 'val_subset']
+        ds = ReaderDataset(_reader(cfg, split, class_to_idx), build_transform(cfg, train))
     return Subset(ds, range(min(limit, len(ds)))) if limit else ds
 
 
-def sample_seed(seed: int, epoch: int, index: int) -> int:
+def train_class_map(cfg: dict):
+    """The training split's ``{class: index}`` without reading it whole (for evaluation alone): the
+    sorted class folders of ``<data_dir>/train``, or a shard manifest's class list; None otherwise."""
+    if cfg['dataset'] in ('folder', 'imagenet') and cfg['data_dir'] and os.path.isdir(os.path.join(cfg['data_dir'], 'train')):
+        names = sorted(e.name for e in os.scandir(os.path.join(cfg['data_dir'], 'train')) if e.is_dir())
+        return {c: i for i, c in enumerate(names)}
+    if cfg['dataset'].startswith('wds/'):
+        from .shards import read_info
+        names = read_info(cfg['data_dir']).get('classes')
+        return {c: i for i, c in enumerate(names)} if names else None
+    return None
+
+
+def dataset_size(ds) -> int:
+    """Images in one epoch of ``ds`` over all ranks (a stream's ``num_samples``)."""
+    return getattr(ds, 'num_samples', None) or len(ds)
+
+
+def sample_seed(seed: int, epoch: int, index) -> int:
     """32-bit seed of one sample's augmentation: a hash of ``(seed, epoch, index)``, so it depends
     on nothing else (not on the worker, nor on how many samples came before)."""
     digest = hashlib.blake2b(f'{seed}/{epoch}/{index}'.encode(), digest_size=4).digest()
@@ -305,6 +423,15 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.start
 
 
+def seed_sample(transform, seed: int, epoch: int, index):
+    """Seed one sample's augmentation from (seed, epoch, index): albumentations' generators of
+    ``transform`` and Python's / NumPy's global ones, which timm's RandAugment draws from."""
+    s = sample_seed(seed, epoch, index)
+    random.seed(s)
+    np.random.seed(s)
+    transform.set_random_seed(s)
+
+
 class SeededDataset(Dataset):
     """Wraps a dataset whose items take ``(index, seed)``: seeds the transform (albumentations'
     generators, and Python's / NumPy's global ones that timm's RandAugment draws from) before
@@ -323,8 +450,7 @@ class SeededDataset(Dataset):
         ds = self.dataset
         while hasattr(ds, 'dataset'):
             ds = ds.dataset
-        if hasattr(ds.transform, 'set_random_seed'):
-            ds.transform.set_random_seed(seed)
+        ds.transform.set_random_seed(seed)
         return self.dataset[index]
 
 
@@ -333,13 +459,34 @@ def build_loader(ds: Dataset, cfg: dict, train: bool, rank: int = 0, world_size:
 
     Training: :class:`ResumableSampler` over :class:`SeededDataset` (order and augmentation depend
     only on seed, epoch and sample index: exact resume, any ``num_workers``), incomplete last batch
-    dropped. Evaluation: each rank takes items ``rank::world_size`` so summed metrics count every item
-    once. Pinned memory on CUDA for non-blocking copies; persistent workers.
+    dropped; a shard stream orders itself (:mod:`tkvision.shards`). Evaluation: each rank takes
+    items ``rank::world_size`` (a stream: its own shards) so summed metrics count every item once.
+    Pinned memory on CUDA for non-blocking copies; workers persist across epochs for map-style data
+    (a stream's workers restart each epoch to learn the epoch).
     """
+    workers = cfg['num_workers']
+    if isinstance(ds, IterableDataset):
+        return DataLoader(ds, batch_size=cfg['batch_size'], num_workers=workers, collate_fn=collate_skip_bad,
+                          drop_last=train, pin_memory=torch.cuda.is_available())
     if train:
         sampler, ds = ResumableSampler(ds, num_replicas=world_size, rank=rank, seed=cfg['seed']), SeededDataset(ds)
     else:
         sampler, ds = None, Subset(ds, range(rank, len(ds), world_size))
     return DataLoader(ds, batch_size=cfg['batch_size'], sampler=sampler, shuffle=False, drop_last=train,
-                      num_workers=cfg['num_workers'], collate_fn=collate_skip_bad,
-                      persistent_workers=cfg['num_workers'] > 0, pin_memory=torch.cuda.is_available())
+                      num_workers=workers, collate_fn=collate_skip_bad, persistent_workers=workers > 0,
+                      pin_memory=torch.cuda.is_available())
+
+
+def batches_per_epoch(loader: DataLoader) -> int:
+    """Training batches per rank in one epoch of a :func:`build_loader` loader."""
+    if isinstance(loader.dataset, IterableDataset):
+        return loader.dataset.batches_per_epoch
+    return loader.sampler.num_samples // loader.batch_size
+
+
+def set_loader_epoch(loader: DataLoader, epoch: int, start_batch: int = 0):
+    """Make ``loader`` yield epoch ``epoch`` from its batch ``start_batch`` on (a resumed run)."""
+    if isinstance(loader.dataset, IterableDataset):
+        loader.dataset.set_epoch(epoch, skip_batches=start_batch)
+    else:
+        loader.sampler.set_epoch(epoch, start=start_batch * loader.batch_size)

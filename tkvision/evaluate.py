@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from .checkpoint import load_weights
 from .config import load_config
-from .data import BatchPreprocessor, build_dataset, build_loader
+from .data import BatchPreprocessor, build_dataset, build_loader, resolve_data_cfg, train_class_map
 from .runtime import build_model, cli, init_distributed, setup_threads
 
 __all__ = ['evaluate', 'main']
@@ -75,10 +75,10 @@ def _main(argv) -> int:
     overrides = list(rest) + (['--data_dir', args.data_dir] if args.data_dir else [])
     if args.model:
         overrides += ['--model', args.model]
-    cfg = load_config(args.config, overrides)
+    cfg = resolve_data_cfg(load_config(args.config, overrides))
     setup_threads(cfg)
     rank, world, device = init_distributed(cfg)
-    ds = build_dataset(cfg, 'val')
+    ds = build_dataset(cfg, 'val', rank, world, class_to_idx=train_class_map(cfg))
     model = build_model(cfg)
     load_weights(model, args.checkpoint, use_ema=not args.no_ema)
     model.to(device)

@@ -37,7 +37,7 @@ __all__ = ['train_flops_per_image', 'run_experiment', 'main']
 def train_flops_per_image(cfg: dict) -> float:
     """Forward + backward FLOPs of one training image for ``cfg``'s model (as counted by FlopCounterMode)."""
     model = build_model(cfg)
-    size = cfg['model_kwargs'].get('img_size', cfg['img_size'])
+    size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
     x = torch.randn(2, model.in_chans, size, size)
     with flop_counter() as fc:
         F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long)).backward()

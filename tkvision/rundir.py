@@ -5,12 +5,14 @@ message naming the directory and the two ways out (``--resume`` to continue it, 
 ``--output``): we chose failing over timm's ``<output>/<date>-<model>`` subdirectories because a
 pre-empted job that is requeued with ``--resume`` must find its own files at a fixed path.
 
-While a run writes, it holds an exclusive ``fcntl.flock`` on ``<output>/.lock`` (which also names
-its host and process id). The lock is released by the kernel when the process ends, however it
-ends (SIGKILL included), so a killed run can be resumed at once, while a second run started on the
-same directory fails immediately, naming the holder. ``flock`` is honoured across machines on most
-cluster filesystems (Lustre, GPFS, NFSv4); where it is not, the emptiness check still stops a
-second run that starts after the first wrote anything.
+While a run writes, it holds an exclusive POSIX record lock (``fcntl.lockf``) on ``<output>/.lock``
+(which also names its host and process id). The lock belongs to the process, is not inherited by
+its DataLoader workers (a ``flock`` would be, and would outlive a killed trainer until its workers
+noticed), and is released by the kernel when the process ends, however it ends (SIGKILL included):
+a killed run can be resumed at once, while a second run started on the same directory fails
+immediately, naming the holder. POSIX locks are honoured across machines on NFS (through its lock
+manager), Lustre and GPFS; where they are not, the emptiness check still stops a second run that
+starts after the first wrote anything.
 """
 import fcntl
 import os
@@ -31,7 +33,7 @@ class RunDirLock:
 
     def release(self):
         if self.fd is not None:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)
             self.fd = None
 
@@ -51,15 +53,15 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     path = os.path.join(out, LOCK_NAME)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
         holder = os.pread(fd, 256, 0).decode(errors='replace').strip() or 'another process'
         os.close(fd)
         raise RunError(f'output directory {out} is in use by a running job ({holder}); wait for it to end, '
                        'or pass another --output') from None
     others = [f for f in os.listdir(out) if f != LOCK_NAME]
     if others and not resume:
-        fcntl.flock(fd, fcntl.LOCK_UN)
+        fcntl.lockf(fd, fcntl.LOCK_UN)
         os.close(fd)
         raise RunError(f'output directory {out} already holds a run ({", ".join(sorted(others)[:4])}'
                        f'{", ..." if len(others) > 4 else ""}); continue it with --resume, or pass another --output')

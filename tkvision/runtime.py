@@ -25,7 +25,7 @@ from timm.utils.distributed import init_distributed_device_so
 from .checkpoint import WeightsMismatchError
 from .config import ConfigError
 
-__all__ = ['RunError', 'USER_ERRORS', 'init_distributed', 'setup_threads', 'build_model', 'step_seed', 'seed_step',
+__all__ = ['RunError', 'UsageError', 'USER_ERRORS', 'init_distributed', 'setup_threads', 'build_model', 'step_seed', 'seed_step',
            'all_ranks_agree', 'cli']
 
 
@@ -33,8 +33,12 @@ class RunError(RuntimeError):
     """A run that cannot start or continue as asked (output directory in use, nothing to resume, ...)."""
 
 
+class UsageError(ValueError):
+    """Data or arguments that cannot be used as given (splits with different classes, too few shards, ...)."""
+
+
 #: Errors caused by the user's input: printed as one line by :func:`cli`.
-USER_ERRORS = (ConfigError, FileNotFoundError, WeightsMismatchError, RunError)
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, WeightsMismatchError, RunError, UsageError)
 
 
 def setup_threads(cfg: dict):

@@ -40,7 +40,8 @@ from tqdm import tqdm
 from . import growth
 from .checkpoint import atomic_save, load_state, load_state_dict_file, save_weights
 from .config import ConfigError, config_changes, load_config, resolve_accum_steps, resolve_lr, validate_config
-from .data import BatchPreprocessor, build_dataset, build_loader
+from .data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size,
+                   resolve_data_cfg, set_loader_epoch)
 from .evaluate import evaluate
 from .optim import build_optimizer, build_scheduler
 from .plotting import plot_curves
@@ -175,17 +176,21 @@ class _Run:
         self.main = rank == 0
         self.out = cfg['output']
         self.ckpt_path = os.path.join(self.out, 'last.pth')
-        self.train_ds, self.val_ds = build_dataset(cfg, 'train'), build_dataset(cfg, 'val')
+        self.train_ds = build_dataset(cfg, 'train', rank, world)
+        self.val_ds = build_dataset(cfg, 'val', rank, world, class_to_idx=dataset_classes(self.train_ds))
         self.accum = resolve_accum_steps(cfg, world)
         global_batch = cfg['batch_size'] * self.accum * world
-        if len(self.train_ds) < global_batch:
-            raise ConfigError(f'the training set has {len(self.train_ds)} images, fewer than one global batch '
+        if dataset_size(self.train_ds) < global_batch:
+            raise ConfigError(f'the training set has {dataset_size(self.train_ds)} images, fewer than one global batch '
                               f"({global_batch} = batch_size {cfg['batch_size']} x accum_steps {self.accum} x "
                               f'{world} processes): lower batch_size or raise train_subset')
         self.train_loader = build_loader(self.train_ds, cfg, train=True, rank=rank, world_size=world)
         self.train_loader.worker_init_fn = _ignore_stop_signals
         self.val_loader = build_loader(self.val_ds, cfg, train=False, rank=rank, world_size=world)
-        self.batches_per_epoch = self.train_loader.sampler.num_samples // cfg['batch_size']
+        self.batches_per_epoch = batches_per_epoch(self.train_loader)
+        if self.batches_per_epoch < 1:
+            raise ConfigError(f"one epoch holds no full batch of {cfg['batch_size']} per process and loader worker: "
+                              'lower batch_size or num_workers')
         self.updates_per_epoch = math.ceil(self.batches_per_epoch / self.accum)
         self.preprocess = BatchPreprocessor(cfg['mean'], cfg['std'], device, reprob=cfg['reprob'])
         self.amp_dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(cfg['amp'])
@@ -271,7 +276,7 @@ def train_one_epoch(run: _Run, state: TrainState, epoch: int) -> dict:
         NonFiniteLossError: see :meth:`_Run.check`.
     """
     cfg, n, accum, meter = run.cfg, run.batches_per_epoch, run.accum, state.meter
-    run.train_loader.sampler.set_epoch(epoch, start=state.batches_done * cfg['batch_size'])
+    set_loader_epoch(run.train_loader, epoch, start_batch=state.batches_done)
     state.optimizer.zero_grad(set_to_none=True)
     state.net.train()
     bar = tqdm(total=n, initial=state.batches_done, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
@@ -425,7 +430,7 @@ def _resume(run: _Run, state: TrainState, resume) -> list:
 
 def _start(cfg: dict, resume):
     """Processes, output directory (locked, rank 0), data and state; every rank fails if one does."""
-    validate_config(cfg)
+    cfg = resolve_data_cfg(validate_config(cfg))
     setup_threads(cfg)
     rank, world, device = init_distributed(cfg)
     lock, error = None, None
@@ -452,11 +457,12 @@ def _start(cfg: dict, resume):
             from torch.utils.tensorboard import SummaryWriter
             run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
         n_params = sum(p.numel() for p in state.model.parameters())
-        print(f"{cfg['model']}: {n_params / 1e6:.2f}M params, {len(run.train_ds)} train / {len(run.val_ds)} val images, "
+        print(f"{cfg['model']}: {n_params / 1e6:.2f}M params, {dataset_size(run.train_ds)} train / "
+              f"{dataset_size(run.val_ds)} val images, "
               f"{world} process(es) on {device}, global batch {cfg['batch_size'] * run.accum * world}, "
               f"{run.updates_per_epoch} updates/epoch, lr {state.lr:.3g}"
               + (f', grown from init_from: {state.grown_from}' if state.grown_from else ''))
-    return run, state, history, lock
+    return cfg, run, state, history, lock
 
 
 def atomic_yaml(obj, path: str):
@@ -484,7 +490,7 @@ def train(cfg: dict, resume=None) -> dict:
         Preempted: SIGTERM / SIGUSR1 arrived; ``last.pth`` was written first.
         FileNotFoundError: missing data (naming the path and how to get it).
     """
-    run, state, history, lock = _start(cfg, resume)
+    cfg, run, state, history, lock = _start(cfg, resume)
     previous = {s: signal.signal(s, run.on_signal) for s in _STOP_SIGNALS}
     try:
         if state.epochs_done >= cfg['epochs'] and run.main:

@@ -1,0 +1,221 @@
+"""Datasets as timm names them (folder, tar, wds/ shards, hfds/), shards written by make_shards, class
+maps shared by the splits, unreadable images skipped and counted everywhere, data config from the model."""
+import csv
+import io
+import json
+import os
+import tarfile
+
+import pytest
+import torch
+from PIL import Image
+from safetensors.torch import load_file
+
+from tkvision import train as train_mod
+from tkvision.config import load_config
+from tkvision.data import build_dataset, build_transform, resolve_data_cfg
+from tkvision.evaluate import main as validate_main
+from tkvision.shards import INFO_NAME, ShardStream, make_shards
+
+from .helpers import make_imagenet_folder
+
+TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_tokens=8, num_classes=3)
+
+
+def _truncate_copy(src, dst, keep=60):
+    with open(src, 'rb') as f, open(dst, 'wb') as g:
+        g.write(f.read()[:keep])
+
+
+@pytest.fixture(scope='module')
+def jpeg_root(tmp_path_factory):
+    """3 classes x 12 train / 4 val Fashion-MNIST JPEGs at 40 px, plus one truncated JPEG in train."""
+    root = make_imagenet_folder(tmp_path_factory.mktemp('data') / 'imnet', classes=3, train_per_class=12,
+                                val_per_class=4, size=40)
+    _truncate_copy(os.path.join(root, 'train', 'n00000001', 'img_0.JPEG'),
+                   os.path.join(root, 'train', 'n00000001', 'truncated.JPEG'))
+    return root
+
+
+@pytest.fixture(scope='module')
+def shards(jpeg_root, tmp_path_factory):
+    out = str(tmp_path_factory.mktemp('shards') / 'fmnist-wds')
+    make_shards(jpeg_root, out, max_count=8, progress=False)
+    return out
+
+
+def _cfg(tmp_path, dataset, data_dir, **kw):
+    base = dict(model='tokenformer_vit_ti16', model_kwargs=TINY, dataset=dataset, data_dir=data_dir, img_size=32,
+                rrc_scale=[0.5, 1.0], hflip=0.5, epochs=2, warmup_epochs=0.5, batch_size=4, lr=2e-3, threads=1,
+                progress=False, output=str(tmp_path / 'run'))
+    base.update(kw)
+    return load_config(None, base)
+
+
+def test_make_shards_writes_original_bytes_labels_and_manifest(jpeg_root, shards):
+    info = json.load(open(os.path.join(shards, INFO_NAME)))
+    train = info['splits']['train']
+    assert info['classes'] == ['n00000000', 'n00000001', 'n00000002'] and info['total'] == 37 + 12
+    assert train['num_samples'] == 37 and train['filenames'] == [f'train-00000{i}.tar' for i in range(5)]
+    assert train['shard_lengths'] == [8, 8, 8, 8, 5] and train['class_counts'] == {
+        'n00000000': 12, 'n00000001': 13, 'n00000002': 12}
+    assert info['splits']['val']['class_counts'] == {c: 4 for c in info['classes']}
+    originals = {}
+    for c, name in enumerate(info['classes']):
+        for f in os.listdir(os.path.join(jpeg_root, 'train', name)):
+            originals[open(os.path.join(jpeg_root, 'train', name, f), 'rb').read()] = c
+    seen = 0
+    for shard in train['filenames']:
+        with tarfile.open(os.path.join(shards, shard)) as tf:
+            members = {m.name: tf.extractfile(m).read() for m in tf.getmembers()}
+        for name, data in members.items():
+            if name.endswith('.jpeg'):
+                label = int(members[name[:-len('jpeg')] + 'cls'])
+                assert originals[data] == label  # the file's own bytes, under its class
+                seen += 1
+    assert seen == 37
+    with pytest.raises(FileExistsError):
+        make_shards(jpeg_root, shards, progress=False)
+
+
+def test_shard_stream_gives_each_rank_disjoint_shards_and_evaluation_every_sample(shards):
+    def keys(rank, world, train):
+        ds = ShardStream(shards, 'train' if train else 'val', lambda image: dict(image=image), train=train,
+                         batch_size=2, rank=rank, world=world)
+        ds.set_epoch(1)
+        ds._decode = lambda s: s['__key__']
+        return list(ds)
+    r0, r1 = keys(0, 2, True), keys(1, 2, True)
+    assert len(r0) == len(r1) == 37 // 4 * 2 and not set(r0) & set(r1)
+    v0, v1 = keys(0, 2, False), keys(1, 2, False)
+    assert not set(v0) & set(v1) and len(v0) + len(v1) == 12
+
+
+def test_train_validate_and_resume_mid_epoch_from_shards(tmp_path, shards, monkeypatch, capsys):
+    """Streamed shards with 2 loader workers: a run that crashes after a mid-epoch checkpoint and is
+    resumed ends bit-identical to an uninterrupted run; the truncated JPEG in a shard is skipped and counted."""
+    kw = dict(num_workers=2, checkpoint_every_steps=1, log_interval=1, batch_size=2)
+    full = train_mod.train(_cfg(tmp_path, 'wds/fmnist', shards, output=str(tmp_path / 'full'), **kw))
+    rows = list(csv.DictReader(open(tmp_path / 'full' / 'metrics.csv')))
+    assert sum(int(r['skipped']) for r in rows) >= 1 and full['top1'] is not None
+    real, calls = train_mod.atomic_save, []
+
+    def crash(obj, path):
+        real(obj, path)
+        calls.append(obj['batches_done'])
+        if obj['epochs_done'] == 1 and obj['batches_done'] == 3:
+            raise KeyboardInterrupt('pre-empted')
+    cfg = _cfg(tmp_path, 'wds/fmnist', shards, output=str(tmp_path / 'broken'), **kw)
+    monkeypatch.setattr(train_mod, 'atomic_save', crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg)
+    monkeypatch.setattr(train_mod, 'atomic_save', real)
+    resumed = train_mod.train(cfg, resume=True)
+    assert 'batch 3' in capsys.readouterr().out
+    a, b = full['model'].state_dict(), resumed['model'].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    validate_main(['--config', str(tmp_path / 'broken' / 'config.yaml'), '--checkpoint',
+                   str(tmp_path / 'broken' / 'last.pth')])
+    assert 'on 12 images' in capsys.readouterr().out
+
+
+def test_folder_and_tar_skip_and_count_unreadable_images(tmp_path, jpeg_root):
+    for split in ('train', 'val'):
+        with tarfile.open(tmp_path / f'{split}.tar', 'w') as tf:
+            tf.add(os.path.join(jpeg_root, split), arcname='.')
+    for dataset, data_dir in (('folder', jpeg_root), ('tar', str(tmp_path))):
+        cfg = _cfg(tmp_path, dataset, data_dir, batch_size=1, epochs=1, output=str(tmp_path / dataset))
+        ds = build_dataset(cfg, 'train')
+        items = [ds[i] for i in range(len(ds))]
+        bad = [x for x in items if isinstance(x[0], str)]
+        assert len(items) == 37 and len(bad) == 1 and 'truncated' in bad[0][1], dataset
+        assert sorted(y for x, y in items if not isinstance(x, str)) == [0] * 12 + [1] * 12 + [2] * 12
+        res = train_mod.train(cfg)
+        rows = list(csv.DictReader(open(os.path.join(cfg['output'], 'metrics.csv'))))
+        assert int(rows[0]['skipped']) == 1 and res['top1'] is not None, dataset
+
+
+def test_local_hugging_face_dataset_trains_validates_and_resumes(tmp_path):
+    datasets = pytest.importorskip('datasets')
+    from tkvision.data import load_fashion_mnist
+    images, labels = load_fashion_mnist('train')
+    root = tmp_path / 'hf'
+    names = ['T-shirt', 'Trouser', 'Pullover']
+    for split, offset, n in (('train', 0, 48), ('validation', 48, 12)):
+        rows = dict(image=[], label=[])
+        for i in range(offset, 2000):
+            if labels[i] < 3 and len(rows['label']) < n:
+                buf = io.BytesIO()
+                Image.fromarray(images[i]).convert('RGB').save(buf, format='JPEG')
+                rows['image'].append(dict(bytes=buf.getvalue(), path=None))
+                rows['label'].append(int(labels[i]))
+        features = datasets.Features(image=datasets.Image(), label=datasets.ClassLabel(names=names))
+        os.makedirs(root / 'data', exist_ok=True)
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(str(root / 'data' / f'{split}-00000.parquet'))
+    cfg = _cfg(tmp_path, f'hfds/{root}', None, epochs=2, rrc_scale=None)
+    train_mod.train(dict(cfg, epochs=1))
+    res = train_mod.train(cfg, resume=True)
+    assert len(res['history']) == 2 and res['top1'] is not None
+    x, y = build_dataset(cfg, 'val')[0]
+    assert x.shape == (3, 32, 32) and y in (0, 1, 2)
+
+
+def test_splits_with_different_classes_are_an_error_naming_them(tmp_path):
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=4, val_per_class=2, size=32)
+    os.rename(os.path.join(root, 'val', 'n00000002'), os.path.join(root, 'val', 'n00000009'))
+    with pytest.raises(ValueError, match=r"only in train: \['n00000002'\].*only in val: \['n00000009'\]"):
+        train_mod.train(_cfg(tmp_path, 'folder', root))
+    assert not os.path.exists(tmp_path / 'run' / 'last.pth')
+
+
+def test_val_uses_the_training_class_map(tmp_path):
+    """val lacking nothing but listed in another order on disk still scores class c as class c."""
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=4, val_per_class=2, size=32)
+    cfg = _cfg(tmp_path, 'folder', root)
+    train_ds = build_dataset(cfg, 'train')
+    from tkvision.data import dataset_classes
+    val = build_dataset(cfg, 'val', class_to_idx=dataset_classes(train_ds))
+    assert sorted(y for _, y in (val[i] for i in range(len(val)))) == [0, 0, 1, 1, 2, 2]
+
+
+def test_data_config_comes_from_the_model_without_a_recipe(tmp_path, capsys):
+    cfg = resolve_data_cfg(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder')))
+    assert cfg['img_size'] == 224 and cfg['mean'] == [0.485, 0.456, 0.406] and cfg['interpolation'] == 'bicubic'
+    import timm
+    assert cfg['crop_pct'] == timm.models.get_pretrained_cfg('tokenformer_vit_s16').crop_pct
+    kept = resolve_data_cfg(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder', img_size=64)))
+    assert kept['img_size'] == 64
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=2, train_per_class=4, val_per_class=2, size=48)
+    assert train_mod.main(['--model', 'tokenformer_vit_ti16', '--model_kwargs', '{embed_dim: 32, depth: 1, num_heads: 2, '
+                           'num_tokens: 8}', '--dataset', 'folder', '--data-dir', root, '--epochs', '1',
+                           '--warmup_epochs', '0.5', '--batch_size', '4', '--threads', '1', '--progress', 'false',
+                           '--output', str(tmp_path / 'run')]) == 0
+    assert 'final test top-1' in capsys.readouterr().out
+    saved = load_config(str(tmp_path / 'run' / 'config.yaml'))
+    assert saved['img_size'] == 224 and saved['std'] == [0.229, 0.224, 0.225]
+
+
+def test_random_interpolation_draws_bilinear_or_bicubic():
+    cfg = load_config(None, dict(dataset='folder', img_size=32, interpolation='random', rrc_scale=[0.5, 1.0]))
+    t = build_transform(cfg, train=True)
+    crop = t.transforms[0]
+    assert {op.interpolation for op in crop.transforms} == {1, 2}  # cv2.INTER_LINEAR, cv2.INTER_CUBIC
+    import numpy as np
+    assert t(image=np.zeros((40, 40, 3), np.uint8))['image'].shape == (3, 32, 32)
+
+
+def test_make_subset_draws_classes_and_images_by_seed_as_folder_or_shards(tmp_path):
+    from tkvision.subset import PRESETS, main as subset_main, make_subset
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=5, train_per_class=6, val_per_class=3, size=32)
+    counts = make_subset(root, str(tmp_path / 'a'), num_classes=3, train_per_class=4, val_per_class=2, seed=1)
+    again = make_subset(root, str(tmp_path / 'b'), num_classes=3, train_per_class=4, val_per_class=2, seed=1)
+    assert counts == again and len(counts['train']) == 3 and set(counts['train'].values()) == {4}
+    assert sorted(os.listdir(tmp_path / 'a' / 'train')) == sorted(counts['train'])
+    for c in counts['train']:
+        assert os.listdir(tmp_path / 'a' / 'train' / c) == os.listdir(tmp_path / 'b' / 'train' / c)
+    assert subset_main(['--src', root, '--out', str(tmp_path / 's'), '--num-classes', '2', '--train-per-class', '5',
+                        '--val-per-class', '1', '--format', 'shards']) == 0
+    info = json.load(open(tmp_path / 's' / INFO_NAME))
+    assert info['splits']['train']['num_samples'] == 10 and info['splits']['val']['num_samples'] == 2
+    assert PRESETS['imagenet-small'] == (100, 1000, 50)
+    assert subset_main(['--src', root, '--out', str(tmp_path / 'c'), '--num-classes', '9']) == 2  # only 5 classes
