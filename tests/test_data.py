@@ -219,3 +219,22 @@ def test_make_subset_draws_classes_and_images_by_seed_as_folder_or_shards(tmp_pa
     assert info['splits']['train']['num_samples'] == 10 and info['splits']['val']['num_samples'] == 2
     assert PRESETS['imagenet-small'] == (100, 1000, 50)
     assert subset_main(['--src', root, '--out', str(tmp_path / 'c'), '--num-classes', '9']) == 2  # only 5 classes
+
+
+def test_fast_jpeg_decoding_gives_pils_pixels_and_refuses_bombs(jpeg_root, tmp_path):
+    """decode_image (simplejpeg for JPEGs) returns exactly PIL's pixels, so the augmentation
+    distribution does not change with the decoder; a JPEG header claiming a huge image is refused."""
+    import numpy as np
+    from tkvision import data
+    pytest.importorskip('simplejpeg')
+    from tkvision.data_benchmark import make_jpeg_folder
+    root = make_jpeg_folder(str(tmp_path / 'big'), n_images=4, classes=2)
+    paths = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
+    for path in paths:
+        raw = open(path, 'rb').read()
+        assert np.array_equal(data.decode_image(raw), np.asarray(Image.open(path).convert('RGB')))
+    raw = bytearray(open(paths[0], 'rb').read())
+    sof = raw.index(b'\xff\xc0') + 5  # baseline frame header: height, width (16-bit big endian)
+    raw[sof:sof + 4] = (60000).to_bytes(2, 'big') + (60000).to_bytes(2, 'big')
+    with pytest.raises(Image.DecompressionBombError):
+        data.decode_image(bytes(raw))

@@ -285,42 +285,6 @@ def benchmark_pattention(tokens=64 * 197, dim=768, num_tokens=576, mlp_ratio=4, 
     return rows
 
 
-def benchmark_data(n_images=64, size=224, repeats=3, log=print):
-    """Images/s of the recipe's training augmentation on one worker: albumentations (ours) vs timm's
-    ``create_transform`` (torchvision ops), on real-size JPEG-decoded RGB images (Fashion-MNIST upscaled
-    when installed, else random pixels).
-
-    Returns rows ``pipeline, img_per_s``.
-    """
-    import numpy as np
-    from PIL import Image
-    from timm.data import create_transform
-
-    from .config import load_config
-    from .data import build_transform
-    rng = np.random.default_rng(0)
-    try:
-        from .data import load_fashion_mnist
-        raw = load_fashion_mnist('test')[0][:n_images]
-        pil = [Image.fromarray(im).convert('RGB').resize((500, 375), Image.BICUBIC) for im in raw]
-    except FileNotFoundError:
-        pil = [Image.fromarray(rng.integers(0, 255, (375, 500, 3), dtype=np.uint8)) for _ in range(n_images)]
-    arrays = [np.asarray(p) for p in pil]
-    cfg = load_config(None, dict(dataset='imagenet', img_size=size, mean=[.485, .456, .406], std=[.229, .224, .225],
-                                 auto_augment='rand-m9-mstd0.5-inc1', reprob=0.25))
-    ours = build_transform(cfg, train=True)
-    # mmax9: timm's own pipeline otherwise hits its Posterize-0-bits crash with Pillow >= 11 (tkvision.data)
-    theirs = create_transform(size, is_training=True, auto_augment='rand-m9-mstd0.5-inc1-mmax9', re_prob=0.25,
-                              interpolation='bicubic')
-    rows = []
-    for name, fn, items in (('albumentations + timm RandAugment (tkvision)', lambda a: ours(image=a)['image'], arrays),
-                            ('timm create_transform (torchvision)', theirs, pil)):
-        t = _time(lambda: [fn(i) for i in items], 1, repeats)
-        rows.append(dict(pipeline=name, img_per_s=len(items) / t))
-        log(f'{name:48s} {len(items) / t:8.1f} img/s per worker')
-    return rows
-
-
 def _markdown(rows, cols):
     def fmt(v):
         return f'{v:.3g}' if isinstance(v, float) else str(v)
@@ -345,6 +309,9 @@ def main(argv=None):
                     choices=['models', 'pattention', 'data', 'profile'])
     ap.add_argument('--profile-batch-size', type=int, default=8)
     ap.add_argument('--no-memory', action='store_true', help='skip the CPU peak-RSS child processes')
+    ap.add_argument('--data-root', help='--parts data: an ImageNet-layout folder (default: Fashion-MNIST JPEGs)')
+    ap.add_argument('--data-images', type=int, default=256, help='--parts data: images decoded per round')
+    ap.add_argument('--workers', type=int, nargs='+', default=[1, 2], help='--parts data: loader worker counts')
     ap.add_argument('--out', default='runs/benchmark', help='prefix for .md / .csv / .json results')
     args = ap.parse_args(argv)
     if args.threads:
@@ -393,8 +360,13 @@ def main(argv=None):
                _markdown(results['profile'], ['model', 'category', 'ms', 'share']), '']
         save()
     if 'data' in args.parts:
-        results['data'] = benchmark_data()
-        md += ['### Training augmentation, one worker', _markdown(results['data'], ['pipeline', 'img_per_s']), '']
+        from .data_benchmark import benchmark_data
+        results['data'] = benchmark_data(args.data_root, args.data_images, tuple(args.workers))
+        md += ['### JPEG decoding, one thread', _markdown(results['data']['decode'], ['decoder', 'img_per_s']), '',
+               '### Training augmentation at 224 px, one thread',
+               _markdown(results['data']['augment'], ['pipeline', 'img_per_s']), '',
+               '### DataLoader: decode + augmentation + uint8 batches',
+               _markdown(results['data']['loader'], ['source', 'workers', 'img_per_s', 'img_per_s_per_worker']), '']
         save()
     print(f'wrote {args.out}.md / .csv / .json')
     return 0

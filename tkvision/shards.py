@@ -24,15 +24,14 @@ Streaming (``dataset: wds/<name>``, ``data_dir`` = the shard folder) with the ``
 - Each sample's augmentation is seeded from (seed, epoch, sample key); an undecodable image is
   skipped and counted like in every other format.
 """
-import io
 import json
 import os
 import random
 
-import numpy as np
 from PIL import Image
 from torch.utils.data import IterableDataset, get_worker_info
 
+from .data import decode_image, seed_sample
 from .runtime import UsageError
 
 __all__ = ['INFO_NAME', 'read_info', 'ShardStream', 'make_shards', 'main']
@@ -151,12 +150,10 @@ class ShardStream(IterableDataset):
         try:
             if data is None:
                 raise ValueError(f'no image in sample {key}')
-            with Image.open(io.BytesIO(data)) as img:
-                image = np.asarray(img.convert('RGB'))
+            image = decode_image(data)
         except _BAD_IMAGE:
             return ('bad', f"{sample.get('__url__', self.root)}:{key}")
         if self.train and hasattr(self.transform, 'set_random_seed'):
-            from .data import seed_sample
             seed_sample(self.transform, self.seed, self.epoch, key)
         return self.transform(image=image)['image'], int(sample['cls'])
 
