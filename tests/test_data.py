@@ -135,7 +135,7 @@ def test_folder_and_tar_skip_and_count_unreadable_images(tmp_path, jpeg_root):
         assert int(rows[0]['skipped']) == 1 and res['top1'] is not None, dataset
 
 
-def test_local_hugging_face_dataset_trains_validates_and_resumes(tmp_path):
+def test_local_hugging_face_dataset_trains_validates_and_resumes(tmp_path, capsys):
     datasets = pytest.importorskip('datasets')
     from tkvision.data import load_fashion_mnist
     images, labels = load_fashion_mnist('train')
@@ -156,6 +156,8 @@ def test_local_hugging_face_dataset_trains_validates_and_resumes(tmp_path):
     train_mod.train(dict(cfg, epochs=1))
     res = train_mod.train(cfg, resume=True)
     assert len(res['history']) == 2 and res['top1'] is not None
+    validate_main(['--config', str(tmp_path / 'run' / 'config.yaml'), '--checkpoint', str(tmp_path / 'run' / 'last.pth')])
+    assert f"on 12 images: top-1 {res['top1']:.2f}%" in capsys.readouterr().out
     x, y = build_dataset(cfg, 'val')[0]
     assert x.shape == (3, 32, 32) and y in (0, 1, 2)
 
