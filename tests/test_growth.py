@@ -77,7 +77,7 @@ def test_load_small_checkpoint_into_big_model(tmp_path):
     x = torch.randn(2, 3, 32, 32)
     big = tiny(num_tokens_ffn=100)
     for _, (kind, layer) in growth.pattention_layers(big).items():
-        layer.key_param_tokens.data.zero_()  # zero keys for the rows the checkpoint does not fill
+        layer.keys.data.zero_()  # zero keys for the rows the checkpoint does not fill
     report = growth.load_grown_state_dict(big, small.state_dict())
     assert report['blocks.0.ffn.key_param_tokens'] == (64, 100)
     assert big.blocks[0].ffn.tau.item() == small.blocks[0].ffn.tau.item() == 8.0  # the checkpoint's tau

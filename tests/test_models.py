@@ -219,9 +219,26 @@ def test_pretrained_resamples_pos_embed_and_adapts_channels(tmp_path, tiny_kwarg
     kw = dict(tiny_kwargs, img_size=48, in_chans=1)
     m = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=path), **kw)
     assert m.pos_embed.shape == (1, 37, 32)
-    # grey = sum of the RGB filters (timm's adapt_input_conv)
-    k_src = src.patch_embed.proj.key_param_tokens.view(16, 3, 64).sum(1)
-    torch.testing.assert_close(m.patch_embed.proj.key_param_tokens.detach(), k_src.detach())
+    # grey = sum of the RGB filters (timm's adapt_input_conv on first_conv = patch_embed.proj)
+    k_src = src.patch_embed.proj.weight.sum(1, keepdim=True)
+    torch.testing.assert_close(m.patch_embed.proj.weight.detach(), k_src.detach())
+
+
+def test_first_release_checkpoints_still_load(tmp_path, tiny_kwargs):
+    """The first release stored the stem's key tokens as patch_embed.proj.key_param_tokens [n, C*p*p]."""
+    src = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+    state = src.state_dict()
+    w = state.pop('patch_embed.proj.weight')
+    state['patch_embed.proj.key_param_tokens'] = w.reshape(w.shape[0], -1)
+    path = str(tmp_path / 'old.safetensors')
+    save_weights(state, path)
+    x = torch.randn(2, 3, 32, 32)
+    m = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=path),
+                          **tiny_kwargs).eval()
+    torch.testing.assert_close(m(x), src(x))
+    from tkvision.checkpoint import load_weights
+    m2 = load_weights(timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval(), path)
+    torch.testing.assert_close(m2(x), src(x))
 
 
 def test_mismatched_weights_name_the_tensors(tmp_path, tiny_kwargs):
@@ -237,3 +254,38 @@ def test_mismatched_weights_name_the_tensors(tmp_path, tiny_kwargs):
 
 def test_is_a_tokenformer(tiny_kwargs):
     assert isinstance(timm.create_model('tokenformer_vit_ti16', **tiny_kwargs), TokenFormerViT)
+
+
+def test_grown_trained_model_round_trips_through_local_dir(tmp_path):
+    """Train with growth, export (EMA and raw) as timm's save_for_hf folder, reload with local-dir:."""
+    from tests.helpers import fmnist_cfg
+    from tkvision import train as train_mod
+    from tkvision.export import export_checkpoint
+    g = dict(every_epochs=1, add_tokens=dict(qkv=8, ffn=16))
+    res = train_mod.train(fmnist_cfg(tmp_path, epochs=2, growth=g, model_ema=True, model_ema_decay=0.5))
+    ckpt_path = str(tmp_path / 'run' / 'last.pth')
+    x = torch.randn(3, 1, 28, 28)
+    state = torch.load(ckpt_path, weights_only=True)
+    for use_ema, key in ((True, 'model_ema'), (False, 'model')):
+        out = str(tmp_path / f'export_{key}')
+        info = export_checkpoint(ckpt_path, out, use_ema=use_ema)
+        assert info['source'] == ('ema' if use_ema else 'model') and info['token_counts']['qkv'] == 24
+        m = timm.create_model(f'local-dir:{out}', pretrained=True).eval()
+        assert growth_counts(m) == dict(patch=16, qkv=24, proj=16, ffn=80) and m.num_classes == 10
+        ref = res['model'].__class__  # same family
+        assert isinstance(m, ref)
+        for k, v in state[key].items():
+            assert torch.equal(m.state_dict()[k], v), k
+    # timm's checkpoint_path loads our safetensors for a model built at that size
+    m = timm.create_model('tokenformer_vit_ti16', checkpoint_path=str(tmp_path / 'run' / 'best.safetensors'),
+                          num_classes=10, **dict(TINY_FMNIST_GROWN))
+    assert torch.isfinite(m.eval()(x)).all()
+
+
+def growth_counts(m):
+    from tkvision.growth import token_counts
+    return token_counts(m)
+
+
+TINY_FMNIST_GROWN = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_tokens=16,
+                         num_tokens_qkv=24, num_tokens_ffn=80)

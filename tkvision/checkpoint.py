@@ -8,13 +8,15 @@
 - Loading never unpickles code: ``torch.load(weights_only=True)`` or safetensors.
 """
 import os
+import sys
 import tempfile
 
 import torch
 from safetensors.torch import save_file
 from timm.models import load_state_dict as timm_load_state_dict
 
-__all__ = ['atomic_save', 'save_weights', 'load_state', 'load_state_dict_file', 'check_fit', 'load_weights',
+__all__ = ['atomic_save', 'save_weights', 'load_state', 'load_state_dict_file', 'adapt_state_dict', 'check_fit',
+           'load_weights',
            'WeightsMismatchError']
 
 
@@ -71,6 +73,15 @@ def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
     return timm_load_state_dict(path, use_ema=use_ema, weights_only=True)
 
 
+def adapt_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
+    """``state_dict`` through the checkpoint filter of ``model``'s family (``checkpoint_filter_fn`` in
+    its tkvision model module: earlier layouts, position-embedding size, input channels), as timm's
+    ``pretrained=True`` path applies it; unchanged for other models."""
+    module = sys.modules.get(type(model).__module__)
+    fn = getattr(module, 'checkpoint_filter_fn', None) if type(model).__module__.startswith('tkvision.') else None
+    return fn(dict(state_dict), model) if fn else state_dict
+
+
 def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoint'):
     """Raise :class:`WeightsMismatchError` unless ``state_dict`` has exactly the model's tensors and shapes.
 
@@ -98,7 +109,7 @@ def load_weights(model: torch.nn.Module, path: str, use_ema: bool = True) -> tor
     Raises:
         FileNotFoundError: no file. WeightsMismatchError: tensors differ (listed).
     """
-    state_dict = load_state_dict_file(path, use_ema)
+    state_dict = adapt_state_dict(model, load_state_dict_file(path, use_ema))
     check_fit(model, state_dict, path)
     model.load_state_dict(state_dict)
     return model

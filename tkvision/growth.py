@@ -24,7 +24,7 @@ import sys
 import timm
 import torch
 
-from .checkpoint import check_fit, load_state_dict_file, save_weights
+from .checkpoint import adapt_state_dict, check_fit, load_state_dict_file, save_weights
 from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
@@ -157,11 +157,11 @@ def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         ``{kind: num_tokens}`` after growth.
     """
     layers = pattention_layers(model)
-    before = {n: (m.key_param_tokens, m.value_param_tokens) for n, (_, m) in layers.items()}
+    before = {n: (m.keys, m.value_param_tokens) for n, (_, m) in layers.items()}
     grow(model, key_init=key_init, value_init=value_init, **add)
     old_to_new = {}
     for n, (_, m) in pattention_layers(model).items():
-        old_to_new[before[n][0]] = m.key_param_tokens
+        old_to_new[before[n][0]] = m.keys
         old_to_new[before[n][1]] = m.value_param_tokens
     grow_optimizer_state(optimizer, old_to_new)
     counts = token_counts(model)
@@ -171,7 +171,7 @@ def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
         with torch.no_grad():
             for n, (_, m) in pattention_layers(ema_model).items():
                 n_old = before[n][0].shape[0]
-                m.key_param_tokens[n_old:] = live[n][1].key_param_tokens[n_old:]
+                m.keys[n_old:] = live[n][1].keys[n_old:]
                 m.value_param_tokens[n_old:] = live[n][1].value_param_tokens[n_old:]
     return counts
 
@@ -179,7 +179,7 @@ def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
 def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
     """Load a smaller TokenFormer's weights into ``model``: old tokens into the first rows.
 
-    As the public TokenFormer code does: every ``*_param_tokens`` tensor of the checkpoint with
+    As the public TokenFormer code does: every Pattention key / value tensor of the checkpoint with
     fewer rows than the model's is copied into the model's first rows; the remaining rows keep the
     model's own init (zero the model's new keys first for exact function preservation, as
     :func:`grow_checkpoint` does). τ is taken from the checkpoint, so the grown layers keep the old τ
@@ -191,11 +191,13 @@ def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
     Raises:
         WeightsMismatchError: tensors that differ other than by appended rows (listed).
     """
+    state_dict = adapt_state_dict(model, state_dict)
     own = model.state_dict()
     merged, grown = dict(state_dict), {}
+    token_tensors = {f'{n}.{name}' for n, (_, m) in pattention_layers(model).items()
+                     for name in (m.key_name, 'value_param_tokens')}
     for key, value in state_dict.items():
-        if (key.endswith('_param_tokens') and key in own and value.ndim == 2 and value.shape[1] == own[key].shape[1]
-                and value.shape[0] < own[key].shape[0]):
+        if (key in token_tensors and value.shape[1:] == own[key].shape[1:] and value.shape[0] < own[key].shape[0]):
             full = own[key].clone()
             full[:value.shape[0]] = value
             merged[key] = full
@@ -232,7 +234,7 @@ def freeze_old_tokens(model: torch.nn.Module, old_counts: dict, optimizer=None, 
             param.requires_grad_(False)
     for name, (kind, layer) in layers.items():
         n_old = old_counts.get(kind, 0)
-        for param in (layer.key_param_tokens, layer.value_param_tokens):
+        for param in (layer.keys, layer.value_param_tokens):
             def zero_old(grad, n_old=n_old):
                 grad = grad.clone()
                 grad[:n_old] = 0
@@ -257,7 +259,7 @@ def grow_checkpoint(checkpoint: str, model: str, out: str, to=None, add=None, ke
     ``model_kwargs`` (e.g. ``img_size``, ``num_classes``) must describe the checkpoint's model.
     """
     net = timm.create_model(model, **(model_kwargs or {}))
-    state = load_state_dict_file(checkpoint)
+    state = adapt_state_dict(net, load_state_dict_file(checkpoint))
     check_fit(net, state, checkpoint)
     net.load_state_dict(state)
     before = token_counts(net)

@@ -85,7 +85,8 @@ def normalize_scores(scores: torch.Tensor, score_norm: str, tau, eps: float = 1e
     elif score_norm == 'softmax':
         s = torch.softmax(a, dim=-1) * tau
     else:
-        raise ValueError(f'unknown score_norm {score_norm!r}; choose one of {SCORE_NORMS}')
+        raise ValueError('unknown score_norm ' + score_norm + '; choose one of l2_norm_gelu, l1_norm_gelu, '
+                         'gelu_l2_norm, softmax')
     return s.to(scores.dtype)
 
 
@@ -109,13 +110,18 @@ class Pattention(nn.Module):
             (``docs/performance.md``); ``True`` / ``False`` force it.
 
     Attributes:
-        key_param_tokens: K_P, ``[num_tokens, in_features]``.
+        key_param_tokens: K_P, ``[num_tokens, in_features]`` (a subclass may keep K_P under another
+            name and shape, ``key_name``, e.g. the patch embedding's conv-shaped ``weight``).
         value_param_tokens: V_P, ``[num_tokens, out_features]``.
         tau: 0-d float32 buffer holding τ (persistent: saved in the state dict).
 
     Raises:
         ValueError: unknown ``score_norm`` or a non-positive size.
     """
+
+    #: the attribute holding K_P (``keys``); rows are parameter tokens, whatever the other dims
+    key_name = 'key_param_tokens'
+    __jit_unused_properties__ = ['num_tokens', 'keys']
 
     def __init__(self, in_features, out_features, num_tokens, score_norm='l2_norm_gelu', tau=None,
                  eps=1e-6, key_std=0.02, value_std=0.02, lean_backward='auto', device=None, dtype=None):
@@ -127,7 +133,7 @@ class Pattention(nn.Module):
         self.in_features, self.out_features, self.score_norm, self.eps = in_features, out_features, score_norm, eps
         self.key_std, self.value_std, self.lean_backward = key_std, value_std, lean_backward
         factory = dict(device=device, dtype=dtype)
-        self.key_param_tokens = nn.Parameter(torch.empty(num_tokens, in_features, **factory))
+        setattr(self, self.key_name, nn.Parameter(torch.empty(num_tokens, in_features, **factory)))  # K_P
         self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
         self.register_buffer('tau', torch.tensor(tau, dtype=torch.float32, device=device))
         self.reset_parameters()
@@ -135,20 +141,37 @@ class Pattention(nn.Module):
     @property
     def num_tokens(self) -> int:
         """n, the current number of parameter token pairs."""
-        return self.key_param_tokens.shape[0]
+        return self.keys.shape[0]
+
+    @property
+    def keys(self) -> nn.Parameter:
+        """K_P, whatever its attribute name (``key_name``)."""
+        return getattr(self, self.key_name)
 
     def reset_parameters(self):
         """Re-draw K_P ~ N(0, key_std²) and V_P ~ N(0, value_std²)."""
-        nn.init.normal_(self.key_param_tokens, std=self.key_std)
+        nn.init.normal_(self.keys, std=self.key_std)
         nn.init.normal_(self.value_param_tokens, std=self.value_std)
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """A = X K_Pᵀ, ``[..., n]``."""
+        return F.linear(x, self.key_param_tokens)
+
+    @torch.jit.unused
+    def _lean(self, x: torch.Tensor) -> bool:  # (TorchScript takes the plain path)
+        return (self.score_norm == 'l2_norm_gelu' and torch.is_grad_enabled() and not is_fx_symbolic_tracing()
+                and (x.is_cuda if self.lean_backward == 'auto' else bool(self.lean_backward)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]``."""
-        scores = F.linear(x, self.key_param_tokens)  # A = X K_Pᵀ, [..., n]
-        if (self.score_norm == 'l2_norm_gelu' and torch.is_grad_enabled() and not is_fx_symbolic_tracing()
-                and (x.is_cuda if self.lean_backward == 'auto' else self.lean_backward)):
-            return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)  # same math, less memory
+        scores = self.scores(x)
+        if not torch.jit.is_scripting() and self._lean(x):
+            return self._lean_attend(scores)
         return normalize_scores(scores, self.score_norm, self.tau, self.eps) @ self.value_param_tokens
+
+    @torch.jit.unused
+    def _lean_attend(self, scores: torch.Tensor) -> torch.Tensor:
+        return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)  # same math, less memory
 
     @torch.no_grad()
     def grow(self, num_new_tokens: int, key_init: str = 'zeros', value_init: str = 'normal'):
@@ -183,10 +206,10 @@ class Pattention(nn.Module):
         if key_init == 'zeros' and self.score_norm not in ZERO_KEY_EXACT and num_new_tokens:
             warnings.warn(f'score_norm={self.score_norm!r}: zero-initialised key tokens still receive '
                           'weight exp(0) > 0, so growing changes the output', stacklevel=2)
-        for attr, init, std in (('key_param_tokens', key_init, self.key_std),
+        for attr, init, std in ((self.key_name, key_init, self.key_std),
                                 ('value_param_tokens', value_init, self.value_std)):
             old = getattr(self, attr)
-            new = inits[init](old.new_empty(num_new_tokens, old.shape[1]), std)
+            new = inits[init](old.new_empty(num_new_tokens, *old.shape[1:]), std)
             setattr(self, attr, nn.Parameter(torch.cat([old, new]), requires_grad=old.requires_grad))
         return self
 

@@ -16,6 +16,7 @@ Differences from the paper, all documented in the README ("Model family"):
 Layout follows timm's model files: layers, model class, checkpoint filter, cfgs, entrypoints.
 """
 import math
+import os
 from functools import partial
 from typing import List, Optional, Tuple, Union
 
@@ -28,7 +29,7 @@ from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import DropPath, resample_abs_pos_embed, trunc_normal_
 from timm.models._features import feature_take_indices
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models._manipulate import adapt_input_conv
+from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
 
 from ..layers import Pattention
@@ -39,12 +40,32 @@ __all__ = ['TokenFormerViT', 'TOKEN_KINDS']
 TOKEN_KINDS = ('patch', 'qkv', 'proj', 'ffn')
 
 
-class PatchEmbed(nn.Module):
-    """Image to patch tokens with a Pattention: ``[B, C, H, W] -> [B, H/p * W/p, embed_dim]``.
+class PatchPattention(Pattention):
+    """The patch embedding's Pattention, its key tokens stored as a conv filter bank.
 
-    Each non-overlapping ``p x p`` patch is flattened channel-major (the layout of a conv weight
-    ``[out, C, p, p]``, so ``key_param_tokens.view(n, C, p, p)`` reads like a conv filter bank) and
-    projected by ``Pattention(C * p * p, embed_dim, num_tokens)``.
+    ``[B, C, H, W] -> [B, H/p * W/p, out_features]``. The scores of Eq. 4 for the flattened
+    ``p x p`` patches, ``A = X K_Pᵀ``, are one stride-``p`` convolution of the image with the key
+    tokens viewed as ``n`` filters: ``weight`` ``[n, C, p, p]`` is K_P. This makes the stem what timm
+    expects of a ViT's ``first_conv`` (``patch_embed.proj.weight``): ``adapt_input_conv`` changes its
+    input channels when a checkpoint is loaded with another ``in_chans``, and growth appends filters.
+    Θ and V_P are the base class's.
+    """
+
+    key_name = 'weight'
+
+    def __init__(self, in_chans, patch_size, out_features, num_tokens, score_norm='l2_norm_gelu', **kwargs):
+        super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
+        self.patch_size = patch_size
+        self.weight = nn.Parameter(self.weight.detach().view(num_tokens, in_chans, patch_size, patch_size))
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """A for every patch: ``[B, C, H, W] -> [B, H/p * W/p, n]``."""
+        return F.conv2d(x, self.weight, stride=self.patch_size).flatten(2).transpose(1, 2)
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens with a Pattention: ``[B, C, H, W] -> [B, H/p * W/p, embed_dim]``
+    (:class:`PatchPattention`, ``num_tokens`` key/value tokens over the ``C x p x p`` patches).
 
     Raises:
         ValueError (at construction): ``img_size`` not divisible by ``patch_size``.
@@ -62,9 +83,9 @@ class PatchEmbed(nn.Module):
         self.grid_size = tuple(s // patch_size for s in self.img_size)
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.in_chans, self.strict_img_size = in_chans, strict_img_size
-        self.proj = Pattention(in_chans * patch_size * patch_size, embed_dim, num_tokens, score_norm=score_norm)
+        self.proj = PatchPattention(in_chans, patch_size, embed_dim, num_tokens, score_norm=score_norm)
 
-    def dynamic_feat_size(self, img_size: Tuple[int, int]) -> Tuple[int, int]:
+    def dynamic_feat_size(self, img_size: List[int]) -> Tuple[int, int]:
         """Patch grid ``(H/p, W/p)`` of an image of ``img_size = (H, W)`` pixels."""
         return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
 
@@ -77,7 +98,6 @@ class PatchEmbed(nn.Module):
                           'create the model with img_size=... or dynamic_img_size=True')
         else:
             torch._assert((H % p == 0) & (W % p == 0), f'Input size ({H}x{W}) must be divisible by patch size {p}')
-        x = F.unfold(x, kernel_size=p, stride=p).transpose(1, 2)  # [B, N, C*p*p]
         return self.proj(x)
 
 
@@ -104,7 +124,9 @@ class Attention(nn.Module):
 
     def forward(self, x):
         B, N, C = x.shape
-        q, k, v = (f(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2) for f in (self.q, self.k, self.v))
+        q = self.q(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
@@ -272,8 +294,10 @@ class TokenFormerViT(nn.Module):
         """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm)."""
         grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
         x = self._pos_embed(self.patch_embed(x), grid)
-        for blk in self.blocks:
-            x = self._run_block(blk, x)
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            x = checkpoint_seq(self.blocks, x)
+        else:
+            x = self.blocks(x)
         return self.norm(x)
 
     def forward_head(self, x, pre_logits: bool = False):
@@ -343,10 +367,13 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     """Adapt a TokenFormer ViT checkpoint to ``model`` (timm's ``pretrained_filter_fn``).
 
     Unwraps ``{'state_dict_ema' | 'model_ema' | 'state_dict' | 'model': ...}`` (EMA first, as
-    timm), resamples ``pos_embed`` to the model's patch grid (timm's ``resample_abs_pos_embed``),
-    and adapts the patch-embedding key tokens to ``model.in_chans`` (timm's ``adapt_input_conv``
-    on the ``[n, C, p, p]`` view). Everything else passes through; shape mismatches are reported
-    by :func:`tkvision.checkpoint.load_weights` / ``load_state_dict``.
+    timm), reads the first release's layout (patch-embedding key tokens as
+    ``patch_embed.proj.key_param_tokens [n, C*p*p]``, now the filter bank ``patch_embed.proj.weight
+    [n, C, p, p]``), resamples ``pos_embed`` to the model's patch grid (timm's
+    ``resample_abs_pos_embed``) and, for a checkpoint with other input channels, adapts the filter
+    bank with timm's ``adapt_input_conv`` (timm's own loader does the same for ``first_conv``).
+    Everything else passes through; shape mismatches are reported by
+    :func:`tkvision.checkpoint.load_weights` / ``load_state_dict``.
     """
     for key in ('state_dict_ema', 'model_ema', 'state_dict', 'model'):
         if isinstance(state_dict.get(key), dict):
@@ -359,12 +386,13 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     if pos is not None and pos.shape != model.pos_embed.shape:
         state_dict['pos_embed'] = resample_abs_pos_embed(
             pos, new_size=model.patch_embed.grid_size, num_prefix_tokens=model.num_prefix_tokens)
-    key = 'patch_embed.proj.key_param_tokens'
     p = model.patch_embed.patch_size[0]
-    if key in state_dict and state_dict[key].shape[1] != model.in_chans * p * p:
-        k = state_dict[key]
-        k = adapt_input_conv(model.in_chans, k.reshape(k.shape[0], -1, p, p))
-        state_dict[key] = k.reshape(k.shape[0], -1)
+    legacy = state_dict.pop('patch_embed.proj.key_param_tokens', None)
+    if legacy is not None:
+        state_dict['patch_embed.proj.weight'] = legacy.reshape(legacy.shape[0], -1, p, p)
+    weight = state_dict.get('patch_embed.proj.weight')
+    if weight is not None and weight.shape[1] != model.in_chans:
+        state_dict['patch_embed.proj.weight'] = adapt_input_conv(model.in_chans, weight)
     return state_dict
 
 
@@ -388,7 +416,7 @@ def _create_tokenformer_vit(variant, pretrained=False, **kwargs):
                 f'No pretrained weights are published for {variant}. Train one (tools/train.py) and load it '
                 f"with pretrained=True, pretrained_cfg_overlay=dict(file='path/to/model.safetensors').")
         overlay = dict(kwargs.get('pretrained_cfg_overlay') or {})
-        if cfg.file and 'num_classes' not in overlay:
+        if cfg.file and os.path.isfile(cfg.file) and 'num_classes' not in overlay:  # (local-dir: config.json says)
             # timm drops the head when the cfg's num_classes (1000) differs from the model's; a local
             # file says itself how many classes it has, so keep its head when it fits.
             overlay['num_classes'] = _file_num_classes(cfg.file)

@@ -1,0 +1,12 @@
+#!/usr/bin/env python
+"""Export a training checkpoint as a timm ``save_for_hf`` folder (``timm.create_model('local-dir:PATH')``):
+``python tools/export.py --checkpoint runs/x/last.pth --out exported/x [--no-ema]``.
+
+Thin wrapper over :func:`tkvision.export.main` (also installed as ``tkvision-export``).
+"""
+import sys
+
+from tkvision.export import main
+
+if __name__ == '__main__':
+    sys.exit(main())
