@@ -26,7 +26,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, resample_abs_pos_embed, trunc_normal_
+from timm.layers import DropPath, LayerScale, resample_abs_pos_embed, trunc_normal_
+from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models._features import feature_take_indices
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._manipulate import adapt_input_conv, checkpoint_seq
@@ -107,25 +108,29 @@ class Attention(nn.Module):
     Q, K, V = Pattention_q/k/v(x) (token-parameter attention, each ``num_tokens_qkv`` tokens),
     softmax token-token attention per head through ``F.scaled_dot_product_attention`` (scale
     1/√head_dim, Eq. 9), output projection Pattention_o (``num_tokens_proj`` tokens).
+    ``qk_norm``: a LayerNorm over each head's channels of q and k before the dot product.
     ``[B, N, dim] -> [B, N, dim]``.
     """
 
     def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm='l2_norm_gelu',
-                 value_std=0.02, attn_drop=0., proj_drop=0.):
+                 value_std=0.02, qk_norm=False, attn_drop=0., proj_drop=0.):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         pattn = partial(Pattention, dim, dim, score_norm=score_norm, value_std=value_std)
         self.q, self.k, self.v = pattn(num_tokens_qkv), pattn(num_tokens_qkv), pattn(num_tokens_qkv)
+        # qk_norm (timm, x-transformers): LayerNorm of q and k over each head's channels
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
         self.proj = pattn(num_tokens_proj)
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x):
         B, N, C = x.shape
-        q = self.q(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        k = self.k(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        q = self.q_norm(self.q(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         v = self.v(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         x = x.transpose(1, 2).reshape(B, N, C)
@@ -137,28 +142,31 @@ class Block(nn.Module):
 
     The FFN is a single Pattention with ``num_tokens_ffn`` tokens: its GELU-normalised scores are
     the only nonlinearity. Block LayerNorms are non-parametric unless ``norm_weight`` /
-    ``norm_bias`` (paper Table 5).
+    ``norm_bias`` (paper Table 5). ``init_values``: LayerScale (Touvron et al. 2021, timm's
+    ``LayerScale``), each branch multiplied by a learned per-channel ``gamma`` initialised to it.
     """
 
     def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, num_tokens_ffn,
-                 score_norm='l2_norm_gelu', value_std=0.02, norm_weight=False, norm_bias=False,
-                 proj_drop=0., attn_drop=0., drop_path=0.):
+                 score_norm='l2_norm_gelu', value_std=0.02, norm_weight=False, norm_bias=False, qk_norm=False,
+                 init_values=None, proj_drop=0., attn_drop=0., drop_path=0.):
         super().__init__()
         if norm_bias and not norm_weight:
             raise ValueError('block_norm_bias=True needs block_norm_weight=True (Table 5 has no bias-only row)')
         norm = partial(nn.LayerNorm, dim, eps=1e-5, elementwise_affine=norm_weight, bias=norm_bias)
         self.norm1 = norm()
         self.attn = Attention(dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm, value_std,
-                              attn_drop=attn_drop, proj_drop=proj_drop)
+                              qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop)
+        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm()
         self.ffn = Pattention(dim, dim, num_tokens_ffn, score_norm=score_norm, value_std=value_std)
         self.ffn_drop = nn.Dropout(proj_drop)
+        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
     def forward(self, x):
-        x = x + self.drop_path1(self.attn(self.norm1(x)))
-        return x + self.drop_path2(self.ffn_drop(self.ffn(self.norm2(x))))
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+        return x + self.drop_path2(self.ls2(self.ffn_drop(self.ffn(self.norm2(x)))))
 
 
 class TokenFormerViT(nn.Module):
@@ -180,12 +188,21 @@ class TokenFormerViT(nn.Module):
         block_norm_weight / block_norm_bias: learnable LayerNorm weight / bias in blocks (Table 5).
         fc_norm: LayerNorm after pooling instead of before (default: True for ``'avg'``, as in
             timm and MAE fine-tuning).
+        class_token: prepend a learned class token (``False`` needs ``global_pool='avg'`` or ``''``).
+        reg_tokens: learned register tokens after the class token (Darcet et al. 2023), excluded
+            from pooling.
+        no_embed_class: the position embedding covers the patches only, not the class / register
+            tokens (timm's ``no_embed_class``).
+        pos_embed: ``'learn'`` (learned, timm's init), ``'sincos'`` (fixed 2-D sin-cos over the patch
+            grid, as MAE: a frozen parameter, zeros for prefix tokens) or ``'none'``.
+        qk_norm: LayerNorm of q and k per head (timm's ``qk_norm``).
+        init_values: LayerScale init of both block branches (timm's ``init_values``); None: off.
         dynamic_img_size: accept any input size divisible by p, resampling the position embedding.
         drop_rate / pos_drop_rate / proj_drop_rate / attn_drop_rate / drop_path_rate: dropouts and
             stochastic depth (linearly increasing over depth).
 
-    Shapes: ``forward_features``: ``[B, C, H, W] -> [B, 1 + N, embed_dim]``;
-    ``forward_head``: ``[B, 1 + N, embed_dim] -> [B, num_classes]``.
+    Shapes: ``forward_features``: ``[B, C, H, W] -> [B, num_prefix_tokens + N, embed_dim]``
+    (``num_prefix_tokens`` = class token + registers); ``forward_head``: that ``-> [B, num_classes]``.
 
     Initialisation (tested in ``tests/test_models.py``): key tokens N(0, 0.02²) and, in blocks,
     value tokens N(0, (2 / (depth √d))²), both the public TokenFormer code's; patch-embedding value
@@ -197,6 +214,7 @@ class TokenFormerViT(nn.Module):
                  embed_dim=768, depth=12, num_heads=12, num_tokens=768, num_tokens_patch=None,
                  num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
                  block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
+                 reg_tokens=0, no_embed_class=False, pos_embed='learn', qk_norm=False, init_values=None,
                  dynamic_img_size=False, drop_rate=0., pos_drop_rate=0., proj_drop_rate=0.,
                  attn_drop_rate=0., drop_path_rate=0.):
         super().__init__()
@@ -206,8 +224,12 @@ class TokenFormerViT(nn.Module):
             raise ValueError("global_pool='token' needs class_token=True")
         self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
-        self.num_prefix_tokens = 1 if class_token else 0
+        if pos_embed not in ('learn', 'sincos', 'none'):
+            raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {pos_embed!r}")
+        self.num_reg_tokens = reg_tokens
+        self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
         self.has_class_token, self.dynamic_img_size = class_token, dynamic_img_size
+        self.no_embed_class, self.pos_embed_type = no_embed_class, pos_embed
         self.num_tokens_patch = num_tokens_patch or num_tokens
         self.num_tokens_qkv = num_tokens_qkv or num_tokens
         self.num_tokens_proj = num_tokens_proj or num_tokens
@@ -218,15 +240,18 @@ class TokenFormerViT(nn.Module):
                                       score_norm, strict_img_size=not dynamic_img_size)
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
-        self.pos_embed = nn.Parameter(torch.zeros(1, num_patches + self.num_prefix_tokens, embed_dim))
+        self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
+        embed_len = num_patches if no_embed_class else num_patches + self.num_prefix_tokens
+        self.pos_embed = None if pos_embed == 'none' else nn.Parameter(
+            torch.zeros(1, embed_len, embed_dim), requires_grad=pos_embed == 'learn')
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         value_std = 2 / (depth * math.sqrt(embed_dim))
         self.blocks = nn.Sequential(*[
             Block(embed_dim, num_heads, self.num_tokens_qkv, self.num_tokens_proj, self.num_tokens_ffn,
                   score_norm=score_norm, value_std=value_std, norm_weight=block_norm_weight,
-                  norm_bias=block_norm_bias, proj_drop=proj_drop_rate, attn_drop=attn_drop_rate,
-                  drop_path=dpr[i])
+                  norm_bias=block_norm_bias, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop_rate,
+                  attn_drop=attn_drop_rate, drop_path=dpr[i])
             for i in range(depth)])
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size)
                              for i in range(depth)]
@@ -238,10 +263,18 @@ class TokenFormerViT(nn.Module):
         self.init_weights()
 
     def init_weights(self):
-        """timm ViT init for the non-Pattention parameters (Pattentions init themselves)."""
-        trunc_normal_(self.pos_embed, std=.02)
+        """timm ViT init for the non-Pattention parameters (Pattentions init themselves); the fixed
+        sin-cos position embedding of ``pos_embed='sincos'`` (timm's ``build_sincos2d_pos_embed``)."""
+        if self.pos_embed is not None and self.pos_embed_type == 'learn':
+            trunc_normal_(self.pos_embed, std=.02)
+        elif self.pos_embed is not None:
+            with torch.no_grad():
+                grid = build_sincos2d_pos_embed(list(self.patch_embed.grid_size), self.embed_dim)
+                self.pos_embed.zero_()[0, self.pos_embed.shape[1] - grid.shape[0]:] = grid
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
+        if self.reg_token is not None:
+            nn.init.normal_(self.reg_token, std=1e-6)
         if isinstance(self.head, nn.Linear):
             trunc_normal_(self.head.weight, std=.02)
             nn.init.zeros_(self.head.bias)
@@ -249,12 +282,12 @@ class TokenFormerViT(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self):
         """Parameter names that get no weight decay (timm convention); 1-d params are excluded too."""
-        return {'pos_embed', 'cls_token'}
+        return {n for n in ('pos_embed', 'cls_token', 'reg_token') if getattr(self, n) is not None}
 
     @torch.jit.ignore
     def group_matcher(self, coarse=False):
         """Parameter groups for timm's layer-wise lr decay: stem, one group per block, then final norm."""
-        return dict(stem=r'^cls_token|^pos_embed|^patch_embed',
+        return dict(stem=r'^cls_token|^reg_token|^pos_embed|^patch_embed',
                     blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
     @torch.jit.ignore
@@ -276,14 +309,28 @@ class TokenFormerViT(nn.Module):
         self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
 
     def _pos_embed(self, x, grid_size: Tuple[int, int]):
+        """Add the position embedding and prepend the class / register tokens (before or after the
+        addition, as ``no_embed_class`` says, like timm's ViT)."""
         pos_embed = self.pos_embed
-        if self.dynamic_img_size:
-            pos_embed = resample_abs_pos_embed(self.pos_embed, new_size=grid_size,
-                                               old_size=self.patch_embed.grid_size,
-                                               num_prefix_tokens=self.num_prefix_tokens)
+        if pos_embed is not None and self.dynamic_img_size:
+            pos_embed = resample_abs_pos_embed(pos_embed, new_size=grid_size, old_size=self.patch_embed.grid_size,
+                                               num_prefix_tokens=0 if self.no_embed_class else self.num_prefix_tokens)
+        prefix = []
         if self.cls_token is not None:
-            x = torch.cat([self.cls_token.expand(x.shape[0], -1, -1), x], dim=1)
-        return self.pos_drop(x + pos_embed)
+            prefix.append(self.cls_token.expand(x.shape[0], -1, -1))
+        if self.reg_token is not None:
+            prefix.append(self.reg_token.expand(x.shape[0], -1, -1))
+        if self.no_embed_class:
+            if pos_embed is not None:
+                x = x + pos_embed
+            if len(prefix) > 0:
+                x = torch.cat(prefix + [x], dim=1)
+        else:
+            if len(prefix) > 0:
+                x = torch.cat(prefix + [x], dim=1)
+            if pos_embed is not None:
+                x = x + pos_embed
+        return self.pos_drop(x)
 
     def _run_block(self, blk, x):
         if self.grad_checkpointing and not torch.jit.is_scripting():
@@ -383,9 +430,10 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     if model is None:
         return state_dict
     pos = state_dict.get('pos_embed')
-    if pos is not None and pos.shape != model.pos_embed.shape:
+    if pos is not None and model.pos_embed is not None and pos.shape != model.pos_embed.shape:
         state_dict['pos_embed'] = resample_abs_pos_embed(
-            pos, new_size=model.patch_embed.grid_size, num_prefix_tokens=model.num_prefix_tokens)
+            pos, new_size=model.patch_embed.grid_size,
+            num_prefix_tokens=0 if model.no_embed_class else model.num_prefix_tokens)
     p = model.patch_embed.patch_size[0]
     legacy = state_dict.pop('patch_embed.proj.key_param_tokens', None)
     if legacy is not None:
