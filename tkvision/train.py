@@ -447,6 +447,7 @@ def _start(cfg: dict, resume):
         state = TrainState(cfg, device, world, run.updates_per_epoch)
         run.mixup, run.criterion = _loss(cfg, state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
+        run.checked_update = state.num_updates
     except BaseException:
         if lock is not None:
             lock.release()
