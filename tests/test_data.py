@@ -9,7 +9,6 @@ import tarfile
 import pytest
 import torch
 from PIL import Image
-from safetensors.torch import load_file
 
 from tkvision import train as train_mod
 from tkvision.config import load_config

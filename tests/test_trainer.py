@@ -7,7 +7,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -114,7 +113,7 @@ def test_sigkill_and_sigterm_mid_epoch_with_workers_resume_bit_identical(tmp_pat
     path = os.path.join(broken, 'last.pth')
 
     p = _cli(_args(broken, workers=2))
-    state = _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 0 and s['batches_done'] >= 10)
+    _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 0 and s['batches_done'] >= 10)
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert ckpt.load_state(path)['epochs_done'] == 0, 'the run finished its first epoch before it was killed'
@@ -177,7 +176,7 @@ def test_second_run_on_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
     first.kill()
     first.wait()
     assert second.returncode == 2 and time.time() - t0 < 60
-    assert f'in use by a running job (host ' in log and f'pid {first.pid}' in log and 'Traceback' not in log, log
+    assert 'in use by a running job (host ' in log and f'pid {first.pid}' in log and 'Traceback' not in log, log
 
 
 def test_resume_with_longer_schedule_rebuilds_it_and_reports_the_change(tmp_path, record_lr, capsys):

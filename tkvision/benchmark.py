@@ -30,7 +30,7 @@ from .layers import Pattention
 
 __all__ = ['COUNTERPARTS', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
            'benchmark_pattention',
-           'benchmark_data', 'machine_info', 'main']
+           'machine_info', 'main']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {

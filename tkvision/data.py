@@ -453,10 +453,13 @@ class ResumableSampler(DistributedSampler):
 def seed_sample(transform, seed: int, epoch: int, index):
     """Seed one sample's augmentation from (seed, epoch, index): albumentations' generators of
     ``transform`` and Python's / NumPy's global ones, which timm's RandAugment draws from."""
-    s = sample_seed(seed, epoch, index)
-    random.seed(s)
-    np.random.seed(s)
-    transform.set_random_seed(s)
+    _seed_transform(transform, sample_seed(seed, epoch, index))
+
+
+def _seed_transform(transform, seed: int):
+    random.seed(seed)
+    np.random.seed(seed)
+    transform.set_random_seed(seed)
 
 
 class SeededDataset(Dataset):
@@ -472,12 +475,10 @@ class SeededDataset(Dataset):
 
     def __getitem__(self, key):
         index, seed = key
-        random.seed(seed)
-        np.random.seed(seed)
         ds = self.dataset
         while hasattr(ds, 'dataset'):
             ds = ds.dataset
-        ds.transform.set_random_seed(seed)
+        _seed_transform(ds.transform, seed)
         return self.dataset[index]
 
 

@@ -12,7 +12,6 @@
   traceback only with ``--debug``.
 """
 import hashlib
-import os
 import sys
 import traceback
 
