@@ -26,6 +26,9 @@ class ConfigError(ValueError):
 #: Every config key with its default. Units: epochs are passes over the training set; lr values
 #: are per-step learning rates of the global batch; sizes are pixels.
 DEFAULTS = {
+    # task: 'classify' (supervised), 'mae' (masked-autoencoder pretraining, no labels read) or
+    # 'linprobe' (frozen encoder from init_from, BatchNorm + linear head: MAE's linear probing)
+    'task': 'classify',
     # model
     'model': 'tokenformer_vit_ti16',
     'model_kwargs': {},          # passed to timm.create_model (img_size, patch_size, num_tokens, ...)
@@ -34,6 +37,17 @@ DEFAULTS = {
     'freeze_old_tokens': False,  # with init_from: train only the appended parameter tokens (+ head)
     'grad_checkpointing': False,
     'compile': False,
+    # MAE pretraining (task: mae; tkvision.models.mae)
+    'mask_ratio': 0.75,          # fraction of patches masked per image
+    'norm_pix_loss': True,       # regress per-patch normalised pixels
+    'decoder': {                 # MAE's decoder: 512 wide, 8 blocks, 16 heads
+        'embed_dim': 512,
+        'depth': 8,
+        'num_heads': 16,
+        'num_tokens': None,      # TokenFormer decoder: parameter tokens per Pattention (null: embed_dim)
+        'kind': None,            # 'tokenformer' or 'vit' (null: TokenFormer for a TokenFormer encoder)
+    },
+    'recon_images': 8,           # task mae: validation images in the reconstruction.png written at the end
     # data
     'dataset': 'fashion_mnist',  # 'fashion_mnist', 'folder' (= 'imagenet': train/<class>/*, val/<class>/*),
                                  # 'tar', 'wds/<name>' (WebDataset shards), 'hfds/<name>' (Hugging Face)
@@ -118,7 +132,8 @@ RESUME_MUTABLE = frozenset({
     'epochs', 'lr', 'blr', 'min_lr', 'sched', 'warmup_epochs', 'warmup_lr', 'decay_epochs', 'decay_milestones',
     'decay_rate', 'clip_grad', 'clip_mode', 'eval_every', 'save_every', 'checkpoint_every_steps',
     'checkpoint_every_minutes', 'log_interval', 'progress', 'tensorboard', 'num_workers', 'threads', 'device',
-    'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from'})
+    'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from',
+    'recon_images'})
 
 
 def _is_num(v):
@@ -160,6 +175,11 @@ def _rule(kind, lo=None, hi=None, lo_open=False, hi_open=False, null=False, choi
 
 #: What each key allows (``growth.*`` for the growth section). Checked by :func:`validate_config`.
 RULES = {
+    'task': _rule(None, choices=('classify', 'mae', 'linprobe')),
+    'mask_ratio': _rule('num', 0, 1, hi_open=True), 'norm_pix_loss': _rule('bool'),
+    'decoder.embed_dim': _rule('int', 1), 'decoder.depth': _rule('int', 1), 'decoder.num_heads': _rule('int', 1),
+    'decoder.num_tokens': _rule('int', 1, null=True), 'decoder.kind': _rule(None, choices=(None, 'tokenformer', 'vit')),
+    'recon_images': _rule('int', 0),
     'model': _rule('str'), 'model_kwargs': _rule('map'), 'drop_path_rate': _rule('num', 0, 1, hi_open=True),
     'init_from': _rule('str', null=True), 'freeze_old_tokens': _rule('bool'), 'grad_checkpointing': _rule('bool'),
     'compile': _rule('bool'),
@@ -211,10 +231,10 @@ def validate_config(cfg: dict) -> dict:
             raise ConfigError(f'{key} must be {allowed}, got {value!r}')
         if allowed.startswith('an integer') and value is not None:
             node[leaf] = int(value)
-    from .models.tokenformer_vit import TOKEN_KINDS
+    from .growth import ALL_KINDS
     for kind, n in cfg['growth']['add_tokens'].items():
-        if kind not in TOKEN_KINDS:
-            raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are {", ".join(TOKEN_KINDS)}')
+        if kind not in ALL_KINDS:
+            raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are {", ".join(ALL_KINDS)}')
         if not (_is_num(n) and float(n).is_integer() and n >= 0):
             raise ConfigError(f'growth.add_tokens.{kind} must be an integer >= 0, got {n!r}')
     if cfg['mean'] is not None and cfg['std'] is not None and len(cfg['mean']) != len(cfg['std']):
@@ -223,6 +243,11 @@ def validate_config(cfg: dict) -> dict:
         raise ConfigError(f"warmup_epochs must be < epochs ({cfg['epochs']}), got {cfg['warmup_epochs']!r}")
     if cfg['rrc_scale'] and cfg['rrc_scale'][0] > cfg['rrc_scale'][1]:
         raise ConfigError(f"rrc_scale must be [min, max] with min <= max, got {cfg['rrc_scale']!r}")
+    if cfg['decoder']['embed_dim'] % cfg['decoder']['num_heads']:
+        raise ConfigError(f"decoder.embed_dim {cfg['decoder']['embed_dim']} must be divisible by decoder.num_heads "
+                          f"{cfg['decoder']['num_heads']}")
+    if cfg['task'] == 'linprobe' and not cfg['init_from']:
+        raise ConfigError('task linprobe needs init_from (the pretrained encoder to probe)')
     if cfg['freeze_old_tokens'] and not cfg['init_from']:
         raise ConfigError('freeze_old_tokens needs init_from (the tokens to freeze are the ones loaded from it)')
     resolve_accum_steps(cfg, 1)

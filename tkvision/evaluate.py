@@ -16,7 +16,7 @@ from .config import load_config
 from .data import BatchPreprocessor, build_dataset, build_loader, resolve_data_cfg, train_class_map
 from .runtime import build_model, cli, init_distributed, setup_threads
 
-__all__ = ['evaluate', 'main']
+__all__ = ['evaluate', 'evaluate_mae', 'mask_noise', 'main']
 
 
 @torch.no_grad()
@@ -55,6 +55,46 @@ def evaluate(model: torch.nn.Module, loader, device, preprocess, amp=None) -> di
     c1, c5, loss, n, skipped = totals.tolist()
     n = max(n, 1)
     return dict(top1=100 * c1 / n, top5=100 * c5 / n, loss=loss / n, count=int(n), img_per_s=n / elapsed,
+                skipped=int(skipped))
+
+
+def mask_noise(batch_index: int, batch_size: int, num_patches: int, seed: int = 0) -> torch.Tensor:
+    """The fixed masking noise ``[batch_size, num_patches]`` of validation batch ``batch_index`` (CPU
+    generator seeded with ``(seed, batch_index)``), so every evaluation masks the same patches."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + batch_index)
+    return torch.rand(batch_size, num_patches, generator=g)
+
+
+@torch.no_grad()
+def evaluate_mae(model: torch.nn.Module, loader, device, preprocess, amp=None, seed: int = 0) -> dict:
+    """Mean MAE reconstruction loss of ``model`` (a :class:`tkvision.models.mae.MaskedAutoencoder`,
+    possibly DDP / compiled) over ``loader``, with the same masks at every call (:func:`mask_noise`),
+    weighted by images and reduced over ranks.
+
+    Returns:
+        ``dict(loss, count, img_per_s, skipped)``.
+    """
+    inner = getattr(model, 'module', getattr(model, '_orig_mod', model))
+    inner = getattr(inner, '_orig_mod', inner)
+    num_patches = inner.grid_size[0] * inner.grid_size[1]
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss_sum, count, skipped
+    start = time.perf_counter()
+    dtype = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
+    for i, (images, _labels, bad) in enumerate(loader):
+        totals[2] += len(bad)
+        if images is None:
+            continue
+        images = preprocess(images)
+        noise = mask_noise(i, len(images), num_patches, seed).to(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = model(images, None, noise)[0]
+        totals[0] += loss.double() * len(images)
+        totals[1] += len(images)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals)
+    loss, n, skipped = totals.tolist()
+    return dict(loss=loss / max(n, 1), count=int(n), img_per_s=n / (time.perf_counter() - start),
                 skipped=int(skipped))
 
 

@@ -8,7 +8,9 @@ With zero-initialised new keys and τ held fixed, every Pattention's output is u
 ``score_norm='softmax'`` where exp(0) = 1 gives the new tokens weight (a warning is raised).
 
 Kinds of Pattention (``TOKEN_KINDS``): ``patch`` (patch embedding), ``qkv`` (Q, K, V of every block),
-``proj`` (attention output) and ``ffn``.
+``proj`` (attention output) and ``ffn``; an MAE decoder (:mod:`tkvision.models.mae`) adds
+``decoder_embed``, ``decoder_qkv``, ``decoder_proj``, ``decoder_ffn`` and ``decoder_pred``
+(``DECODER_KINDS``), grown apart from the encoder's.
 
 Optimizer state when growing during training: AdamW's moments of the old tokens are kept and the
 new rows start at zero (the student report, ``shared/papers/001``, resets the whole optimizer
@@ -28,17 +30,27 @@ from .checkpoint import adapt_state_dict, check_fit, load_state_dict_file, save_
 from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
-__all__ = ['TOKEN_KINDS', 'layer_kind', 'pattention_layers', 'token_counts', 'target_counts', 'grow',
+__all__ = ['TOKEN_KINDS', 'DECODER_KINDS', 'ALL_KINDS', 'layer_kind', 'pattention_layers', 'token_counts', 'target_counts', 'grow',
            'grow_optimizer_state', 'grow_training_state',
            'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
 
 
+#: Kinds of the Pattentions of an MAE decoder (``decoder.embed``, ``decoder.blocks.*``, ``decoder.pred``).
+DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 'decoder_pred')
+#: Every kind growth knows.
+ALL_KINDS = TOKEN_KINDS + DECODER_KINDS
+
+
 def layer_kind(name: str) -> str:
-    """Kind (``TOKEN_KINDS``) of the Pattention module called ``name`` in a TokenFormer ViT.
+    """Kind (``ALL_KINDS``) of the Pattention module called ``name`` in a TokenFormer ViT or an MAE.
 
     Raises:
-        ValueError: a name that is none of patch embedding, q/k/v, attention output or FFN.
+        ValueError: a name that is none of patch embedding, q/k/v, attention output or FFN (or an
+            MAE decoder's embed / prediction).
     """
+    head, _, rest = name.partition('.')
+    if head == 'decoder':
+        return 'decoder_' + (rest if rest in ('embed', 'pred') else layer_kind(rest))
     if 'patch_embed' in name.split('.'):
         return 'patch'
     if name.endswith('.ffn'):
@@ -76,12 +88,13 @@ def target_counts(variant: str, **model_kwargs) -> dict:
 
 
 def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ffn: int = 0, to=None,
-         key_init: str = 'zeros', value_init: str = 'normal', copy: bool = False) -> torch.nn.Module:
+         key_init: str = 'zeros', value_init: str = 'normal', copy: bool = False, **decoder) -> torch.nn.Module:
     """Append parameter tokens to every Pattention of ``model``, by kind.
 
     Args:
-        model: a TokenFormer model (``tokenformer_vit_*``).
+        model: a TokenFormer model (``tokenformer_vit_*``, or an MAE around one).
         patch, qkv, proj, ffn: number of tokens to append to each layer of that kind.
+        **decoder: the same for an MAE decoder's kinds (``decoder_qkv=...``, see ``DECODER_KINDS``).
         to: alternatively, a target: a registered variant name or ``{kind: total num_tokens}``; the
             appended count is target minus current (the other counts are then ignored).
         key_init, value_init: init of the new rows (``'zeros'`` or ``'normal'``), see
@@ -95,28 +108,38 @@ def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ff
 
     Raises:
         ValueError: a target smaller than the current count (shrinking is not growth), or an
-        unknown kind in ``to``.
+        unknown kind in ``to`` or ``decoder``.
     """
+    unknown = set(decoder) - set(DECODER_KINDS)
+    if unknown:
+        raise ValueError(f'unknown token kinds {sorted(unknown)}; kinds are {ALL_KINDS}')
     if copy:
         model = copy_module.deepcopy(model)
-    add = dict(patch=patch, qkv=qkv, proj=proj, ffn=ffn)
+    add = dict(dict.fromkeys(ALL_KINDS, 0), patch=patch, qkv=qkv, proj=proj, ffn=ffn, **decoder)
     if to is not None:
         target = target_counts(to) if isinstance(to, str) else dict(to)
-        unknown = set(target) - set(TOKEN_KINDS)
+        unknown = set(target) - set(ALL_KINDS)
         if unknown:
-            raise ValueError(f'unknown token kinds {sorted(unknown)}; kinds are {TOKEN_KINDS}')
+            raise ValueError(f'unknown token kinds {sorted(unknown)}; kinds are {ALL_KINDS}')
         current = token_counts(model)
-        add = {k: target.get(k, current[k]) - current[k] for k in TOKEN_KINDS}
+        add = {k: target.get(k, current[k]) - current[k] for k in current}
         shrink = {k: (current[k], target[k]) for k in add if add[k] < 0}
         if shrink:
             raise ValueError(f'target has fewer tokens than the model (current, target): {shrink}')
     for name, (kind, layer) in pattention_layers(model).items():
         layer.grow(add[kind], key_init=key_init, value_init=value_init)
-    inner = getattr(model, 'module', model)
+    _sync_token_attrs(model)
+    return model
+
+
+def _sync_token_attrs(model: torch.nn.Module):
+    """Set the ``num_tokens_<kind>`` attributes of the model (or of an MAE's encoder) to its counts,
+    so ``token_counts`` and re-creation from those attributes agree."""
+    inner = getattr(model, 'module', getattr(model, '_orig_mod', model))
+    inner = getattr(inner, 'encoder', inner)
     for kind, n in token_counts(model).items():
         if hasattr(inner, f'num_tokens_{kind}'):
             setattr(inner, f'num_tokens_{kind}', n)
-    return model
 
 
 def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict):
@@ -204,10 +227,7 @@ def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
             grown[key] = (value.shape[0], own[key].shape[0])
     check_fit(model, merged, 'checkpoint')
     model.load_state_dict(merged)
-    inner = getattr(model, 'module', model)
-    for kind, n in token_counts(model).items():
-        if hasattr(inner, f'num_tokens_{kind}'):
-            setattr(inner, f'num_tokens_{kind}', n)
+    _sync_token_attrs(model)
     return grown
 
 

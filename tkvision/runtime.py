@@ -65,15 +65,23 @@ def init_distributed(cfg: dict):
 
 
 def build_model(cfg: dict, num_classes=None) -> torch.nn.Module:
-    """``timm.create_model(cfg['model'], drop_path_rate=..., **cfg['model_kwargs'])``.
+    """The model ``cfg`` trains: ``timm.create_model(cfg['model'], drop_path_rate=..., **cfg['model_kwargs'])``,
+    or for ``task: mae`` a :class:`tkvision.models.mae.MaskedAutoencoder` around that model as encoder
+    (``mask_ratio``, ``norm_pix_loss``, ``decoder``).
 
     ``num_classes`` defaults to the dataset's (10 for Fashion-MNIST, else 1000) unless
     ``model_kwargs`` sets it.
     """
     kwargs = dict(cfg['model_kwargs'])
-    kwargs.setdefault('num_classes', num_classes or (10 if cfg['dataset'] == 'fashion_mnist' else 1000))
     if cfg['drop_path_rate']:
         kwargs['drop_path_rate'] = cfg['drop_path_rate']
+    if cfg.get('task') == 'mae':
+        from .models.mae import create_mae
+        d = cfg['decoder']
+        return create_mae(cfg['model'], decoder=dict(embed_dim=d['embed_dim'], depth=d['depth'], num_heads=d['num_heads']),
+                          mask_ratio=cfg['mask_ratio'], norm_pix_loss=cfg['norm_pix_loss'],
+                          decoder_num_tokens=d['num_tokens'], decoder_kind=d['kind'], **kwargs)
+    kwargs.setdefault('num_classes', num_classes or (10 if cfg['dataset'] == 'fashion_mnist' else 1000))
     return timm.create_model(cfg['model'], **kwargs)
 
 

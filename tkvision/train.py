@@ -1,4 +1,12 @@
-"""Training: the MAE supervised recipe (and small real-data recipes) on one process or many.
+"""Training: the MAE supervised recipe, MAE pretraining and fine-tuning, linear probing (and small
+real-data recipes) on one process or many.
+
+``task`` selects what is trained: ``classify`` (a classifier on labels), ``mae`` (a
+:class:`~tkvision.models.mae.MaskedAutoencoder` around ``model``; the loss is the reconstruction
+error, labels are not used, evaluation reports the validation reconstruction loss with fixed masks,
+and ``reconstruction.png`` is written at the end) or ``linprobe`` (the ``init_from`` encoder frozen,
+MAE's BatchNorm + linear head trained). ``init_from`` an MAE checkpoint loads its encoder
+(:func:`tkvision.models.mae.load_encoder`, reporting what was loaded and dropped).
 
 Glue over timm and PyTorch: ``timm.create_model``, ``create_optimizer_v2`` and ``create_scheduler_v2``
 (:mod:`tkvision.optim`), ``timm.data.Mixup``, timm's label-smoothing / soft-target losses,
@@ -42,7 +50,8 @@ from .checkpoint import atomic_save, load_state, load_state_dict_file, save_weig
 from .config import ConfigError, config_changes, load_config, resolve_accum_steps, resolve_lr, validate_config
 from .data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size,
                    resolve_data_cfg, set_loader_epoch)
-from .evaluate import evaluate
+from .evaluate import evaluate, evaluate_mae
+from .models import mae
 from .optim import build_optimizer, build_scheduler
 from .plotting import plot_curves
 from .rundir import claim_output_dir
@@ -79,15 +88,17 @@ class TrainState:
         model, optimizer, scheduler, scaler (a no-op unless fp16), ema (``ModelEmaV3`` or None).
         epochs_done: completed epochs. batches_done: micro-batches of epoch ``epochs_done`` already
             trained (always at an optimizer-update boundary). num_updates: optimizer updates so far.
-        best: ``dict(top1, epoch, source)`` of the best evaluation. meter: the running epoch's sums.
+        best: ``dict(top1, epoch, source)`` of the best evaluation (``val_loss`` for ``task: mae``). meter: the running epoch's sums.
     """
 
     def __init__(self, cfg: dict, device, world: int, updates_per_epoch: int):
         self.cfg, self.device, self.world, self.updates_per_epoch = cfg, device, world, updates_per_epoch
         self.model = build_model(cfg).to(device)
-        self.grown_from = {}
+        self.grown_from, self.init_report = {}, ''
         if cfg['init_from']:
-            self.grown_from = growth.load_grown_state_dict(self.model, load_state_dict_file(cfg['init_from']))
+            self._init_from(cfg['init_from'])
+        if cfg['task'] == 'linprobe':
+            mae.linear_probe(self.model)
         if cfg['grad_checkpointing']:
             self.model.set_grad_checkpointing(True)
         self.lr = resolve_lr(cfg, world)
@@ -96,9 +107,26 @@ class TrainState:
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg['amp'] == 'fp16')
         self.ema = ModelEmaV3(self.model, decay=cfg['model_ema_decay']) if cfg['model_ema'] else None
         self.epochs_done = self.batches_done = self.num_updates = 0
-        self.best = dict(top1=-1.0, epoch=-1, source='model')
+        # the best evaluation: highest top-1, or for MAE the lowest validation reconstruction loss
+        self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if cfg['task'] == 'mae'
+                     else dict(top1=-1.0, epoch=-1, source='model'))
         self.reset_meter()
         self.wrap()
+
+    def _init_from(self, path: str):
+        """Start from the weights at ``path``: an MAE checkpoint's encoder for a classifier
+        (:func:`~tkvision.models.mae.load_encoder`), else a same-size or smaller model's weights
+        (smaller TokenFormers are grown into the first rows, :func:`~tkvision.growth.load_grown_state_dict`)."""
+        weights = load_state_dict_file(path)
+        if mae.is_mae_state_dict(weights) and self.cfg['task'] != 'mae':
+            rep = mae.load_encoder(self.model, weights)
+            self.grown_from = rep['grown']
+            self.init_report = (f"MAE encoder from {path}: loaded {len(rep['loaded'])} tensors, dropped "
+                                f"{len(rep['dropped'])} ({_names(rep['dropped'])}), kept the init of "
+                                f"{_names(rep['kept_init']) or 'nothing'}")
+        else:
+            self.grown_from = growth.load_grown_state_dict(self.model, weights)
+            self.init_report = f'init_from {path}' + (f', grown from init_from: {self.grown_from}' if self.grown_from else '')
 
     def _make_optimizer(self):
         opt = build_optimizer(self.model, self.cfg, self.lr)
@@ -314,13 +342,17 @@ def train_one_epoch(run: _Run, state: TrainState, epoch: int) -> dict:
 
 def _forward_backward(run: _Run, state: TrainState, images, labels, scale: float, sync_grads: bool):
     images = run.preprocess(images, train=True)
-    labels = labels.to(run.device, non_blocking=True)
-    if run.mixup is not None:
-        if len(images) % 2:  # timm's Mixup needs an even batch (a skipped image can make it odd)
-            images, labels = images[:-1], labels[:-1]
-        images, labels = run.mixup(images, labels)
-    with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
-        loss = run.criterion(state.net(images), labels)
+    if run.cfg['task'] == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
+        with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
+            loss = state.net(images)[0]
+    else:
+        labels = labels.to(run.device, non_blocking=True)
+        if run.mixup is not None:
+            if len(images) % 2:  # timm's Mixup needs an even batch (a skipped image can make it odd)
+                images, labels = images[:-1], labels[:-1]
+            images, labels = run.mixup(images, labels)
+        with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
+            loss = run.criterion(state.net(images), labels)
     state.meter['nonfinite'] |= ~torch.isfinite(loss.detach())
     state.meter['loss_sum'] += loss.detach().double() * len(images)
     state.meter['seen'] += len(images)
@@ -348,8 +380,11 @@ def evaluate_and_keep_best(run: _Run, state: TrainState, epoch: int) -> dict:
     """Evaluate the model (and the EMA model); save ``best.safetensors`` when either beats the best.
 
     Returns:
-        ``dict(top1, top5, val_loss, val_skipped[, ema_top1, ema_top5])``.
+        ``dict(top1, top5, val_loss, val_skipped[, ema_top1, ema_top5])``; for ``task: mae``
+        ``dict(val_loss, val_skipped[, ema_val_loss])`` (reconstruction loss, the same masks every time).
     """
+    if run.cfg['task'] == 'mae':
+        return _evaluate_mae_and_keep_best(run, state, epoch)
     ev = evaluate(state.net, run.val_loader, run.device, run.preprocess, run.cfg['amp'])
     res = dict(top1=ev['top1'], top5=ev['top5'], val_loss=ev['loss'], val_skipped=ev['skipped'])
     candidates = [('model', ev['top1'], state.model)]
@@ -364,6 +399,35 @@ def evaluate_and_keep_best(run: _Run, state: TrainState, epoch: int) -> dict:
             save_weights(net.state_dict(), os.path.join(run.out, 'best.safetensors'),
                          metadata=dict(model=run.cfg['model'], epoch=epoch, top1=top1, source=source))
     return res
+
+
+def _evaluate_mae_and_keep_best(run: _Run, state: TrainState, epoch: int) -> dict:
+    ev = evaluate_mae(state.net, run.val_loader, run.device, run.preprocess, run.cfg['amp'], run.cfg['seed'])
+    res = dict(val_loss=ev['loss'], val_skipped=ev['skipped'])
+    candidates = [('model', ev['loss'], state.model)]
+    if state.ema is not None:
+        ev_ema = evaluate_mae(state.ema.module, run.val_loader, run.device, run.preprocess, run.cfg['amp'],
+                              run.cfg['seed'])
+        res['ema_val_loss'] = ev_ema['loss']
+        candidates.append(('ema', ev_ema['loss'], state.ema.module))
+    source, loss, net = min(candidates, key=lambda c: c[1])
+    if loss < state.best['val_loss']:
+        state.best = dict(val_loss=loss, epoch=epoch, source=source)
+        if run.main:
+            save_weights(net.state_dict(), os.path.join(run.out, 'best.safetensors'),
+                         metadata=dict(model=run.cfg['model'], task='mae', epoch=epoch, val_loss=loss, source=source))
+    return res
+
+
+def _names(names, limit: int = 4) -> str:
+    """``a, b, c, d and 3 more`` (module-level prefixes merged: ``decoder.*``)."""
+    heads = []
+    for n in names:
+        parts = n.split('.')
+        head = '.'.join(parts[:2 if parts[0] == 'encoder' else 1]) + ('.*' if '.' in n else '')
+        if head not in heads:
+            heads.append(head)
+    return ', '.join(heads[:limit]) + (f' and {len(heads) - limit} more' if len(heads) > limit else '')
 
 
 def _growth_due(cfg: dict, epoch: int) -> dict:
@@ -389,6 +453,7 @@ def log_epoch(run: _Run, history: list, res: dict):
     skipped = res['skipped'] + res.get('val_skipped', 0)
     tqdm.write(f"epoch {res['epoch'] + 1}/{run.cfg['epochs']}  train loss {res['train_loss']:.4f}  "
                + (f"val top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  " if 'top1' in res else '')
+               + (f"val loss {res['val_loss']:.4f}  " if 'top1' not in res and 'val_loss' in res else '')
                + (f"ema top-1 {res['ema_top1']:.2f}%  " if 'ema_top1' in res else '')
                + f"{res['img_per_s']:.0f} img/s  {res['epoch_time']:.1f}s"
                + (f'  skipped {skipped} unreadable images' if skipped else '')
@@ -445,7 +510,8 @@ def _start(cfg: dict, resume):
         random_seed(cfg['seed'])  # the same initial weights on every rank
         run = _Run(cfg, rank, world, device)
         state = TrainState(cfg, device, world, run.updates_per_epoch)
-        run.mixup, run.criterion = _loss(cfg, state.model.num_classes)
+        if cfg['task'] != 'mae':
+            run.mixup, run.criterion = _loss(cfg, state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
         run.checked_update = state.num_updates
     except BaseException:
@@ -461,8 +527,8 @@ def _start(cfg: dict, resume):
         print(f"{cfg['model']}: {n_params / 1e6:.2f}M params, {dataset_size(run.train_ds)} train / "
               f"{dataset_size(run.val_ds)} val images, "
               f"{world} process(es) on {device}, global batch {cfg['batch_size'] * run.accum * world}, "
-              f"{run.updates_per_epoch} updates/epoch, lr {state.lr:.3g}"
-              + (f', grown from init_from: {state.grown_from}' if state.grown_from else ''))
+              f"{run.updates_per_epoch} updates/epoch, lr {state.lr:.3g}, task {cfg['task']}"
+              + (f'\n{state.init_report}' if state.init_report else ''))
     return cfg, run, state, history, lock
 
 
@@ -496,7 +562,7 @@ def train(cfg: dict, resume=None) -> dict:
     try:
         if state.epochs_done >= cfg['epochs'] and run.main:
             print(f"nothing to train: {run.ckpt_path} has finished all {cfg['epochs']} epochs "
-                  f"(best top-1 {state.best['top1']:.2f}%); pass --epochs N with N > {cfg['epochs']} to continue")
+                  f"(best {_best_words(state.best)}); pass --epochs N with N > {cfg['epochs']} to continue")
         for epoch in range(state.epochs_done, cfg['epochs']):
             res = dict(epoch=epoch, **train_one_epoch(run, state, epoch))
             last_epoch = epoch + 1 == cfg['epochs']
@@ -520,7 +586,11 @@ def train(cfg: dict, resume=None) -> dict:
                 raise Preempted(f'stopped by {run.stop_signal} after epoch {epoch + 1}; state saved to '
                                 f'{run.ckpt_path}: continue with --resume')
         if run.main and history:
-            plot_curves(history, os.path.join(run.out, 'curves.png'), title=cfg['model'])
+            plot_curves(history, os.path.join(run.out, 'curves.png'), title=f"{cfg['model']} ({cfg['task']})")
+        if run.main and cfg['task'] == 'mae' and cfg['recon_images']:
+            from .mae_visualize import save_reconstructions
+            save_reconstructions(state.ema.module if state.ema else state.model, run.val_ds, cfg,
+                                 os.path.join(run.out, 'reconstruction.png'), cfg['recon_images'], run.device)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -529,12 +599,17 @@ def train(cfg: dict, resume=None) -> dict:
         if lock is not None:
             lock.release()
     last = history[-1] if history else {}
-    return dict(top1=_num(last.get('top1')), top5=_num(last.get('top5')), best_top1=state.best['top1'],
-                epochs=cfg['epochs'], output=run.out, model=state.model, history=history)
+    return dict(top1=_num(last.get('top1')), top5=_num(last.get('top5')), best_top1=state.best.get('top1'),
+                val_loss=_num(last.get('val_loss')), epochs=cfg['epochs'], output=run.out, model=state.model,
+                history=history)
 
 
 def _num(v):
     return None if v in (None, '') else float(v)
+
+
+def _best_words(best: dict) -> str:
+    return f"top-1 {best['top1']:.2f}%" if 'top1' in best else f"val loss {best['val_loss']:.4f}"
 
 
 def parse_args(argv=None):
@@ -558,7 +633,13 @@ def _main(argv) -> int:
     except Preempted as e:
         print(str(e), file=sys.stderr)
         return EXIT_PREEMPTED
-    if (not dist.is_initialized() or dist.get_rank() == 0) and res['top1'] is not None:
+    if (not dist.is_initialized() or dist.get_rank() == 0) and res['top1'] is None and res['val_loss'] is not None:
+        out = res['output']
+        print(f"done in {(time.perf_counter() - t0) / 60:.1f} min: final val reconstruction loss "
+              f"{res['val_loss']:.4f}\n  weights: {os.path.join(out, 'last.safetensors')} (fine-tune with "
+              f"init_from: {os.path.join(out, 'last.safetensors')})\n  reconstructions: "
+              f"{os.path.join(out, 'reconstruction.png')}\n  curves:  {os.path.join(out, 'curves.png')}")
+    elif (not dist.is_initialized() or dist.get_rank() == 0) and res['top1'] is not None:
         out = res['output']
         print(f"done in {(time.perf_counter() - t0) / 60:.1f} min: final test top-1 {res['top1']:.2f}% "
               f"(best {res['best_top1']:.2f}%)\n  weights: {os.path.join(out, 'best.safetensors')} "
