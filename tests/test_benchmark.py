@@ -47,3 +47,12 @@ def test_saved_activations_lean_path_keeps_less():
         mib[lean] = saved_activation_mib(m, x)
     scores = 4 * 17 * (128 * 4 + 512) * 2 * 4 / 2 ** 20  # [B*N, n] fp32 per Pattention of 2 blocks
     assert mib[False] - mib[True] == pytest.approx(2 * scores, rel=0.1)
+
+
+def test_model_spec_options_reach_the_model_and_keep_the_counterpart():
+    from tkvision.benchmark import COUNTERPARTS, parse_model_spec
+    assert parse_model_spec('tokenformer_vit_b16_matched@fused_qkv=true@depth=2') == (
+        'tokenformer_vit_b16_matched', dict(fused_qkv=True, depth=2))
+    assert 'tokenformer_vit_b16_matched' in COUNTERPARTS
+    with pytest.raises(ValueError, match='key=value'):
+        parse_model_spec('tokenformer_vit_b16_matched@fused_qkv')

@@ -111,3 +111,38 @@ def test_growth_stays_exact_with_every_option_on():
     growth.grow(m, patch=4, qkv=8, proj=8, ffn=16)
     assert growth.token_counts(m) == dict(patch=20, qkv=24, proj=24, ffn=80)
     assert (m(x) - before).abs().max().item() <= 1e-6
+
+
+@pytest.mark.parametrize('score_norm', ['l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm', 'softmax'])
+def test_fused_qkv_equals_the_three_pattentions_in_value_and_gradient(score_norm):
+    """Issue 19's lever: one score GEMM for Q/K/V; the separate Pattentions stay the reference."""
+    torch.manual_seed(0)
+    kw = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_tokens=16,
+              num_classes=10, score_norm=score_norm)
+    ref = timm.create_model('tokenformer_vit_ti16', **kw)
+    fused = timm.create_model('tokenformer_vit_ti16', fused_qkv=True, **kw)
+    fused.load_state_dict(ref.state_dict())  # same parameters, same checkpoint keys
+    with torch.no_grad():  # distinct taus per projection must be kept apart
+        ref.blocks[0].attn.k.tau.mul_(1.5)
+        fused.blocks[0].attn.k.tau.mul_(1.5)
+    x = torch.randn(3, 1, 28, 28)
+    a, b = ref(x), fused(x)
+    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
+    a.square().sum().backward()
+    b.square().sum().backward()
+    for (n, p), (_, q) in zip(ref.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
+
+
+def test_fused_qkv_growth_stays_exact_and_scripts():
+    torch.manual_seed(0)
+    m = timm.create_model('tokenformer_vit_ti16', img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2,
+                          num_heads=2, num_tokens=16, num_classes=10, fused_qkv=True).eval()
+    x = torch.randn(2, 1, 28, 28)
+    with torch.no_grad():
+        before = m(x)
+        growth.grow(m, qkv=8, ffn=16)
+        torch.testing.assert_close(m(x), before, rtol=0, atol=1e-6)
+        torch.testing.assert_close(torch.jit.script(m)(x), before, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match='fused_qkv'):
+        timm.create_model('tokenformer_ring_vit_small_patch16_224', fused_qkv=True, depth=1, img_size=32)

@@ -32,6 +32,7 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
     seed_results = [json.load(open(os.path.join(out, 'l1', f'seed{s}', 'result.json')))['top1'] for s in (0, 1)]
     assert abs(float(l1['top1_mean']) - sum(seed_results) / 2) < 1e-6
     assert open(os.path.join(out, 'results.png'), 'rb').read(4) == b'\x89PNG'
+    assert open(os.path.join(out, 'results_params.png'), 'rb').read(4) == b'\x89PNG'
     capsys.readouterr()
     sweep_main([good, '--seeds', '0', '1', '--out', out])  # finished points are skipped
     assert capsys.readouterr().out.count('[skip]') == 2

@@ -28,7 +28,7 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 import tkvision  # noqa: F401  (registers the models)
 from .layers import Pattention
 
-__all__ = ['COUNTERPARTS', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
+__all__ = ['COUNTERPARTS', 'parse_model_spec', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
            'benchmark_pattention',
            'machine_info', 'main']
 
@@ -75,12 +75,27 @@ def _sync(device):
         torch.cuda.synchronize(device)
 
 
+def parse_model_spec(spec: str):
+    """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
+    benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@fused_qkv=true``."""
+    import yaml
+    name, *opts = spec.split('@')
+    kwargs = {}
+    for opt in opts:
+        key, sep, value = opt.partition('=')
+        if not sep:
+            raise ValueError(f'model option {opt!r} of {spec!r} is not key=value')
+        kwargs[key] = yaml.safe_load(value)
+    return name, kwargs
+
+
 class _Step:
     """One timed unit of work for a model: an inference forward or a full training step."""
 
     def __init__(self, name, mode, batch_size, device, amp, compile_):
         self.name, self.mode, self.device = name, mode, device
-        self.model = timm.create_model(name).to(device)
+        base, kwargs = parse_model_spec(name)
+        self.model = timm.create_model(base, **kwargs).to(device)
         self.params = sum(p.numel() for p in self.model.parameters())
         size = self.model.pretrained_cfg['input_size']
         self.x = torch.randn(batch_size, *size, device=device)
@@ -190,7 +205,7 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
         del runners
     by_key = {(r['model'], r['mode']): r for r in rows}
     for r in rows:
-        base = by_key.get((COUNTERPARTS.get(r['model']), r['mode']))
+        base = by_key.get((COUNTERPARTS.get(parse_model_spec(r['model'])[0]), r['mode']))
         if base:
             r['ratio'] = r['img_per_s'] / base['img_per_s']
             r['mem_ratio'] = r['peak_mem_mib'] / base['peak_mem_mib']
@@ -296,7 +311,8 @@ def _markdown(rows, cols):
 def main(argv=None):
     """``tkvision-benchmark`` / ``tools/benchmark.py``; see ``--help``. Writes ``<out>.md``, ``<out>.csv``."""
     ap = argparse.ArgumentParser(description='Benchmark TokenFormer ViTs against timm ViTs.')
-    ap.add_argument('--models', nargs='+', default=['tokenformer_vit_b16_matched', 'vit_base_patch16_224'])
+    ap.add_argument('--models', nargs='+', default=['tokenformer_vit_b16_matched', 'vit_base_patch16_224'],
+                    help='timm names, optionally with options: tokenformer_vit_b16_matched@fused_qkv=true')
     ap.add_argument('--mode', nargs='+', default=['infer', 'train'], choices=['infer', 'train'])
     ap.add_argument('--batch-size', type=int, default=64)
     ap.add_argument('--amp', choices=['bf16', 'fp16'])

@@ -109,7 +109,8 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
 
 
 def summarize(records, out, title='Ablation sweep') -> list:
-    """Write ``results.csv`` / ``results.md`` / ``results.png`` in ``out``; returns one row per config:
+    """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
+    parameters) in ``out``; returns one row per config:
     ``config, seeds, top1_mean, top1_std, params, img_per_s, minutes, failed``."""
     import matplotlib
     matplotlib.use('Agg')
@@ -150,6 +151,18 @@ def summarize(records, out, title='Ablation sweep') -> list:
     fig.tight_layout()
     fig.savefig(os.path.join(out, 'results.png'), dpi=100)
     plt.close(fig)
+    points = [r for r in rows if r['params'] != '' and r['top1_mean'] == r['top1_mean']]
+    if points:  # accuracy against size: the parameter-efficiency view (RingFormer's Tables 2-3)
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for r in points:
+            ax.errorbar(r['params'] / 1e3, r['top1_mean'], yerr=r['top1_std'], fmt='o', capsize=4)
+            ax.annotate(r['config'], (r['params'] / 1e3, r['top1_mean']), textcoords='offset points', xytext=(5, 4),
+                        fontsize=8)
+        ax.set(xscale='log', xlabel='parameters (thousands, log scale)', ylabel='test top-1 (%), mean ± std', title=title)
+        ax.grid(alpha=.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, 'results_params.png'), dpi=100)
+        plt.close(fig)
     return rows
 
 

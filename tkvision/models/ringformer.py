@@ -181,6 +181,10 @@ class _RecurrentViT(TokenFormerViT):
     gradient checkpointing per level) is :class:`TokenFormerViT`'s. TorchScript is not supported (a
     level is passed to the shared block as an argument); fx and ``torch.compile`` are."""
 
+    def _check_block_kwargs(self, kw):
+        if kw.get('fused_qkv'):
+            raise ValueError('fused_qkv is a TokenFormerViT option; the recurrent families compute Q/K/V per level')
+
     def _forward_blocks(self, x):
         for level in self.blocks:
             x = self._run_block(level, x)
@@ -225,6 +229,7 @@ class RingFormerViT(_RecurrentViT):
                               dynamic_img_pad=False)
 
     def _build_blocks(self, depth, dpr, kw):
+        self._check_block_kwargs(kw)
         r, d = self._ring, kw['dim']
         hidden = round(d * r["mlp_ratio"])
         linear = lambda: nn.Linear(d, d, bias=r['qkv_bias'])  # noqa: E731
@@ -265,6 +270,7 @@ class TokenRingViT(_RecurrentViT):
         super().__init__(pos_embed=pos_embed, **kwargs)
 
     def _build_blocks(self, depth, dpr, kw):
+        self._check_block_kwargs(kw)
         r, d = self._ring, kw['dim']
         pattn = lambda n: Pattention(d, d, n, score_norm=kw['score_norm'], value_std=kw['value_std'])  # noqa: E731
         n_qkv, n_proj, n_ffn = kw['num_tokens_qkv'], kw['num_tokens_proj'], kw['num_tokens_ffn']

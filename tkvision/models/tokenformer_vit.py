@@ -34,6 +34,7 @@ from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
 
 from ..layers import Pattention
+from ..layers.pattention import normalize_scores
 
 __all__ = ['TokenFormerViT', 'TOKEN_KINDS']
 
@@ -109,12 +110,15 @@ class Attention(nn.Module):
     softmax token-token attention per head through ``F.scaled_dot_product_attention`` (scale
     1/√head_dim, Eq. 9), output projection Pattention_o (``num_tokens_proj`` tokens).
     ``qk_norm``: a LayerNorm over each head's channels of q and k before the dot product.
+    ``fused_qkv``: compute the three score matrices with one GEMM (:meth:`qkv_fused`; same
+    parameters and checkpoints, same outputs as the three Pattentions, which stay the reference).
     ``[B, N, dim] -> [B, N, dim]``.
     """
 
     def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm='l2_norm_gelu',
-                 value_std=0.02, qk_norm=False, attn_drop=0., proj_drop=0.):
+                 value_std=0.02, qk_norm=False, attn_drop=0., proj_drop=0., fused_qkv=False):
         super().__init__()
+        self.fused_qkv = fused_qkv
         if dim % num_heads:
             raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
         self.num_heads, self.head_dim = num_heads, dim // num_heads
@@ -127,11 +131,29 @@ class Attention(nn.Module):
         self.proj = pattn(num_tokens_proj)
         self.proj_drop = nn.Dropout(proj_drop)
 
+    def qkv_fused(self, x) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Q, K, V with one score GEMM: ``x [B, N, d]`` against the concatenated key tokens ``[3n, d]``,
+        each third normalised over its own n tokens with its own τ (Eq. 5), then one batched matmul with
+        the stacked value tokens ``[3, n, d]``. Equals ``(self.q(x), self.k(x), self.v(x))``
+        (``tests/test_pattention.py``); needs equal token counts (growth grows the three together)."""
+        q, k, v = self.q, self.k, self.v
+        n = q.key_param_tokens.shape[0]
+        scores = F.linear(x, torch.cat([q.key_param_tokens, k.key_param_tokens, v.key_param_tokens]))
+        tau = torch.stack([q.tau, k.tau, v.tau]).view(3, 1)
+        s = normalize_scores(scores.unflatten(-1, (3, n)), q.score_norm, tau, q.eps)  # [B, N, 3, n]
+        values = torch.stack([q.value_param_tokens, k.value_param_tokens, v.value_param_tokens])  # [3, n, d]
+        out = s.transpose(-3, -2) @ values  # [B, 3, N, d]
+        return out[:, 0], out[:, 1], out[:, 2]
+
     def forward(self, x):
         B, N, C = x.shape
-        q = self.q_norm(self.q(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        v = self.v(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        if self.fused_qkv:
+            q, k, v = self.qkv_fused(x)
+        else:
+            q, k, v = self.q(x), self.k(x), self.v(x)
+        q = self.q_norm(q.view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        v = v.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
         x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
@@ -148,14 +170,14 @@ class Block(nn.Module):
 
     def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, num_tokens_ffn,
                  score_norm='l2_norm_gelu', value_std=0.02, norm_weight=False, norm_bias=False, qk_norm=False,
-                 init_values=None, proj_drop=0., attn_drop=0., drop_path=0.):
+                 init_values=None, proj_drop=0., attn_drop=0., drop_path=0., fused_qkv=False):
         super().__init__()
         if norm_bias and not norm_weight:
             raise ValueError('block_norm_bias=True needs block_norm_weight=True (Table 5 has no bias-only row)')
         norm = partial(nn.LayerNorm, dim, eps=1e-5, elementwise_affine=norm_weight, bias=norm_bias)
         self.norm1 = norm()
         self.attn = Attention(dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm, value_std,
-                              qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop)
+                              qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop, fused_qkv=fused_qkv)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm()
@@ -197,6 +219,8 @@ class TokenFormerViT(nn.Module):
             grid, as MAE: a frozen parameter, zeros for prefix tokens) or ``'none'``.
         qk_norm: LayerNorm of q and k per head (timm's ``qk_norm``).
         init_values: LayerScale init of both block branches (timm's ``init_values``); None: off.
+        fused_qkv: one GEMM for the Q/K/V scores (:meth:`Attention.qkv_fused`); same parameters and
+            checkpoints. Off by default: on CUDA the three separate Pattentions take the lean backward.
         dynamic_img_size: accept any input size divisible by p, resampling the position embedding.
         drop_rate / pos_drop_rate / proj_drop_rate / attn_drop_rate / drop_path_rate: dropouts and
             stochastic depth (linearly increasing over depth).
@@ -215,7 +239,7 @@ class TokenFormerViT(nn.Module):
                  num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
                  block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
                  reg_tokens=0, no_embed_class=False, pos_embed='learn', qk_norm=False, init_values=None,
-                 dynamic_img_size=False, drop_rate=0., pos_drop_rate=0., proj_drop_rate=0.,
+                 fused_qkv=False, dynamic_img_size=False, drop_rate=0., pos_drop_rate=0., proj_drop_rate=0.,
                  attn_drop_rate=0., drop_path_rate=0.):
         super().__init__()
         if global_pool not in ('', 'avg', 'token'):
@@ -251,7 +275,7 @@ class TokenFormerViT(nn.Module):
             dim=embed_dim, num_heads=num_heads, num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
             num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm, value_std=value_std, norm_weight=block_norm_weight,
             norm_bias=block_norm_bias, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop_rate,
-            attn_drop=attn_drop_rate))
+            attn_drop=attn_drop_rate, fused_qkv=fused_qkv))
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size)
                              for i in range(depth)]
         use_fc_norm = global_pool == 'avg' if fc_norm is None else fc_norm
