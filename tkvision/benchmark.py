@@ -358,7 +358,7 @@ def main(argv=None):
         results['models'] = rows
         for r in rows:
             if 'ratio' in r:
-                print(f"HEADLINE {r['mode']:5s} {r['model']} / {COUNTERPARTS[r['model']]}: "
+                print(f"HEADLINE {r['mode']:5s} {r['model']} / {COUNTERPARTS[parse_model_spec(r['model'])[0]]}: "
                       f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory, "
                       f"{r['saved_ratio']:.2f}x activations saved for backward")
         md += ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', 'step_ms',
