@@ -32,7 +32,8 @@ def formula(d, depth, n, n_ffn, classes=1000, patch=16, chans=3):
 
 
 def test_registered():
-    assert set(timm.list_models('tokenformer*')) == set(VARIANTS)
+    assert set(timm.list_models('tokenformer_vit*')) == set(VARIANTS)
+    assert set(timm.list_models('tokenformer_ring*')) == {f'tokenformer_ring_vit_{s}_patch16_224' for s in ('small', 'base', 'base_wide')}
 
 
 @pytest.mark.parametrize('name', VARIANTS)
