@@ -199,8 +199,8 @@ class MaskedAutoencoder(nn.Module):
         decoder_embed_dim / decoder_depth / decoder_num_heads: decoder width, blocks, heads (MAE:
             512 / 8 / 16; :data:`DECODER_PRESETS`).
         decoder_num_tokens: parameter tokens of the decoder's Pattentions (default: its width).
-        decoder_kind: ``'tokenformer'`` or ``'vit'`` (default: TokenFormer for a TokenFormer
-            encoder, MAE's ViT decoder otherwise).
+        decoder_kind: ``'tokenformer'`` or ``'vit'`` (default: TokenFormer for an encoder with
+            Pattentions, MAE's ViT decoder otherwise).
         mask_ratio: default fraction of patches masked (MAE: 0.75).
         norm_pix_loss: regress per-patch normalised pixels (MAE's default for its best results).
         sincos_pos_embed: replace the encoder's position embedding by fixed 2-D sin-cos (MAE's
@@ -237,10 +237,10 @@ class MaskedAutoencoder(nn.Module):
                 grid = build_sincos2d_pos_embed(list(self.grid_size), encoder.pos_embed.shape[-1])
                 encoder.pos_embed.zero_()[0, encoder.pos_embed.shape[1] - grid.shape[0]:] = grid
             encoder.pos_embed.requires_grad_(False)
-        if decoder_kind is None:
-            decoder_kind = 'tokenformer' if isinstance(encoder, TokenFormerViT) else 'vit'
-        score_norm = getattr(encoder.blocks[0].ffn, 'score_norm', 'l2_norm_gelu') if decoder_kind == 'tokenformer' \
-            and isinstance(encoder, TokenFormerViT) else 'l2_norm_gelu'
+        pattention = next((m for m in encoder.modules() if isinstance(m, Pattention)), None)
+        if decoder_kind is None:  # a TokenFormer decoder for an encoder made of Pattentions
+            decoder_kind = 'vit' if pattention is None else 'tokenformer'
+        score_norm = 'l2_norm_gelu' if pattention is None else pattention.score_norm
         self.decoder = MAEDecoder(encoder.embed_dim, self.grid_size, encoder.num_prefix_tokens,
                                   self.patch_size ** 2 * self.in_chans, decoder_embed_dim, decoder_depth,
                                   decoder_num_heads, decoder_num_tokens, decoder_kind, score_norm=score_norm)
@@ -278,7 +278,9 @@ class MaskedAutoencoder(nn.Module):
             x = torch.cat([prefix, x], dim=1)
         x = enc.pos_drop(x)
         x = getattr(enc, 'norm_pre', nn.Identity())(x)
-        if getattr(enc, 'grad_checkpointing', False) and not torch.jit.is_scripting():
+        if isinstance(enc, TokenFormerViT):  # the family's trunk, recurrent ones included
+            x = enc._forward_blocks(x)
+        elif getattr(enc, 'grad_checkpointing', False) and not torch.jit.is_scripting():
             x = checkpoint_seq(enc.blocks, x)
         else:
             x = enc.blocks(x)
