@@ -99,7 +99,7 @@ def _unshuffled_encoder(model, x):
     return torch.cat([latent[:, :P], patches], dim=1)
 
 
-@pytest.mark.parametrize('encoder', ['tokenformer_vit_ti16', 'vit_tiny_patch16_224'])
+@pytest.mark.parametrize('encoder', ['tokenformer_vit_ti16', 'vit_tiny_patch16_224', 'tokenformer_ring_vit_small_patch16_224'])
 def test_finetune_model_takes_the_encoder_exactly(encoder):
     mae = _mae(encoder)
     for p in mae.parameters():  # make every tensor non-trivial
