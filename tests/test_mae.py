@@ -15,7 +15,7 @@ from tkvision import growth
 from tkvision import train as train_mod
 from tkvision.config import ConfigError, load_config
 from tkvision.evaluate import mask_noise
-from tkvision.models.mae import (MaskedAutoencoder, create_mae, linear_probe, load_encoder, patchify, random_masking,
+from tkvision.models.mae import (create_mae, linear_probe, load_encoder, patchify, random_masking,
                                  unpatchify)
 
 from .helpers import ROOT, TINY_FMNIST, fmnist_cfg

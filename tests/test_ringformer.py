@@ -14,7 +14,6 @@ import torch.nn.functional as F
 import tkvision  # noqa: F401
 from tkvision import growth
 from tkvision.attention_distance import mean_attention_distance
-from tkvision.checkpoint import save_weights
 from tkvision.layers import Pattention
 from tkvision.models.ringformer import Level, LevelSignal, attend_with_level_tokens
 
