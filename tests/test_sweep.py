@@ -5,7 +5,7 @@ import os
 
 import yaml
 
-from tkvision.growth_experiment import run_experiment
+from tkvision.growth_experiment import plan_runs, report, run_all
 from tkvision.sweep import main as sweep_main
 
 from .helpers import TINY_FMNIST
@@ -40,17 +40,24 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
     assert '--seed 5' in capsys.readouterr().out
 
 
-def test_growth_experiment_reports_compute(tmp_path):
-    cfg = _write(tmp_path / 'small.yaml', dict(model='tokenformer_vit_ti16', model_kwargs=dict(TINY_FMNIST, num_tokens=8),
-                                               rrc_scale=None, batch_size=64, lr=2e-3, train_subset=512,
-                                               val_subset=256, threads=1, progress=False))
-    runs = run_experiment(cfg, str(tmp_path / 'exp'), epochs=2, grow_epochs=1,
-                          large_tokens=dict(qkv=16, proj=16, ffn=64), online_steps=1)
-    assert set(runs) == {'small', 'grown', 'large', 'online'}
-    # the grown run starts from the small run's compute and adds one epoch at the large size
-    per_epoch_large = runs['large']['compute'] / 2
-    assert abs(runs['grown']['compute'] - (runs['small']['compute'] + per_epoch_large)) < 1e-3 * per_epoch_large
-    assert runs['small']['compute'] < runs['online']['compute'] < runs['large']['compute']
-    assert runs['grown']['points'][0] == runs['small']['points'][-1]
-    for name in ('report.md', 'results.json', 'accuracy_vs_compute.png'):
-        assert os.path.isfile(tmp_path / 'exp' / name)
+def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
+    """A 2-stage chain and both sizes from scratch: compute per epoch is the FLOPs/image of that epoch's
+    size times the images; the report answers the question and draws the plot; finished runs are skipped."""
+    fam = _write(tmp_path / 'tf.yaml', dict(model='tokenformer_vit_ti16', model_kwargs=dict(TINY_FMNIST, num_tokens=8),
+                                            rrc_scale=None, batch_size=64, lr=2e-3, warmup_epochs=0.5, epochs=2,
+                                            train_subset=256, val_subset=128, threads=1,
+                                            growth=dict(schedule=[dict(at_epoch=1, to=dict(qkv=16, proj=16, ffn=64))])))
+    out = str(tmp_path / 'exp')
+    runs = plan_runs('chain', [0], families={'tokenformer': fam})
+    assert run_all(runs, out) == 3 and run_all(runs, out) == 0  # the second call skips all three
+    chain = json.load(open(os.path.join(out, 'tokenformer_chain', 'seed0', 'result.json')))
+    big = json.load(open(os.path.join(out, 'tokenformer_scratch_16-64', 'seed0', 'result.json')))
+    f_small, f_big = chain['flops_per_image']
+    assert f_small < f_big == big['flops_per_image'][0]
+    assert abs(chain['compute'] - 256 * (f_small + f_big)) < 1e-6 * chain['compute']
+    assert abs(big['compute'] - 256 * 2 * f_big) < 1e-6 * big['compute']
+    assert [p[1] for p in chain['points']] == [float(r['top1']) for r in csv.DictReader(
+        open(os.path.join(out, 'tokenformer_chain', 'seed0', 'metrics.csv')))]
+    text = report(out)
+    assert 'tokenformer: from scratch the largest size (16-64)' in text and f"{100 * chain['compute'] / big['compute']:.0f}%" in text
+    assert open(os.path.join(out, 'accuracy_vs_compute.png'), 'rb').read(4) == b'\x89PNG'

@@ -15,7 +15,7 @@ import re
 
 import yaml
 
-__all__ = ['DEFAULTS', 'RULES', 'RESUME_MUTABLE', 'SCHEDULERS', 'INTERPOLATIONS', 'ConfigError', 'load_config',
+__all__ = ['DEFAULTS', 'RULES', 'SCHEDULE_STEP', 'RESUME_MUTABLE', 'SCHEDULERS', 'INTERPOLATIONS', 'ConfigError', 'load_config',
            'validate_config', 'config_changes', 'parse_overrides', 'merge', 'resolve_lr', 'resolve_accum_steps']
 
 
@@ -105,6 +105,15 @@ DEFAULTS = {
         'until_epoch': None,     # no growth at or after this epoch
         'key_init': 'zeros',
         'value_init': 'normal',
+        # a progressive recipe: grow to `to` before epoch `at_epoch` (a registered variant, or
+        # {kind: tokens}; {mlp_hidden: N} widens a timm ViT by Net2Net), each stage with its own
+        # schedule: re-warm for `warmup_epochs` to lr x `lr_scale`, decay to min_lr at the stage's
+        # end (tkvision.optim). [{at_epoch: 100, to: tokenformer_vit_b16, warmup_epochs: 5}, ...]
+        'schedule': [],
+        'stage_lr': 'restart',       # 'restart': every stage its own warmup + decay to min_lr (tkvision.optim);
+                                     # 'continue': one schedule over the run, re-warmed briefly after each step
+        'optimizer_state': 'keep',   # at a schedule step: 'keep' the old rows' moments or 'reset' the optimizer
+        'freeze_old_tokens': False,  # after a schedule step: train only the new tokens (+ head), paper §5
     },
     # run
     'seed': 0,
@@ -207,6 +216,9 @@ RULES = {
     'growth.every_epochs': _rule('int', 1, null=True), 'growth.add_tokens': _rule('map'),
     'growth.until_epoch': _rule('int', 1, null=True), 'growth.key_init': _rule(None, choices=('zeros', 'normal')),
     'growth.value_init': _rule(None, choices=('zeros', 'normal')),
+    'growth.schedule': (lambda v: isinstance(v, list), 'a list of steps {at_epoch, to[, warmup_epochs, lr_scale]}'),
+    'growth.optimizer_state': _rule(None, choices=('keep', 'reset')),
+    'growth.stage_lr': _rule(None, choices=('restart', 'continue')), 'growth.freeze_old_tokens': _rule('bool'),
     'seed': _rule('int', 0), 'device': _rule('str', null=True), 'threads': _rule('int', 1, null=True),
     'output': _rule('str'), 'eval_every': _rule('int', 1), 'save_every': _rule('int', 1),
     'checkpoint_every_steps': _rule('int', 1, null=True),
@@ -237,6 +249,7 @@ def validate_config(cfg: dict) -> dict:
             raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are {", ".join(ALL_KINDS)}')
         if not (_is_num(n) and float(n).is_integer() and n >= 0):
             raise ConfigError(f'growth.add_tokens.{kind} must be an integer >= 0, got {n!r}')
+    _validate_growth_schedule(cfg)
     if cfg['mean'] is not None and cfg['std'] is not None and len(cfg['mean']) != len(cfg['std']):
         raise ConfigError(f"mean and std must have one value per channel, got {len(cfg['mean'])} and {len(cfg['std'])}")
     if cfg['warmup_epochs'] >= cfg['epochs']:
@@ -252,6 +265,68 @@ def validate_config(cfg: dict) -> dict:
         raise ConfigError('freeze_old_tokens needs init_from (the tokens to freeze are the ones loaded from it)')
     resolve_accum_steps(cfg, 1)
     return cfg
+
+
+#: Keys of one ``growth.schedule`` step and their defaults (None: required).
+SCHEDULE_STEP = {'at_epoch': None, 'to': None, 'warmup_epochs': 0.0, 'lr_scale': 1.0}
+
+
+def _validate_growth_schedule(cfg: dict):
+    """Check ``growth.schedule`` and fill each step's defaults (:data:`SCHEDULE_STEP`).
+
+    Raises:
+        ConfigError: a step that is not a mapping, an unknown or missing key (named), ``at_epoch``
+            not increasing within ``1 .. epochs - 1``, a ``warmup_epochs`` not shorter than its stage,
+            a bad ``to``, or a schedule together with ``growth.every_epochs``.
+    """
+    from .growth import ALL_KINDS
+    g = cfg['growth']
+    steps, prev = g['schedule'], 0
+    if steps and g['every_epochs']:
+        raise ConfigError('growth.schedule and growth.every_epochs both grow the model: use one of them')
+    first = steps[0].get('at_epoch') if steps and isinstance(steps[0], dict) else None
+    if _is_num(first) and cfg['warmup_epochs'] >= first:
+        raise ConfigError(f"warmup_epochs {cfg['warmup_epochs']} must be shorter than the first stage of "
+                          f'growth.schedule ({first} epochs)')
+    for i, step in enumerate(steps):
+        where = f'growth.schedule[{i}]'
+        if not isinstance(step, dict):
+            raise ConfigError(f'{where} must be a mapping {{at_epoch, to[, warmup_epochs, lr_scale]}}, got {step!r}')
+        unknown = sorted(set(step) - set(SCHEDULE_STEP))
+        if unknown:
+            raise ConfigError(f'{where}: unknown key {unknown[0]!r}; keys are {", ".join(SCHEDULE_STEP)}')
+        missing = [k for k, v in SCHEDULE_STEP.items() if v is None and k not in step]
+        if missing:
+            raise ConfigError(f'{where}: missing {missing[0]!r}')
+        for k, v in SCHEDULE_STEP.items():
+            step.setdefault(k, v)
+        at = step['at_epoch']
+        if not (_is_num(at) and float(at).is_integer() and prev < at < cfg['epochs']):
+            raise ConfigError(f'{where}.at_epoch must be an integer in {prev + 1} .. {cfg["epochs"] - 1} (increasing, '
+                              f'before the last epoch), got {at!r}')
+        step['at_epoch'] = prev = int(at)
+    for i, step in enumerate(steps):
+        where, at = f'growth.schedule[{i}]', step['at_epoch']
+        end = steps[i + 1]['at_epoch'] if i + 1 < len(steps) else cfg['epochs']
+        if not (_is_num(step['warmup_epochs']) and 0 <= step['warmup_epochs'] < end - at):
+            raise ConfigError(f"{where}.warmup_epochs must be >= 0 and shorter than its stage, got {step['warmup_epochs']!r}")
+        if not (_is_num(step['lr_scale']) and step['lr_scale'] > 0):
+            raise ConfigError(f"{where}.lr_scale must be a number > 0, got {step['lr_scale']!r}")
+        to = step['to']
+        if isinstance(to, dict):
+            for kind, n in to.items():
+                if kind not in ALL_KINDS + ('mlp_hidden',):
+                    raise ConfigError(f'{where}.to: unknown kind {kind!r}; kinds are {", ".join(ALL_KINDS)} '
+                                      '(or mlp_hidden for a timm ViT)')
+                if not (_is_num(n) and float(n).is_integer() and n >= 1):
+                    raise ConfigError(f'{where}.to.{kind} must be an integer >= 1, got {n!r}')
+        elif not (isinstance(to, str) and to):
+            raise ConfigError(f'{where}.to must be a registered variant name or a mapping {{kind: tokens}}, got {to!r}')
+        else:
+            import timm
+            if not timm.is_model(to):
+                raise ConfigError(f'{where}.to: {to!r} is not a registered model (timm.list_models("tokenformer_*") '
+                                  'lists them)')
 
 
 _SCI = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+')

@@ -17,6 +17,12 @@ new rows start at zero (the student report, ``shared/papers/001``, resets the wh
 instead; keeping the moments avoids the loss spike it reports at every growth step). The step
 count is kept, so Adam's bias correction treats the new rows' zero moments as warmed up: their
 first updates are small, which suits function-preserving growth.
+
+Net2Net (Chen et al. 2016, https://arxiv.org/abs/1511.05641; the baseline of the paper's §4.3 and
+Eq. 14): :func:`net2net_widen` widens the MLP hidden layer of a plain timm ViT without changing its
+function: new hidden units copy existing ones (fc1 rows duplicated) and each copied unit's outgoing
+fc2 column is split among its copies. It lets the same growth schedule (``growth.schedule`` with
+``to: {mlp_hidden: N}``) run for a ViT, the baseline of ``docs/growth.md``.
 """
 import argparse
 import copy as copy_module
@@ -31,7 +37,7 @@ from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
 __all__ = ['TOKEN_KINDS', 'DECODER_KINDS', 'ALL_KINDS', 'layer_kind', 'pattention_layers', 'token_counts', 'target_counts', 'grow',
-           'grow_optimizer_state', 'grow_training_state',
+           'grow_optimizer_state', 'grow_training_state', 'model_size', 'target_size', 'grow_to', 'net2net_widen',
            'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
 
 
@@ -167,21 +173,27 @@ def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict):
 
 
 def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema_model=None,
-                        key_init: str = 'zeros', value_init: str = 'normal', **add) -> dict:
+                        key_init: str = 'zeros', value_init: str = 'normal', to=None, **add) -> dict:
     """Grow a model in the middle of training, with the state that trains it (paper §3.3).
 
-    ``model`` grows in place by ``add`` (``{kind: tokens}``, see :func:`grow`); the optimizer is
-    remapped to the new parameters (:func:`grow_optimizer_state`: old rows keep their moments, new
-    rows start at zero); the EMA copy, if any, grows to the same counts and takes the new rows from
-    the live model (an average of rows that did not exist would be meaningless). Call it with the
-    same torch seed on every rank so all ranks append identical tokens.
+    ``model`` grows in place by ``add`` (``{kind: tokens}``) or to ``to`` (see :func:`grow`); the
+    optimizer is remapped to the new parameters (:func:`grow_optimizer_state`: old rows keep their
+    moments, new rows start at zero); the EMA copy, if any, grows to the same counts and takes the
+    new rows from the live model (an average of rows that did not exist would be meaningless). Call
+    it with the same torch seed on every rank so all ranks append identical tokens.
+
+    A model without Pattentions (a timm ViT) is widened by Net2Net instead, ``to={'mlp_hidden': N}``
+    (:func:`net2net_widen`); its optimizer moments follow the copied units and the EMA copy is
+    widened with the same units.
 
     Returns:
-        ``{kind: num_tokens}`` after growth.
+        :func:`model_size` after growth (``{kind: num_tokens}`` or ``{'mlp_hidden': N}``).
     """
     layers = pattention_layers(model)
+    if not layers:
+        return _widen_training_state(model, optimizer, ema_model, to)
     before = {n: (m.keys, m.value_param_tokens) for n, (_, m) in layers.items()}
-    grow(model, key_init=key_init, value_init=value_init, **add)
+    grow(model, key_init=key_init, value_init=value_init, to=to, **add)
     old_to_new = {}
     for n, (_, m) in pattention_layers(model).items():
         old_to_new[before[n][0]] = m.keys
@@ -197,6 +209,125 @@ def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                 m.keys[n_old:] = live[n][1].keys[n_old:]
                 m.value_param_tokens[n_old:] = live[n][1].value_param_tokens[n_old:]
     return counts
+
+
+def _mlps(model: torch.nn.Module) -> dict:
+    """``{name: timm Mlp}`` of ``model`` (DDP / compile unwrapped)."""
+    from timm.layers import Mlp
+    model = getattr(model, 'module', getattr(model, '_orig_mod', model))
+    return {n: m for n, m in model.named_modules() if isinstance(m, Mlp)}
+
+
+def model_size(model: torch.nn.Module) -> dict:
+    """What growth changes: :func:`token_counts` of a TokenFormer, ``{'mlp_hidden': N}`` of a
+    model without Pattentions whose MLPs are timm ``Mlp`` (a ViT), ``{}`` for anything else.
+
+    Raises:
+        ValueError: MLPs of different hidden sizes (or token counts that differ within a kind).
+    """
+    if pattention_layers(model):
+        return token_counts(model)
+    sizes = {m.fc1.out_features for m in _mlps(model).values()}
+    if len(sizes) > 1:
+        raise ValueError(f'the MLPs have different hidden sizes {sorted(sizes)}')
+    return {'mlp_hidden': sizes.pop()} if sizes else {}
+
+
+def target_size(to) -> dict:
+    """The :func:`model_size` a growth target names: a registered variant's token counts, or the
+    mapping itself (``{kind: tokens}`` or ``{'mlp_hidden': N}``)."""
+    return target_counts(to) if isinstance(to, str) else dict(to)
+
+
+def grow_to(model: torch.nn.Module, size: dict) -> torch.nn.Module:
+    """Grow ``model`` in place to ``size`` (a :func:`model_size`), e.g. before loading a checkpoint
+    of a run that grew during training (the loaded weights then replace the new rows / units)."""
+    if 'mlp_hidden' in size:
+        net2net_widen(model, size['mlp_hidden'])
+        return model
+    return grow(model, to=size)
+
+
+def net2net_widen(model: torch.nn.Module, mlp_hidden: int, split: str = 'random', plan=None) -> dict:
+    """Widen every timm ``Mlp`` (fc1 -> act -> fc2) of ``model`` to ``mlp_hidden`` units, in place,
+    keeping the function (Net2WiderNet, Chen et al. 2016; paper Eq. 14, §4.3).
+
+    For hidden size h -> H, unit j < h stays and unit j >= h copies a unit g(j) drawn uniformly from
+    [0, h) (torch's global RNG): fc1's row and bias of g(j) are duplicated, and fc2's column of each
+    copied unit k is shared among its copies with weights summing to 1, so
+    ``fc2(act(fc1(x)))`` is unchanged (x: ``[..., in_features]``).
+
+    Args:
+        model: a module holding timm ``Mlp`` blocks (a timm ViT, ``vit_*``), or DDP / compiled one.
+        mlp_hidden: the new hidden size H (>= the current h).
+        split: ``'even'``: each copy gets 1/c of the column (Net2Net's form; the copies then stay
+            identical under training unless noise is added); ``'random'`` (default): random shares
+            (uniform in [0.5, 1.5], normalised to sum 1 per unit), still exact, and the copies get
+            different gradients, which breaks their symmetry.
+        plan: the return value of an earlier call, to widen another copy of the model (an EMA
+            copy) with the same units and shares.
+
+    Returns:
+        ``{mlp name: (source unit index [H], share [H])}``: the plan.
+
+    Raises:
+        ValueError: no timm ``Mlp`` in the model, an ``Mlp`` with a hidden norm (not
+            function-preserving here), or ``mlp_hidden`` smaller than a current hidden size.
+    """
+    mlps = _mlps(model)
+    if not mlps:
+        raise ValueError('net2net_widen needs timm Mlp blocks (fc1 -> act -> fc2), e.g. a timm vit_*; found none')
+    if split not in ('even', 'random'):
+        raise ValueError(f"split must be 'even' or 'random', got {split!r}")
+    plan = dict(plan or {})
+    for name, mlp in mlps.items():
+        h = mlp.fc1.out_features
+        if mlp_hidden < h:
+            raise ValueError(f'{name}: mlp_hidden {mlp_hidden} is smaller than the current hidden size {h}')
+        if not isinstance(mlp.norm, torch.nn.Identity):
+            raise ValueError(f'{name}: an Mlp with a hidden norm cannot be widened function-preservingly here')
+        if name not in plan:
+            if mlp_hidden == h:
+                continue
+            device = mlp.fc1.weight.device
+            idx = torch.cat([torch.arange(h), torch.randint(h, (mlp_hidden - h,))]).to(device)
+            r = (torch.rand(mlp_hidden) + 0.5 if split == 'random' else torch.ones(mlp_hidden)).to(device)
+            total = torch.zeros(h, device=device).index_add_(0, idx, r)
+            plan[name] = (idx, r / total[idx])
+        idx, share = plan[name]
+        with torch.no_grad():
+            fc1 = torch.nn.Linear(mlp.fc1.in_features, len(idx), bias=mlp.fc1.bias is not None).to(mlp.fc1.weight)
+            fc1.weight.copy_(mlp.fc1.weight[idx])
+            if fc1.bias is not None:
+                fc1.bias.copy_(mlp.fc1.bias[idx])
+            fc2 = torch.nn.Linear(len(idx), mlp.fc2.out_features, bias=mlp.fc2.bias is not None).to(mlp.fc2.weight)
+            fc2.weight.copy_(mlp.fc2.weight[:, idx] * share)
+        fc2.bias = mlp.fc2.bias  # unchanged: the same parameter (its optimizer state stays valid)
+        mlp.fc1, mlp.fc2 = fc1, fc2
+    return plan
+
+
+def _widen_training_state(model, optimizer, ema_model, to) -> dict:
+    """:func:`grow_training_state` for a ViT: Net2Net widening, moments gathered by copied unit."""
+    if not to or set(to) != {'mlp_hidden'}:
+        raise ValueError(f"a model without Pattentions grows by Net2Net only: to={{'mlp_hidden': N}}, got {to!r}")
+    before = {n: (m.fc1.weight, m.fc1.bias, m.fc2.weight) for n, m in _mlps(model).items()}
+    plan = net2net_widen(model, to['mlp_hidden'])
+    after = _mlps(model)
+    for name, (idx, _) in plan.items():  # (old parameter, new parameter, dim of the hidden units)
+        new = after[name]
+        for old, param, dim in zip(before[name], (new.fc1.weight, new.fc1.bias, new.fc2.weight), (0, 0, 1)):
+            if old is None:
+                continue
+            for group in optimizer.param_groups:
+                group['params'] = [param if p is old else p for p in group['params']]
+            if old in optimizer.state:
+                st = optimizer.state.pop(old)
+                optimizer.state[param] = {k: v.index_select(dim, idx) if torch.is_tensor(v) and v.shape == old.shape
+                                          else v for k, v in st.items()}
+    if ema_model is not None:
+        net2net_widen(ema_model, to['mlp_hidden'], plan=plan)
+    return model_size(model)
 
 
 def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:

@@ -1,173 +1,313 @@
-"""Does growth pay? Grown vs from-scratch TokenFormers at equal compute (paper Fig. 3 / Table 7, small scale).
+"""Does growth pay? The paper's Fig. 3 chain at Fashion-MNIST scale, with a Net2Net-grown ViT beside it.
 
-``python tools/growth_experiment.py --config configs/fashion_mnist/growth_experiment.yaml --out runs/growth``
+    python tools/growth_experiment.py --out runs/growth_chain --seeds 0 1 2                  # chains + scratch
+    python tools/growth_experiment.py --out runs/growth_chain --plan ablations --seeds 0 1   # what makes a step work
+    python tools/growth_experiment.py --out runs/growth_chain --report                       # tables and plot only
 
-Runs, all with the trainer of :mod:`tkvision.train` on the same data and seed:
+A *chain* is one trainer run of a progressive recipe (``growth.schedule``, :mod:`tkvision.train`): the
+TokenFormer chain ``configs/fashion_mnist/growth_chain.yaml`` appends parameter tokens at every step
+(paper §3.3); the ViT chain ``configs/fashion_mnist/growth_chain_vit.yaml`` widens a timm ViT's MLP by
+Net2Net (:func:`tkvision.growth.net2net_widen`, paper §4.3). Against each chain, every size it passes
+through is trained *from scratch* for the chain's whole length (``--scratch-epochs`` to change it),
+as in Fig. 3. The ``ablations`` plan reruns the TokenFormer chain with one growth setting changed
+(:data:`ABLATIONS`).
 
-(a) ``small``: the small model from scratch for ``epochs`` epochs;
-(b) ``grown``: (a)'s final weights grown to the large token counts (zero keys: the same function,
-    :func:`tkvision.growth.grow_checkpoint`) and trained ``grow_epochs`` more epochs;
-(c) ``large``: the large model from scratch for ``epochs`` epochs;
-(d) ``online``: the small model grown during training (``growth`` config section) to the large size in
-    ``online_steps`` equal steps at the ends of the first epochs, for ``epochs`` epochs in all.
-
-Compute is counted as training FLOPs: per-image FLOPs of one training step of the model at its size
-at that epoch (``torch.utils.flop_counter``: forward + backward matmul-class FLOPs) times the images
-seen. The report (``report.md``, ``results.json``) gives test top-1 and cumulative compute per run;
-``accuracy_vs_compute.png`` plots top-1 against cumulative compute per epoch, in the style of Fig. 3.
+Compute is counted as before: training FLOPs per image of the model at the size of that epoch
+(``torch.utils.flop_counter``: forward + backward) times the training images, cumulated per epoch.
+Every run is a trainer run in ``<out>/<run>/seed<k>`` (``result.json`` when finished), so an
+interrupted experiment continues where it stopped and ``--part i/n`` splits the runs over processes
+(one per core). The report (``report.md``, ``results.json``, ``accuracy_vs_compute.png``) opens with
+the fraction of the largest model's from-scratch compute at which the chain reaches that model's
+accuracy.
 """
 import argparse
 import copy
 import json
+import math
 import os
+import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
 
 from .benchmark import flop_counter
-from .config import load_config, resolve_lr
-from .growth import grow_checkpoint
+from .config import load_config, validate_config
+from .growth import model_size, target_size
 from .runtime import build_model
-from .train import train
 
-__all__ = ['train_flops_per_image', 'run_experiment', 'main']
+__all__ = ['FAMILIES', 'ABLATIONS', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
+           'run_all', 'report', 'main']
+
+#: The chain recipe of each family.
+FAMILIES = {'tokenformer': 'configs/fashion_mnist/growth_chain.yaml',
+            'vit': 'configs/fashion_mnist/growth_chain_vit.yaml'}
+
+#: What makes a growth step work (issue 18, item 2): name -> (what changes, growth overrides, step overrides).
+ABLATIONS = {
+    'keys_normal': ('new keys N(0, 0.02²) instead of zeros', {'key_init': 'normal'}, {}),
+    'moments_reset': ('optimizer reset at every step (student report)', {'optimizer_state': 'reset'}, {}),
+    'freeze_old': ('only the new tokens (+ head) trained after a step', {'freeze_old_tokens': True}, {}),
+    'no_rewarm': ('no re-warmup after a step', {}, {'warmup_epochs': 0}),
+    'long_rewarm': ('re-warmup of 1 epoch', {}, {'warmup_epochs': 1.0}),
+    'peak_full': ('re-warm to the full peak lr (x1.0)', {}, {'lr_scale': 1.0}),
+    'peak_quarter': ('re-warm to a quarter of the peak lr (x0.25)', {}, {'lr_scale': 0.25}),
+    'continue': ('one cosine over the chain, re-warm 0.25 epoch, no restart', {'stage_lr': 'continue'},
+                 {'lr_scale': 1.0}),
+    'continue_no_rewarm': ('one cosine over the chain, no re-warm', {'stage_lr': 'continue'},
+                           {'lr_scale': 1.0, 'warmup_epochs': 0}),
+}
 
 
 def train_flops_per_image(cfg: dict) -> float:
-    """Forward + backward FLOPs of one training image for ``cfg``'s model (as counted by FlopCounterMode)."""
+    """Forward + backward FLOPs of one training image for ``cfg``'s model (``FlopCounterMode``)."""
     model = build_model(cfg)
     size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
-    x = torch.randn(2, model.in_chans, size, size)
+    x = torch.randn(2, cfg['model_kwargs'].get('in_chans', 3), size, size)
     with flop_counter() as fc:
         F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long)).backward()
     return fc.get_total_flops() / 2
 
 
-def _points(history, flops_by_tokens, offset=0.0, n_train=60000):
-    """(cumulative training FLOPs, top-1) after each epoch, the FLOPs/image looked up by model size."""
-    pts, total = [], offset
-    for row in history:
-        total += flops_by_tokens[int(row['tokens'])] * n_train
-        if row.get('top1') not in (None, ''):
-            pts.append((total, float(row['top1'])))
-    return pts, total
+def stage_sizes(cfg: dict) -> list:
+    """:func:`~tkvision.growth.model_size` of every stage of ``cfg``'s growth schedule, first to last."""
+    with torch.device('meta'):
+        sizes = [model_size(build_model(cfg))]
+    for step in cfg['growth']['schedule']:
+        sizes.append({**sizes[-1], **target_size(step['to'])})
+    return sizes
 
 
-def run_experiment(cfg_path: str, out: str, epochs: int, grow_epochs: int, large_tokens: dict, online_steps: int,
-                   overrides=(), grow_lr_scale: float = 0.25, log=print) -> dict:
-    """Run (a)-(d) of the module docstring; returns ``{run: dict(top1, compute, points)}`` and writes the report.
+def size_kwargs(model_kwargs: dict, size: dict) -> dict:
+    """``model_kwargs`` for a model built at ``size`` (``num_tokens_<kind>``, or ``mlp_ratio`` from
+    ``mlp_hidden`` for a ViT)."""
+    if 'mlp_hidden' in size:
+        return dict(model_kwargs, mlp_ratio=size['mlp_hidden'] / model_kwargs['embed_dim'])
+    return dict(model_kwargs, **{f'num_tokens_{k}': v for k, v in size.items()})
 
-    ``grow_lr_scale`` scales the peak lr of (b)'s continued training: (a) ends annealed, and restarting
-    at the full peak lr throws that away (measured: see docs/growth.md).
-    """
-    base = load_config(cfg_path, list(overrides))
-    small_cfg = dict(copy.deepcopy(base), epochs=epochs, output=os.path.join(out, 'small'))
-    large_kwargs = dict(base['model_kwargs'], **{f'num_tokens_{k}': v for k, v in large_tokens.items()})
-    large_cfg = dict(copy.deepcopy(base), epochs=epochs, model_kwargs=large_kwargs, output=os.path.join(out, 'large'))
-    n_train = base['train_subset'] or 60000
-    flops = {}
 
-    def note(cfg):
-        from .growth import token_counts
-        with torch.device('meta'):
-            n = sum(token_counts(build_model(cfg)).values())
-        flops.setdefault(n, train_flops_per_image(cfg))
+def _size_name(size: dict) -> str:
+    return '-'.join(str(size[k]) for k in ('qkv', 'ffn') if k in size) or str(size.get('mlp_hidden'))
 
-    note(small_cfg)
-    note(large_cfg)
-    runs = {}
-    res = train(small_cfg)
-    pts, total = _points(res['history'], flops, n_train=n_train)
-    runs['small'] = dict(top1=res['top1'], compute=total, points=pts, epochs=epochs)
-    log(f"(a) small from scratch: {res['top1']:.2f}% after {total / 1e12:.1f} TFLOPs")
 
-    grown_path = os.path.join(out, 'small_grown.safetensors')
-    grow_checkpoint(os.path.join(out, 'small', 'last.safetensors'), small_cfg['model'], grown_path,
-                    to=large_tokens, model_kwargs=dict(small_cfg['model_kwargs'], num_classes=res['model'].num_classes))
-    grown_cfg = dict(copy.deepcopy(large_cfg), epochs=grow_epochs, init_from=grown_path,
-                     lr=resolve_lr(base) * grow_lr_scale,
-                     warmup_epochs=min(base['warmup_epochs'], grow_epochs / 4), output=os.path.join(out, 'grown'))
-    res_g = train(grown_cfg)
-    pts_g, total_g = _points(res_g['history'], flops, offset=total, n_train=n_train)
-    runs['grown'] = dict(top1=res_g['top1'], compute=total_g, points=[runs['small']['points'][-1]] + pts_g,
-                         epochs=f'{epochs} + {grow_epochs}')
-    log(f"(b) grown + {grow_epochs} epochs: {res_g['top1']:.2f}% after {total_g / 1e12:.1f} TFLOPs")
-
-    res_l = train(large_cfg)
-    pts_l, total_l = _points(res_l['history'], flops, n_train=n_train)
-    runs['large'] = dict(top1=res_l['top1'], compute=total_l, points=pts_l, epochs=epochs)
-    log(f"(c) large from scratch: {res_l['top1']:.2f}% after {total_l / 1e12:.1f} TFLOPs")
-
-    if online_steps:
-        from .growth import token_counts
-        with torch.device('meta'):
-            small_counts = token_counts(build_model(small_cfg))
-        n_steps = online_steps
-        add = {k: (v - small_counts[k]) // n_steps for k, v in large_tokens.items()}
-        online_cfg = dict(copy.deepcopy(small_cfg), output=os.path.join(out, 'online'),
-                          growth=dict(base['growth'], every_epochs=1, until_epoch=n_steps + 1, add_tokens=add))
-        for n in range(n_steps + 1):  # every intermediate size's FLOPs
-            cfg_n = dict(copy.deepcopy(small_cfg), model_kwargs=dict(
-                small_cfg['model_kwargs'], **{f'num_tokens_{k}': small_counts[k] + n * a for k, a in add.items()}))
-            note(cfg_n)
-        res_o = train(online_cfg)
-        pts_o, total_o = _points(res_o['history'], flops, n_train=n_train)
-        runs['online'] = dict(top1=res_o['top1'], compute=total_o, points=pts_o, epochs=epochs)
-        log(f"(d) grown online in {online_steps} steps: {res_o['top1']:.2f}% after {total_o / 1e12:.1f} TFLOPs")
-    _report(runs, out, flops)
+def plan_runs(plan: str, seeds, overrides=(), scratch_epochs=None, families=FAMILIES) -> list:
+    """``[(run name, seed, config)]`` of ``plan``: ``'chain'`` (each family's chain and every stage size
+    from scratch) or ``'ablations'`` (the TokenFormer chain with each of :data:`ABLATIONS`)."""
+    runs = []
+    for family, path in families.items():
+        chain = load_config(path, list(overrides))
+        if plan == 'ablations':
+            if family != 'tokenformer':
+                continue
+            variants = {name: (g, s) for name, (_, g, s) in ABLATIONS.items()}
+        else:
+            variants = {'': ({}, {})}
+        for name, (g_over, s_over) in variants.items():
+            cfg = copy.deepcopy(chain)
+            cfg['growth'].update(g_over)
+            cfg['growth']['schedule'] = [dict(step, **s_over) for step in cfg['growth']['schedule']]
+            runs += [(f'{family}_chain' + (f'_{name}' if name else ''), seed, cfg) for seed in seeds]
+        if plan == 'ablations':
+            continue
+        for size in stage_sizes(chain):
+            cfg = copy.deepcopy(chain)
+            cfg['growth']['schedule'] = []
+            cfg['model_kwargs'] = size_kwargs(cfg['model_kwargs'], size)
+            cfg['epochs'] = scratch_epochs or chain['epochs']
+            runs += [(f'{family}_scratch_{_size_name(size)}', seed, cfg) for seed in seeds]
     return runs
 
 
-def _report(runs, out, flops):
+def _run_dir(out, name, seed):
+    return os.path.join(out, name, f'seed{seed}')
+
+
+def run_all(runs, out: str, part=(0, 1), log=print) -> int:
+    """Train every run of ``runs`` whose index is ``part[0]`` mod ``part[1]``; skip finished ones
+    (``result.json``), resume interrupted ones (``last.pth``). Returns the number trained."""
+    from .train import train
+    n = 0
+    for i, (name, seed, cfg) in enumerate(runs):
+        if i % part[1] != part[0]:
+            continue
+        rd = _run_dir(out, name, seed)
+        if os.path.isfile(os.path.join(rd, 'result.json')):
+            log(f'[skip] {name} seed {seed}: finished')
+            continue
+        cfg = validate_config(dict(copy.deepcopy(cfg), seed=seed, output=rd, progress=False))
+        log(f'[run] {name} seed {seed} -> {rd}')
+        res = train(cfg, resume=True if os.path.isfile(os.path.join(rd, 'last.pth')) else None)
+        sizes = stage_sizes(cfg)
+        flops = [train_flops_per_image(dict(cfg, model_kwargs=size_kwargs(cfg['model_kwargs'], s))) for s in sizes]
+        bounds = [s['at_epoch'] for s in cfg['growth']['schedule']]
+        n_train = cfg['train_subset'] or 60000
+        total, points = 0.0, []
+        for row in res['history']:
+            stage = sum(int(row['epoch']) >= b for b in bounds)
+            total += flops[stage] * n_train
+            points.append((total, float(row['top1'])))
+        result = dict(name=name, seed=seed, top1=res['top1'], compute=total, points=points,
+                      stage_ends=[b - 1 for b in bounds] + [cfg['epochs'] - 1], sizes=sizes,
+                      flops_per_image=flops, schedule=cfg['growth']['schedule'],
+                      growth={k: v for k, v in cfg['growth'].items() if k != 'schedule'})
+        tmp = os.path.join(rd, 'result.json.tmp')
+        with open(tmp, 'w') as f:
+            json.dump(result, f, indent=1)
+        os.replace(tmp, os.path.join(rd, 'result.json'))
+        n += 1
+    return n
+
+
+def _load_results(out: str) -> dict:
+    """``{run name: [result of each seed]}`` of the finished runs under ``out``."""
+    results = {}
+    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        for seed_dir in sorted(os.listdir(os.path.join(out, name))) if os.path.isdir(os.path.join(out, name)) else []:
+            path = os.path.join(out, name, seed_dir, 'result.json')
+            if os.path.isfile(path):
+                with open(path) as f:
+                    results.setdefault(name, []).append(json.load(f))
+    return results
+
+
+def _mean_curve(seed_results):
+    """Per-epoch (compute, mean top-1, min, max) over seeds (compute is the same for every seed)."""
+    n = min(len(r['points']) for r in seed_results)
+    return [(seed_results[0]['points'][e][0], statistics.mean(r['points'][e][1] for r in seed_results),
+             min(r['points'][e][1] for r in seed_results), max(r['points'][e][1] for r in seed_results))
+            for e in range(n)]
+
+
+def _mean_std(xs):
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def answer(results: dict, family: str) -> dict:
+    """How the ``family`` chain compares with its largest size from scratch (means over seeds).
+
+    Returns ``dict(target, chain_final, chain_compute, scratch_compute, reach_fraction,
+    scratch_fraction_for_chain)``: ``reach_fraction`` is the compute fraction (of the largest model's
+    from-scratch run) at the first epoch where the chain's mean top-1 reaches the scratch model's final
+    mean, None if it never does; ``scratch_fraction_for_chain`` the fraction at which the scratch run's
+    mean curve first reaches the chain's final mean (None if never)."""
+    chain = results.get(f'{family}_chain')
+    scratch_names = [n for n in results if n.startswith(f'{family}_scratch_')]
+    if not chain or not scratch_names:
+        return {}
+    largest = max(scratch_names, key=lambda n: results[n][0]['flops_per_image'][0])
+    sc, ch = _mean_curve(results[largest]), _mean_curve(chain)
+    target, full = sc[-1][1], sc[-1][0]
+    reach = next((c / full for c, m, _, _ in ch if m >= target), None)
+    back = next((c / full for c, m, _, _ in sc if m >= ch[-1][1]), None)
+    return dict(largest=largest, target=target, chain_final=ch[-1][1], chain_compute=ch[-1][0], scratch_compute=full,
+                reach_fraction=reach, scratch_fraction_for_chain=back, seeds=len(chain))
+
+
+def _sentence(a: dict, family: str) -> str:
+    if not a:
+        return f'{family}: no finished runs'
+    pct = lambda x: f'{100 * x:.0f}%'  # noqa: E731
+    head = (f"{family}: from scratch the largest size ({a['largest'].split('_scratch_')[1]}) reaches "
+            f"{a['target']:.2f}%; the chain ends at {a['chain_final']:.2f}% after {pct(a['chain_compute'] / a['scratch_compute'])} "
+            f"of that compute (means of {a['seeds']} seeds)")
+    if a['reach_fraction'] is not None:
+        return head + f"; it first reaches {a['target']:.2f}% at **{pct(a['reach_fraction'])}** of the from-scratch compute."
+    tail = (f"; it does **not** reach {a['target']:.2f}%" +
+            (f" (from scratch passes the chain's final accuracy at {pct(a['scratch_fraction_for_chain'])} of its compute)."
+             if a['scratch_fraction_for_chain'] is not None else '.'))
+    return head + tail
+
+
+def report(out: str) -> str:
+    """Write ``report.md``, ``results.json`` and ``accuracy_vs_compute.png`` from the finished runs
+    under ``out``; returns the report's text."""
+    results = _load_results(out)
+    lines = ['## Answer', '']
+    for family in FAMILIES:
+        lines.append('- ' + _sentence(answer(results, family), family))
+    lines += ['', '## Runs (test top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
+              '| run | seeds | top-1 at each stage end | final top-1 | compute |', '|---|---|---|---|---|']
+    for name, rs in results.items():
+        ends = rs[0]['stage_ends']
+        stage = ' → '.join(f'{statistics.mean(r["points"][e][1] for r in rs):.2f}' for e in ends)
+        m, s = _mean_std([r['top1'] for r in rs])
+        lines.append(f"| {name} | {len(rs)} | {stage} | {m:.2f} ± {s:.2f} | {rs[0]['compute'] / 1e12:.1f} |")
+    lines += ['', '## What makes a growth step work (TokenFormer chain, one setting changed)', '',
+              '| setting | seeds | final top-1 | Δ vs the recipe (same seeds) |', '|---|---|---|---|']
+    base = {r['seed']: r['top1'] for r in results.get('tokenformer_chain', [])}
+    for name, (what, _, _) in ABLATIONS.items():
+        rs = results.get(f'tokenformer_chain_{name}')
+        if not rs:
+            continue
+        m, s = _mean_std([r['top1'] for r in rs])
+        d = [r['top1'] - base[r['seed']] for r in rs if r['seed'] in base]
+        dm, ds = _mean_std(d) if d else (math.nan, math.nan)
+        lines.append(f'| {what} | {len(rs)} | {m:.2f} ± {s:.2f} | {dm:+.2f} ± {ds:.2f} |')
+    text = '\n'.join(lines) + '\n'
+    with open(os.path.join(out, 'report.md'), 'w') as f:
+        f.write(text)
+    with open(os.path.join(out, 'results.json'), 'w') as f:
+        json.dump(dict(results=results, answers={k: answer(results, k) for k in FAMILIES}), f, indent=1)
+    _plot(results, os.path.join(out, 'accuracy_vs_compute.png'))
+    return text
+
+
+def _plot(results: dict, path: str):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    labels = {'small': '(a) small, from scratch', 'grown': '(b) small → grown (zero keys), continued',
-              'large': '(c) large, from scratch', 'online': '(d) grown during training'}
-    fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    for name, r in runs.items():
-        xs, ys = zip(*r['points'])
-        ax.plot([x / 1e12 for x in xs], ys, marker='o', label=labels[name])
-    ax.set(xlabel='cumulative training compute (TFLOPs)', ylabel='test top-1 (%)',
-           title='Fashion-MNIST: accuracy vs training compute')
-    ax.grid(alpha=.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for ax, family in zip(axes, FAMILIES):
+        names = [n for n in results if n.startswith(f'{family}_scratch_')]
+        names.sort(key=lambda n: results[n][0]['flops_per_image'][0])
+        cmap = plt.get_cmap('Blues')
+        for i, name in enumerate(names):
+            curve = _mean_curve(results[name])
+            ax.plot([c / 1e12 for c, *_ in curve], [m for _, m, _, _ in curve], color=cmap(0.35 + 0.65 * i / max(len(names) - 1, 1)),
+                    marker='.', label=f"from scratch, {name.split('_scratch_')[1]}")
+        chain = results.get(f'{family}_chain')
+        if chain:
+            curve = _mean_curve(chain)
+            xs = [c / 1e12 for c, *_ in curve]
+            ax.plot(xs, [m for _, m, _, _ in curve], color='tab:red', lw=2, marker='o', ms=3,
+                    label='grown chain' + (' (Net2Net)' if family == 'vit' else ' (new tokens)'))
+            ax.fill_between(xs, [lo for *_, lo, _ in curve], [hi for *_, hi in curve], color='tab:red', alpha=.2)
+            for e in chain[0]['stage_ends'][:-1]:
+                ax.axvline(xs[e], color='tab:red', ls=':', lw=.8)
+        ax.set(xlabel='cumulative training compute (TFLOPs)', title=f'{family}: chain vs from scratch (Fashion-MNIST)')
+        ax.grid(alpha=.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc='lower right')
+    axes[0].set_ylabel('test top-1 (%)')
+    lo = min((m for rs in results.values() for _, m, _, _ in _mean_curve(rs)[1:]), default=80)
+    axes[0].set_ylim(max(lo - 1, 0), None)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, 'accuracy_vs_compute.png'), dpi=100)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
-    lines = ['| run | epochs | test top-1 (%) | training compute (TFLOPs) |', '|---|---|---|---|']
-    for name, r in runs.items():
-        lines.append(f"| {labels[name]} | {r['epochs']} | {r['top1']:.2f} | {r['compute'] / 1e12:.1f} |")
-    lines.append('')
-    lines.append('FLOPs per training image by total parameter tokens: ' +
-                 ', '.join(f'{n} tokens: {f / 1e6:.1f} MFLOPs' for n, f in sorted(flops.items())))
-    with open(os.path.join(out, 'report.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
-    with open(os.path.join(out, 'results.json'), 'w') as f:
-        json.dump(dict(runs=runs, flops_per_image=flops), f, indent=1)
 
 
 def main(argv=None):
     """``tools/growth_experiment.py``; see ``--help``."""
-    ap = argparse.ArgumentParser(description='Grown vs from-scratch TokenFormers at equal compute.')
-    ap.add_argument('--config', default='configs/fashion_mnist/growth_experiment.yaml', help='the small model recipe')
-    ap.add_argument('--out', default='runs/growth_experiment')
-    ap.add_argument('--epochs', type=int, default=4, help='epochs of (a), (c) and (d)')
-    ap.add_argument('--grow-epochs', type=int, default=2, help='epochs of (b) after growing')
-    ap.add_argument('--grow-lr-scale', type=float, default=0.25, help='peak lr of (b) relative to the recipe\'s')
-    ap.add_argument('--large-tokens', default='{qkv: 64, proj: 64, ffn: 256}',
-                    help='YAML mapping: token counts of the large model per kind')
-    ap.add_argument('--online-steps', type=int, default=2,
-                    help='(d) grows in this many equal steps, at the ends of the first epochs; 0 skips (d)')
+    ap = argparse.ArgumentParser(description='Growth chains vs from-scratch training at equal compute (Fig. 3).')
+    ap.add_argument('--out', default='runs/growth_chain')
+    ap.add_argument('--plan', default='chain', choices=['chain', 'ablations'])
+    ap.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
+    ap.add_argument('--scratch-epochs', type=int, help="epochs of the from-scratch runs (default: the chain's)")
+    ap.add_argument('--part', default='0/1', help='i/n: run only every n-th run, starting at i (one process per core)')
+    ap.add_argument('--report', action='store_true', help='only write the report from finished runs')
+    ap.add_argument('--print-runs', action='store_true', help='list the runs of the plan and exit')
     args, rest = ap.parse_known_args(argv)
-    import yaml
-    runs = run_experiment(args.config, args.out, args.epochs, args.grow_epochs, yaml.safe_load(args.large_tokens),
-                          args.online_steps, rest, args.grow_lr_scale)
-    with open(os.path.join(args.out, 'report.md')) as f:
-        print(f.read())
+    if not args.report:
+        runs = plan_runs(args.plan, args.seeds, rest, args.scratch_epochs)
+        if args.print_runs:
+            for name, seed, cfg in runs:
+                print(f"{name} seed {seed}: {cfg['epochs']} epochs")
+            return 0
+        i, n = (int(x) for x in args.part.split('/'))
+        run_all(runs, args.out, (i, n))
+    print(report(args.out))
     print(f'wrote {args.out}/report.md, results.json, accuracy_vs_compute.png')
-    return 0 if runs else 1
+    return 0
 
 
 if __name__ == '__main__':

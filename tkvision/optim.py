@@ -13,12 +13,21 @@ poly), the last update runs at ``min_lr``: cosine gives
 places the warmup before the schedule's ``t_initial`` steps; setting ``t_initial = U - 1 - W`` makes
 the last update the end of the cosine, where the first version of this trainer stopped ``W``
 updates before it.)
+
+With a growth schedule (``growth.schedule``, :mod:`tkvision.growth`), the run is cut into stages at
+the steps' ``at_epoch``. ``growth.stage_lr: restart`` (default): each stage gets the schedule above
+over its own updates, so every stage ends at ``min_lr`` (an annealed model of that size, as each
+model of the paper's Fig. 3 chain); stage 0 warms up for ``warmup_epochs`` to ``lr``, the stage after
+a step re-warms for the step's ``warmup_epochs`` to ``lr x lr_scale``. ``growth.stage_lr: continue``:
+one schedule over the whole run, as without growth; after a step the scheduled lr is multiplied by
+``lr_scale x (t + 1) / (W + 1)`` for the stage's first ``W = warmup_epochs x updates_per_epoch``
+updates (``t = 0 .. W - 1``, a short linear re-warm) and by ``lr_scale`` after them.
 """
 import torch
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
-__all__ = ['build_optimizer', 'build_scheduler']
+__all__ = ['build_optimizer', 'build_scheduler', 'StagedScheduler', 'RewarmScheduler', 'growth_stages']
 
 
 def build_optimizer(model: torch.nn.Module, cfg: dict, lr: float) -> torch.optim.Optimizer:
@@ -29,8 +38,59 @@ def build_optimizer(model: torch.nn.Module, cfg: dict, lr: float) -> torch.optim
                                betas=tuple(cfg['opt_betas']), eps=cfg['opt_eps'], layer_decay=cfg['layer_decay'])
 
 
+def growth_stages(cfg: dict) -> list:
+    """``[(start_epoch, end_epoch, warmup_epochs, lr_scale)]``: the stages of ``cfg``'s growth schedule
+    (one stage, the whole run, without one)."""
+    steps = cfg['growth'].get('schedule') or []
+    bounds = [0] + [s['at_epoch'] for s in steps] + [cfg['epochs']]
+    warm = [cfg['warmup_epochs']] + [s.get('warmup_epochs', 0) for s in steps]
+    scale = [1.0] + [s.get('lr_scale', 1.0) for s in steps]
+    return [(bounds[i], bounds[i + 1], warm[i], scale[i]) for i in range(len(steps) + 1)]
+
+
+class StagedScheduler:
+    """One timm scheduler per growth stage; ``step_update(u)`` runs the stage that holds update ``u``
+    at ``u`` minus the stage's first update (see the module docstring).
+
+    Args:
+        schedulers: ``[(first update of the stage, timm scheduler)]`` in order.
+    """
+
+    def __init__(self, schedulers: list):
+        self.schedulers = schedulers
+
+    def step_update(self, num_updates: int, metric=None):
+        start, sched = [s for s in self.schedulers if s[0] <= num_updates][-1]
+        sched.step_update(num_updates - start, metric)
+
+
+class RewarmScheduler:
+    """``growth.stage_lr: continue``: one timm schedule over the run; after each growth step its lr is
+    scaled by the step's ``lr_scale`` and ramped up linearly over the step's warmup (module docstring).
+
+    Args:
+        base: the run's timm scheduler. optimizer: the optimizer it drives.
+        steps: ``[(first update of the stage, warmup updates W, lr_scale)]`` in order.
+    """
+
+    def __init__(self, base, optimizer, steps: list):
+        self.base, self.optimizer, self.steps = base, optimizer, steps
+
+    def step_update(self, num_updates: int, metric=None):
+        self.base.step_update(num_updates, metric)
+        past = [s for s in self.steps if s[0] <= num_updates]
+        if past:
+            start, warm, scale = past[-1]
+            t = num_updates - start
+            factor = scale * ((t + 1) / (warm + 1) if t < warm else 1.0)
+            for group in self.optimizer.param_groups:
+                group['lr'] *= factor
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: dict, lr: float, updates_per_epoch: int):
-    """The lr schedule of ``cfg`` (``sched``, ``epochs``, ``warmup_epochs``, ``min_lr``, ...) in updates.
+    """The lr schedule of ``cfg`` (``sched``, ``epochs``, ``warmup_epochs``, ``min_lr``, ...) in updates;
+    with ``growth.schedule``, a :class:`StagedScheduler` of one such schedule per stage
+    (``growth.stage_lr: restart``) or a :class:`RewarmScheduler` (``continue``).
 
     Sets every param group's peak (``initial_lr``) to ``lr`` first, so a resumed run with a new
     ``lr`` schedules from the new peak; layer-wise decay's ``lr_scale`` is applied by timm. After
@@ -38,10 +98,31 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: dict, lr: float, upda
     update ``u``.
 
     Returns:
-        a timm scheduler (``step_update(num_updates)``).
+        a timm scheduler or :class:`StagedScheduler` (``step_update(num_updates)``).
     """
-    total = cfg['epochs'] * updates_per_epoch
-    warmup = min(round(cfg['warmup_epochs'] * updates_per_epoch), total - 1)
+    stages = growth_stages(cfg)
+    if len(stages) > 1 and cfg['growth'].get('stage_lr', 'restart') == 'continue':
+        base = _stage_scheduler(optimizer, cfg, lr, cfg['epochs'] * updates_per_epoch,
+                                cfg['warmup_epochs'] * updates_per_epoch, updates_per_epoch)
+        rewarm = RewarmScheduler(base, optimizer, [(start * updates_per_epoch, round(warm * updates_per_epoch), scale)
+                                                   for start, _, warm, scale in stages[1:]])
+        rewarm.step_update(0)
+        return rewarm
+    if len(stages) == 1:
+        return _stage_scheduler(optimizer, cfg, lr, cfg['epochs'] * updates_per_epoch,
+                                cfg['warmup_epochs'] * updates_per_epoch, updates_per_epoch)
+    scheds = [(start * updates_per_epoch,
+               _stage_scheduler(optimizer, cfg, lr * scale, (end - start) * updates_per_epoch,
+                                warm * updates_per_epoch, updates_per_epoch))
+              for start, end, warm, scale in stages]
+    staged = StagedScheduler(scheds)
+    staged.step_update(0)
+    return staged
+
+
+def _stage_scheduler(optimizer, cfg, lr, total, warmup, updates_per_epoch):
+    """A timm scheduler of ``total`` updates, ``warmup`` of them linear warmup to ``lr``."""
+    warmup = min(round(warmup), total - 1)
     for group in optimizer.param_groups:
         group['initial_lr'] = lr
         group['lr'] = lr

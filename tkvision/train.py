@@ -95,6 +95,7 @@ class TrainState:
         self.cfg, self.device, self.world, self.updates_per_epoch = cfg, device, world, updates_per_epoch
         self.model = build_model(cfg).to(device)
         self.grown_from, self.init_report = {}, ''
+        self.freeze_handles = []  # growth.freeze_old_tokens: hooks of the current stage
         if cfg['init_from']:
             self._init_from(cfg['init_from'])
         if cfg['task'] == 'linprobe':
@@ -148,21 +149,45 @@ class TrainState:
             net = DDP(net, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
         self.net = net
 
-    def grow(self, add: dict, seed: int):
-        """Grow model, optimizer state and EMA by ``add`` (same new tokens on every rank), rewrap."""
+    def grow(self, due: dict, seed: int):
+        """Grow model, optimizer state and EMA as ``due`` says (``{'add': {kind: n}}`` or a
+        ``growth.schedule`` step), the same new tokens on every rank; rewrap.
+
+        After a schedule step the optimizer is rebuilt if ``growth.optimizer_state`` is ``'reset'``,
+        the old tokens are frozen if ``growth.freeze_old_tokens``, and the staged lr schedule moves
+        on to the new stage (:mod:`tkvision.optim`). Returns :func:`~tkvision.growth.model_size`.
+        """
         torch.manual_seed(seed)
         g = self.cfg['growth']
+        before = growth.model_size(self.model)
         counts = growth.grow_training_state(self.model, self.optimizer, self.ema.module if self.ema else None,
-                                            key_init=g['key_init'], value_init=g['value_init'], **add)
+                                            key_init=g['key_init'], value_init=g['value_init'], to=due.get('to'),
+                                            **due.get('add', {}))
+        if 'at_epoch' in due:
+            if g['optimizer_state'] == 'reset':
+                self.optimizer = self._make_optimizer()
+            self._freeze_stage(before)
+            self.scheduler = build_scheduler(self.optimizer, self.cfg, self.lr, self.updates_per_epoch)
+            self.scheduler.step_update(self.num_updates)
         self.wrap()
         return counts
+
+    def _freeze_stage(self, old_size: dict):
+        """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
+        if not self.cfg['growth']['freeze_old_tokens']:
+            return
+        if 'mlp_hidden' in old_size:
+            raise ConfigError('growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze)')
+        for h in self.freeze_handles:
+            h.remove()
+        self.freeze_handles = growth.freeze_old_tokens(self.model, old_size, self.optimizer)
 
     def state_dict(self) -> dict:
         m = self.meter
         return dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                     scaler=self.scaler.state_dict(), model_ema=self.ema.module.state_dict() if self.ema else None,
                     epochs_done=self.epochs_done, batches_done=self.batches_done, num_updates=self.num_updates,
-                    best=self.best, token_counts=growth.token_counts(self.model), config=self.cfg,
+                    best=self.best, token_counts=growth.model_size(self.model), config=self.cfg,
                     meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'],
                                seconds=m['seconds']))
 
@@ -174,16 +199,22 @@ class TrainState:
             RunError: the checkpoint's token counts differ from the model's and no growth during
                 training explains it.
         """
-        counts = growth.token_counts(self.model)
+        counts, g = growth.model_size(self.model), self.cfg['growth']
         if counts != state['token_counts']:
-            if not self.cfg['growth']['every_epochs']:
+            if not (g['every_epochs'] or g['schedule']):
                 raise RunError(f"checkpoint token counts {state['token_counts']} differ from the model's {counts}, "
                                'and the config grows nothing during training')
-            growth.grow(self.model, to=state['token_counts'])
+            growth.grow_to(self.model, state['token_counts'])
             if self.ema is not None:
-                growth.grow(self.ema.module, to=state['token_counts'])
+                growth.grow_to(self.ema.module, state['token_counts'])
         self.model.load_state_dict(state['model'])
         self.optimizer = self._make_optimizer()
+        sizes = [counts]  # the size of every stage reached so far; the current stage freezes the one before
+        for step in g['schedule']:
+            if step['at_epoch'] <= state['epochs_done']:
+                sizes.append({**sizes[-1], **growth.target_size(step['to'])})
+        if len(sizes) > 1:
+            self._freeze_stage(sizes[-2])
         self.optimizer.load_state_dict(state['optimizer'])
         self.scaler.load_state_dict(state['scaler'])
         if self.ema is not None and state['model_ema']:
@@ -431,13 +462,18 @@ def _names(names, limit: int = 4) -> str:
 
 
 def _growth_due(cfg: dict, epoch: int) -> dict:
+    """What grows after ``epoch``: the ``growth.schedule`` step at ``epoch + 1``, ``{'add': ...}`` of
+    ``growth.every_epochs``, or ``{}``."""
     g = cfg['growth']
+    for step in g['schedule']:
+        if step['at_epoch'] == epoch + 1:
+            return step
     k = g['every_epochs']
     if not k or not g['add_tokens'] or (epoch + 1) % k or epoch + 1 >= cfg['epochs']:
         return {}
     if g['until_epoch'] is not None and epoch + 1 >= g['until_epoch']:
         return {}
-    return dict(g['add_tokens'])
+    return dict(add=dict(g['add_tokens']))
 
 
 def log_epoch(run: _Run, history: list, res: dict):
@@ -568,7 +604,7 @@ def train(cfg: dict, resume=None) -> dict:
             last_epoch = epoch + 1 == cfg['epochs']
             if (epoch + 1) % cfg['eval_every'] == 0 or last_epoch:
                 res.update(evaluate_and_keep_best(run, state, epoch))
-            res['tokens'] = sum(growth.token_counts(state.model).values())
+            res['tokens'] = sum(growth.model_size(state.model).values())
             add = _growth_due(cfg, epoch)
             if add:
                 # a different, reproducible seed for every growth step, the same on every rank

@@ -1,0 +1,315 @@
+"""Progressive recipes (``growth.schedule``), their staged lr schedule, Net2Net widening of a timm ViT,
+and the growth-chain experiment's bookkeeping (issue 18)."""
+import math
+
+import pytest
+import timm
+import torch
+from timm.utils import ModelEmaV3
+
+from tkvision import growth
+from tkvision import train as train_mod
+from tkvision.config import ConfigError
+from tkvision.growth_experiment import answer, plan_runs, size_kwargs
+from tkvision.optim import build_optimizer, build_scheduler
+
+from .helpers import TINY_FMNIST, fmnist_cfg
+
+TINY_VIT = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, mlp_ratio=1.0)
+
+
+def _steps(*steps):
+    return [dict(zip(('at_epoch', 'to', 'warmup_epochs', 'lr_scale'), s)) for s in steps]
+
+
+# --- Net2Net ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('split', ['even', 'random'])
+def test_net2net_widen_preserves_a_vit_output(split):
+    torch.manual_seed(0)
+    vit = timm.create_model('vit_tiny_patch16_224', **TINY_VIT, num_classes=10).eval()
+    x = torch.randn(3, 1, 28, 28)
+    ref = vit(x)
+    plan = growth.net2net_widen(vit, 96, split=split)
+    assert growth.model_size(vit) == {'mlp_hidden': 96}
+    assert torch.allclose(vit(x), ref, atol=1e-5, rtol=0), (vit(x) - ref).abs().max()
+    idx, share = plan['blocks.0.mlp']
+    assert torch.equal(idx[:32], torch.arange(32)) and idx[32:].max() < 32
+    for unit in range(32):  # the shares of each copied unit's column sum to 1
+        assert torch.isclose(share[idx == unit].sum(), torch.tensor(1.0))
+    # the original units' fc1 rows are the copies' rows
+    fc1 = vit.blocks[0].mlp.fc1.weight
+    assert torch.equal(fc1[32:], fc1[idx[32:]])
+
+
+def test_net2net_random_split_breaks_symmetry_even_split_does_not():
+    """After one gradient step the copies of a unit differ under random shares and stay equal under even
+    ones (why 'random' is the default)."""
+    x, y = torch.randn(8, 1, 28, 28), torch.randint(0, 10, (8,))
+    for split, differ in (('even', False), ('random', True)):
+        torch.manual_seed(0)
+        vit = timm.create_model('vit_tiny_patch16_224', **TINY_VIT, num_classes=10)
+        plan = growth.net2net_widen(vit, 64, split=split)
+        torch.nn.functional.cross_entropy(vit(x), y).backward()
+        g = vit.blocks[0].mlp.fc1.weight.grad
+        idx = plan['blocks.0.mlp'][0]
+        j = 40
+        assert (not torch.allclose(g[j], g[idx[j]], atol=1e-9)) == differ
+
+
+def test_net2net_errors_and_ema_and_optimizer_follow_the_copies():
+    torch.manual_seed(0)
+    vit = timm.create_model('vit_tiny_patch16_224', **TINY_VIT, num_classes=10)
+    with pytest.raises(ValueError, match='smaller than the current hidden size 32'):
+        growth.net2net_widen(vit, 16)
+    with pytest.raises(ValueError, match='found none'):
+        growth.net2net_widen(timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST), 64)
+    opt = torch.optim.AdamW(vit.parameters(), lr=1e-2)
+    ema = ModelEmaV3(vit, decay=0.5)
+    x = torch.randn(2, 1, 28, 28)
+    vit(x).sum().backward()
+    opt.step()
+    ema.update(vit)
+    old_fc2 = vit.blocks[1].mlp.fc2.weight
+    moment = opt.state[old_fc2]['exp_avg'].clone()
+    ema_ref = ema.module.eval()(x)
+    size = growth.grow_training_state(vit, opt, ema.module, to={'mlp_hidden': 80})
+    assert size == {'mlp_hidden': 80} and growth.model_size(ema.module) == size
+    new_fc2 = vit.blocks[1].mlp.fc2.weight
+    params = [p for g in opt.param_groups for p in g['params']]
+    assert any(p is new_fc2 for p in params) and not any(p is old_fc2 for p in params)
+    # the moments of every new column are those of the unit it copies
+    st = opt.state[new_fc2]['exp_avg']
+    assert st.shape == (32, 80) and torch.equal(st[:, :32], moment)
+    assert all(any(torch.equal(st[:, j], moment[:, k]) for k in range(32)) for j in range(32, 80))
+    assert torch.allclose(ema.module(x), ema_ref, atol=1e-5)  # the EMA copy widened with the same plan
+    vit(x).sum().backward()
+    opt.step()  # and it trains
+
+
+# --- config -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize('schedule, message', [
+    (_steps((1, {'qkv': 24}))[:1] + [{'at_epoch': 2, 'to': {'qkv': 32}, 'warmup': 1}], "unknown key 'warmup'"),
+    ([{'to': {'qkv': 24}}], "missing 'at_epoch'"),
+    (_steps((2, {'qkv': 24}), (1, {'qkv': 32})), r'at_epoch must be an integer in 3 \.\. 3'),
+    (_steps((4, {'qkv': 24})), r'at_epoch must be an integer in 1 \.\. 3'),
+    (_steps((1, {'qkv': 24}, 3.0)), 'warmup_epochs must be >= 0 and shorter than its stage'),
+    (_steps((1, {'mlp': 24})), "unknown kind 'mlp'"),
+    (_steps((1, 'tokenformer_vit_b17')), "'tokenformer_vit_b17' is not a registered model"),
+    (_steps((1, {'qkv': 24}, 0.0, 0)), 'lr_scale must be a number > 0'),
+])
+def test_bad_schedule_is_named(tmp_path, schedule, message):
+    with pytest.raises(ConfigError, match=message):
+        fmnist_cfg(tmp_path, epochs=4, growth=dict(schedule=schedule))
+
+
+def test_schedule_and_every_epochs_are_exclusive(tmp_path):
+    with pytest.raises(ConfigError, match='use one of them'):
+        fmnist_cfg(tmp_path, epochs=4, growth=dict(schedule=_steps((1, {'qkv': 24})), every_epochs=1,
+                                                  add_tokens={'qkv': 8}))
+
+
+def test_recipe_warmup_must_fit_the_first_stage(tmp_path):
+    with pytest.raises(ConfigError, match='warmup_epochs 1.0 must be shorter than the first stage'):
+        fmnist_cfg(tmp_path, epochs=4, warmup_epochs=1.0, growth=dict(schedule=_steps((1, {'qkv': 24}))))
+
+
+def test_schedule_defaults_are_filled(tmp_path):
+    cfg = fmnist_cfg(tmp_path, epochs=4, growth=dict(schedule=[{'at_epoch': 2, 'to': 'tokenformer_vit_ti16'}]))
+    assert cfg['growth']['schedule'] == [dict(at_epoch=2, to='tokenformer_vit_ti16', warmup_epochs=0.0, lr_scale=1.0)]
+
+
+# --- staged lr schedule -------------------------------------------------------------------------
+
+def test_staged_schedule_anneals_every_stage_and_rewarms(tmp_path):
+    """Against the formula of tkvision.optim per stage: stage 0 warms up for warmup_epochs to lr, each
+    later stage for its step's warmup_epochs to lr x lr_scale; every stage ends at min_lr."""
+    cfg = fmnist_cfg(tmp_path, epochs=5, warmup_epochs=0.5, lr=1e-2, min_lr=1e-5, warmup_lr=1e-6,
+                     growth=dict(schedule=_steps((2, {'qkv': 24}, 0.25, 0.5), (4, {'qkv': 32}, 0.0, 0.25))))
+    model = timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST)
+    opt = build_optimizer(model, cfg, 1e-2)
+    upe = 8
+    sched = build_scheduler(opt, cfg, 1e-2, upe)
+
+    def expected(u):
+        for start, end, warm, peak in ((0, 16, 4, 1e-2), (16, 32, 2, 5e-3), (32, 40, 0, 2.5e-3)):
+            if start <= u < end:
+                t, total = u - start, end - start
+                if t < warm:
+                    return 1e-6 + t * (peak - 1e-6) / warm
+                return 1e-5 + (peak - 1e-5) * (1 + math.cos(math.pi * (t - warm) / (total - 1 - warm))) / 2
+    for u in range(40):
+        sched.step_update(u)
+        assert math.isclose(opt.param_groups[0]['lr'], expected(u), rel_tol=1e-9), u
+    assert math.isclose(expected(15), 1e-5) and math.isclose(expected(31), 1e-5)
+
+
+def test_continue_schedule_is_one_cosine_rewarmed_after_each_step(tmp_path):
+    """growth.stage_lr continue: the run's single schedule, x lr_scale x (t + 1) / (W + 1) during a
+    step's re-warm of W updates, x lr_scale after it."""
+    cfg = fmnist_cfg(tmp_path, epochs=4, warmup_epochs=0.5, lr=1e-2, min_lr=1e-5, warmup_lr=1e-6,
+                     growth=dict(stage_lr='continue', schedule=_steps((2, {'qkv': 24}, 0.5, 0.5))))
+    opt = build_optimizer(timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST), cfg, 1e-2)
+    sched = build_scheduler(opt, cfg, 1e-2, 8)
+
+    def expected(u):
+        lr = 1e-6 + u * (1e-2 - 1e-6) / 4 if u < 4 else \
+            1e-5 + (1e-2 - 1e-5) * (1 + math.cos(math.pi * (u - 4) / (32 - 1 - 4))) / 2
+        if u >= 16:
+            lr *= 0.5 * ((u - 16 + 1) / 5 if u - 16 < 4 else 1.0)
+        return lr
+    for u in range(32):
+        sched.step_update(u)
+        assert math.isclose(opt.param_groups[0]['lr'], expected(u), rel_tol=1e-9), u
+
+
+# --- the trainer --------------------------------------------------------------------------------
+
+def _chain_cfg(tmp_path, name, **overrides):
+    """3 epochs over 512 images; grows after epochs 1 and 2."""
+    g = dict(schedule=_steps((1, {'qkv': 24, 'ffn': 96}, 0.25, 0.5), (2, {'qkv': 32, 'proj': 24}, 0.5, 0.5)))
+    g.update(overrides.pop('growth', {}))
+    base = dict(epochs=3, output=str(tmp_path / name), train_subset=512, val_subset=256, growth=g)
+    base.update(overrides)
+    return fmnist_cfg(tmp_path, **base)
+
+
+def test_schedule_grows_at_its_epochs_and_resumes_bit_identically(tmp_path, monkeypatch):
+    """A 3-stage recipe with EMA: sizes per epoch as scheduled; killed after the checkpoint that follows
+    the first step and resumed: the same weights as the uninterrupted run."""
+    full = train_mod.train(_chain_cfg(tmp_path, 'full', model_ema=True))
+    assert growth.token_counts(full['model']) == dict(patch=16, qkv=32, proj=24, ffn=96)
+    assert [int(r['tokens']) for r in full['history']] == [16 + 16 + 16 + 64, 16 + 24 + 16 + 96, 16 + 32 + 24 + 96]
+    real_save, calls = train_mod.atomic_save, []
+
+    def crash_after_first(obj, path):
+        real_save(obj, path)
+        calls.append(path)
+        raise KeyboardInterrupt('simulated crash')
+
+    cfg = _chain_cfg(tmp_path, 'crashed', model_ema=True)
+    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_first)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg)
+    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
+    resumed = train_mod.train(cfg, resume=True)
+    a, b = full['model'].state_dict(), resumed['model'].state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert [r['top1'] for r in full['history']] == [float(r['top1']) for r in resumed['history']]
+
+
+def test_schedule_freeze_old_tokens_keeps_old_rows_and_survives_resume(tmp_path, monkeypatch):
+    """growth.freeze_old_tokens: after each step only the rows appended at that step (and the head) train;
+    the rows of earlier stages end exactly as they were when their stage ended, also across a resume."""
+    snapshots, grown = {}, {}
+    real_grow = train_mod.TrainState.grow
+
+    def spy(self, due, seed):
+        snapshots[due['at_epoch']] = {k: v.clone() for k, v in self.model.state_dict().items()}
+        out = real_grow(self, due, seed)
+        grown[due['at_epoch']] = {k: v.clone() for k, v in self.model.state_dict().items()}
+        return out
+
+    monkeypatch.setattr(train_mod.TrainState, 'grow', spy)
+    real_save, calls = train_mod.atomic_save, []
+
+    def crash_after_second(obj, path):
+        real_save(obj, path)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt('simulated crash')
+
+    cfg = _chain_cfg(tmp_path, 'frozen', growth=dict(freeze_old_tokens=True))
+    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_second)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg)
+    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
+    end = train_mod.train(cfg, resume=True)['model'].state_dict()
+    before_2 = snapshots[2]
+    q = 'blocks.0.attn.q.value_param_tokens'
+    assert torch.equal(end[q][:24], before_2[q][:24])  # frozen in stage 3 (after the resume)
+    assert not torch.equal(end[q][24:], grown[2][q][24:])  # the new rows train
+    assert torch.equal(end['blocks.0.ffn.value_param_tokens'], before_2['blocks.0.ffn.value_param_tokens'])
+    assert torch.equal(end['pos_embed'], snapshots[1]['pos_embed'])  # non-token parameters frozen from step 1
+    assert not torch.equal(end['head.weight'], before_2['head.weight'])  # the head trains
+
+
+def test_schedule_reset_optimizer_starts_from_zero_moments(tmp_path, monkeypatch):
+    seen = {}
+    real_grow = train_mod.TrainState.grow
+
+    def spy(self, due, seed):
+        out = real_grow(self, due, seed)
+        seen[due['at_epoch']] = (len(self.optimizer.state), self.optimizer.param_groups[0]['lr'])
+        return out
+
+    monkeypatch.setattr(train_mod.TrainState, 'grow', spy)
+    train_mod.train(_chain_cfg(tmp_path, 'reset', epochs=2, warmup_epochs=0.5,
+                               growth=dict(schedule=_steps((1, {'qkv': 24}, 0.5, 0.5)), optimizer_state='reset')))
+    assert seen[1] == (0, pytest.approx(1e-6))  # a fresh optimizer, re-warming from warmup_lr
+
+
+def test_vit_chain_by_net2net_resumes_bit_identically(tmp_path, monkeypatch):
+    """The same recipe form for a plain timm ViT: widened by Net2Net at each step; resume across a step."""
+    def cfg(name):
+        return fmnist_cfg(tmp_path, model='vit_tiny_patch16_224', model_kwargs=TINY_VIT, epochs=3, output=str(tmp_path / name),
+                          train_subset=512, val_subset=256,
+                          growth=dict(schedule=_steps((1, {'mlp_hidden': 48}, 0.25, 0.5), (2, {'mlp_hidden': 64}))))
+    full = train_mod.train(cfg('full'))
+    assert growth.model_size(full['model']) == {'mlp_hidden': 64}
+    real_save, calls = train_mod.atomic_save, []
+
+    def crash_after_second(obj, path):
+        real_save(obj, path)
+        calls.append(path)
+        if len(calls) == 2:
+            raise KeyboardInterrupt('simulated crash')
+
+    c = cfg('crashed')
+    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_second)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(c)
+    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
+    resumed = train_mod.train(c, resume=True)
+    a, b = full['model'].state_dict(), resumed['model'].state_dict()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+
+
+# --- the experiment's bookkeeping ---------------------------------------------------------------
+
+def test_experiment_plans_every_stage_size_from_scratch(tmp_path):
+    tf = tmp_path / 'tf.yaml'
+    tf.write_text('model: tokenformer_vit_ti16\nmodel_kwargs: {img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 32, '
+                  'depth: 2, num_heads: 2, num_tokens: 16}\nepochs: 4\ngrowth: {schedule: [{at_epoch: 2, to: {qkv: 32, '
+                  'ffn: 128}}]}\n')
+    runs = plan_runs('chain', [0, 1], families={'tokenformer': str(tf)})
+    names = [(n, s) for n, s, _ in runs]
+    assert names == [('tokenformer_chain', 0), ('tokenformer_chain', 1), ('tokenformer_scratch_16-64', 0),
+                     ('tokenformer_scratch_16-64', 1), ('tokenformer_scratch_32-128', 0), ('tokenformer_scratch_32-128', 1)]
+    big = runs[-1][2]
+    assert big['growth']['schedule'] == [] and big['epochs'] == 4
+    assert big['model_kwargs']['num_tokens_qkv'] == 32 and big['model_kwargs']['num_tokens_ffn'] == 128
+    assert size_kwargs(dict(embed_dim=64), {'mlp_hidden': 256}) == dict(embed_dim=64, mlp_ratio=4.0)
+    ablations = plan_runs('ablations', [0], families={'tokenformer': str(tf)})
+    keys = {n: c['growth'] for n, _, c in ablations}
+    assert keys['tokenformer_chain_keys_normal']['key_init'] == 'normal'
+    assert keys['tokenformer_chain_peak_full']['schedule'][0]['lr_scale'] == 1.0
+
+
+def test_answer_is_the_compute_fraction_where_the_chain_reaches_scratch():
+    def res(points, flops):
+        return dict(points=points, flops_per_image=[flops], top1=points[-1][1], stage_ends=[len(points) - 1])
+    results = {'tokenformer_scratch_big': [res([(10, 80.0), (20, 85.0), (30, 88.0), (40, 90.0)], 4)],
+               'tokenformer_scratch_small': [res([(5, 82.0), (10, 84.0)], 1)],
+               'tokenformer_chain': [res([(4, 83.0), (12, 89.0), (20, 90.5)], 1),
+                                     res([(4, 83.0), (12, 89.4), (20, 89.7)], 1)]}
+    a = answer(results, 'tokenformer')
+    assert a['largest'] == 'tokenformer_scratch_big' and a['target'] == 90.0
+    assert a['reach_fraction'] == 20 / 40  # mean 90.1 >= 90 first at compute 20
+    results['tokenformer_chain'][0]['points'][-1] = (20, 89.5)
+    a = answer(results, 'tokenformer')
+    assert a['reach_fraction'] is None and a['scratch_fraction_for_chain'] == 40 / 40
