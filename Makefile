@@ -39,5 +39,9 @@ test: env data
 benchmark: env
 	$(PY) tools/benchmark.py $(ARGS)
 
+# Growth chain vs from scratch (docs/growth.md): ~40 min per seed-set on 2 cores; ARGS='--seeds 0' for one seed.
+growth-experiment: env data
+	$(PY) tools/growth_experiment.py --out runs/growth_chain --train_subset 20000 $(ARGS)
+
 clean:
 	rm -rf runs .pytest_cache

@@ -35,3 +35,24 @@ def make_imagenet_folder(root, classes=3, train_per_class=8, val_per_class=4, si
                 img = Image.fromarray(images[i]).convert('RGB').resize((size, size), Image.BICUBIC)
                 img.save(os.path.join(folder, f'img_{j}.JPEG'), quality=90)
     return str(root)
+
+
+def train_crash_resume(monkeypatch, cfg, saves: int) -> dict:
+    """Train ``cfg``, simulate a crash (KeyboardInterrupt) right after its ``saves``-th checkpoint is
+    written, resume from it and return the resumed run's result."""
+    import pytest
+
+    from tkvision import train as train_mod
+    real_save, calls = train_mod.atomic_save, []
+
+    def crash(obj, path):
+        real_save(obj, path)
+        calls.append(path)
+        if len(calls) == saves:
+            raise KeyboardInterrupt('simulated crash')
+
+    monkeypatch.setattr(train_mod, 'atomic_save', crash)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg)
+    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
+    return train_mod.train(cfg, resume=True)

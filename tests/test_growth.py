@@ -12,7 +12,7 @@ from tkvision import growth
 from tkvision import train as train_mod
 from tkvision.checkpoint import WeightsMismatchError, save_weights
 
-from .helpers import ROOT, TINY_FMNIST, fmnist_cfg
+from .helpers import ROOT, TINY_FMNIST, fmnist_cfg, train_crash_resume
 
 
 def tiny(score_norm='l2_norm_gelu', **kw):
@@ -145,20 +145,8 @@ def test_growth_during_training_and_resume_across_it(tmp_path, monkeypatch):
     assert growth.token_counts(full['model']) == dict(patch=16, qkv=32, proj=16, ffn=96)  # grew after epochs 1, 2
     assert [r.get('tokens') for r in full['history']] == [112, 136, 160]  # tokens summed over kinds, per epoch
 
-    real_save, calls = train_mod.atomic_save, []
-
-    def crash_after_second(obj, path):
-        real_save(obj, path)
-        calls.append(path)
-        if len(calls) == 2:
-            raise KeyboardInterrupt('simulated crash')
-
     cfg = fmnist_cfg(tmp_path, epochs=3, output=str(tmp_path / 'crashed'), growth=g, model_ema=True)
-    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_second)
-    with pytest.raises(KeyboardInterrupt):
-        train_mod.train(cfg)
-    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
-    resumed = train_mod.train(cfg, resume=True)
+    resumed = train_crash_resume(monkeypatch, cfg, saves=2)
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k

@@ -13,7 +13,7 @@ from tkvision.config import ConfigError
 from tkvision.growth_experiment import answer, plan_runs, size_kwargs
 from tkvision.optim import build_optimizer, build_scheduler
 
-from .helpers import TINY_FMNIST, fmnist_cfg
+from .helpers import TINY_FMNIST, fmnist_cfg, train_crash_resume
 
 TINY_VIT = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, mlp_ratio=1.0)
 
@@ -181,19 +181,8 @@ def test_schedule_grows_at_its_epochs_and_resumes_bit_identically(tmp_path, monk
     full = train_mod.train(_chain_cfg(tmp_path, 'full', model_ema=True))
     assert growth.token_counts(full['model']) == dict(patch=16, qkv=32, proj=24, ffn=96)
     assert [int(r['tokens']) for r in full['history']] == [16 + 16 + 16 + 64, 16 + 24 + 16 + 96, 16 + 32 + 24 + 96]
-    real_save, calls = train_mod.atomic_save, []
-
-    def crash_after_first(obj, path):
-        real_save(obj, path)
-        calls.append(path)
-        raise KeyboardInterrupt('simulated crash')
-
     cfg = _chain_cfg(tmp_path, 'crashed', model_ema=True)
-    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_first)
-    with pytest.raises(KeyboardInterrupt):
-        train_mod.train(cfg)
-    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
-    resumed = train_mod.train(cfg, resume=True)
+    resumed = train_crash_resume(monkeypatch, cfg, saves=1)
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
     assert a.keys() == b.keys()
     for k in a:
@@ -214,20 +203,8 @@ def test_schedule_freeze_old_tokens_keeps_old_rows_and_survives_resume(tmp_path,
         return out
 
     monkeypatch.setattr(train_mod.TrainState, 'grow', spy)
-    real_save, calls = train_mod.atomic_save, []
-
-    def crash_after_second(obj, path):
-        real_save(obj, path)
-        calls.append(path)
-        if len(calls) == 2:
-            raise KeyboardInterrupt('simulated crash')
-
     cfg = _chain_cfg(tmp_path, 'frozen', growth=dict(freeze_old_tokens=True))
-    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_second)
-    with pytest.raises(KeyboardInterrupt):
-        train_mod.train(cfg)
-    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
-    end = train_mod.train(cfg, resume=True)['model'].state_dict()
+    end = train_crash_resume(monkeypatch, cfg, saves=2)['model'].state_dict()
     before_2 = snapshots[2]
     q = 'blocks.0.attn.q.value_param_tokens'
     assert torch.equal(end[q][:24], before_2[q][:24])  # frozen in stage 3 (after the resume)
@@ -260,20 +237,7 @@ def test_vit_chain_by_net2net_resumes_bit_identically(tmp_path, monkeypatch):
                           growth=dict(schedule=_steps((1, {'mlp_hidden': 48}, 0.25, 0.5), (2, {'mlp_hidden': 64}))))
     full = train_mod.train(cfg('full'))
     assert growth.model_size(full['model']) == {'mlp_hidden': 64}
-    real_save, calls = train_mod.atomic_save, []
-
-    def crash_after_second(obj, path):
-        real_save(obj, path)
-        calls.append(path)
-        if len(calls) == 2:
-            raise KeyboardInterrupt('simulated crash')
-
-    c = cfg('crashed')
-    monkeypatch.setattr(train_mod, 'atomic_save', crash_after_second)
-    with pytest.raises(KeyboardInterrupt):
-        train_mod.train(c)
-    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
-    resumed = train_mod.train(c, resume=True)
+    resumed = train_crash_resume(monkeypatch, cfg('crashed'), saves=2)
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
     for k in a:
         assert torch.equal(a[k], b[k]), k
