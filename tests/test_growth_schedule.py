@@ -110,6 +110,15 @@ def test_schedule_and_every_epochs_are_exclusive(tmp_path):
                                                   add_tokens={'qkv': 8}))
 
 
+def test_freeze_old_tokens_needs_a_schedule_and_a_tokenformer(tmp_path):
+    with pytest.raises(ConfigError, match='it needs growth.schedule'):
+        fmnist_cfg(tmp_path, growth=dict(freeze_old_tokens=True))
+    cfg = fmnist_cfg(tmp_path, model='vit_tiny_patch16_224', model_kwargs=TINY_VIT, epochs=3,
+                     growth=dict(freeze_old_tokens=True, schedule=_steps((1, {'mlp_hidden': 48}))))
+    with pytest.raises(ConfigError, match='vit_tiny_patch16_224 has none'):
+        train_mod.train(cfg)  # refused before any training
+
+
 def test_recipe_warmup_must_fit_the_first_stage(tmp_path):
     with pytest.raises(ConfigError, match='warmup_epochs 1.0 must be shorter than the first stage'):
         fmnist_cfg(tmp_path, epochs=4, warmup_epochs=1.0, growth=dict(schedule=_steps((1, {'qkv': 24}))))

@@ -284,6 +284,9 @@ def _validate_growth_schedule(cfg: dict):
     steps, prev = g['schedule'], 0
     if steps and g['every_epochs']:
         raise ConfigError('growth.schedule and growth.every_epochs both grow the model: use one of them')
+    if g['freeze_old_tokens'] and not steps:
+        raise ConfigError('growth.freeze_old_tokens freezes the tokens of earlier stages: it needs growth.schedule '
+                          '(to train only new tokens of a grown checkpoint, use freeze_old_tokens with init_from)')
     first = steps[0].get('at_epoch') if steps and isinstance(steps[0], dict) else None
     if _is_num(first) and cfg['warmup_epochs'] >= first:
         raise ConfigError(f"warmup_epochs {cfg['warmup_epochs']} must be shorter than the first stage of "

@@ -227,7 +227,9 @@ def report(out: str) -> str:
         lines.append('- ' + _sentence(answer(results, family), family))
     lines += ['', '## Runs (test top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
               '| run | seeds | top-1 at each stage end | final top-1 | compute |', '|---|---|---|---|---|']
-    for name, rs in results.items():
+    order = sorted(results, key=lambda n: (n.split('_')[0], '_scratch_' in n, results[n][0]['flops_per_image'][0], n))
+    for name in order:
+        rs = results[name]
         ends = rs[0]['stage_ends']
         stage = ' → '.join(f'{statistics.mean(r["points"][e][1] for r in rs):.2f}' for e in ends)
         m, s = _mean_std([r['top1'] for r in rs])

@@ -96,6 +96,9 @@ class TrainState:
         self.model = build_model(cfg).to(device)
         self.grown_from, self.init_report = {}, ''
         self.freeze_handles = []  # growth.freeze_old_tokens: hooks of the current stage
+        if cfg['growth']['freeze_old_tokens'] and not growth.pattention_layers(self.model):
+            raise ConfigError(f"growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); "
+                              f"{cfg['model']} has none")
         if cfg['init_from']:
             self._init_from(cfg['init_from'])
         if cfg['task'] == 'linprobe':
@@ -176,8 +179,6 @@ class TrainState:
         """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
         if not self.cfg['growth']['freeze_old_tokens']:
             return
-        if 'mlp_hidden' in old_size:
-            raise ConfigError('growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze)')
         for h in self.freeze_handles:
             h.remove()
         self.freeze_handles = growth.freeze_old_tokens(self.model, old_size, self.optimizer)
