@@ -269,7 +269,10 @@ def test_experiment_plans_every_stage_size_from_scratch(tmp_path):
     assert size_kwargs(dict(embed_dim=64), {'mlp_hidden': 256}) == dict(embed_dim=64, mlp_ratio=4.0)
     ablations = plan_runs('ablations', [0], families={'tokenformer': str(tf)})
     keys = {n: c['growth'] for n, _, c in ablations}
+    assert keys['tokenformer_chain_base']['stage_lr'] == 'restart'
+    assert keys['tokenformer_chain_base']['schedule'][0]['lr_scale'] == 0.5  # ABLATION_BASE, not the file's 1.0
     assert keys['tokenformer_chain_keys_normal']['key_init'] == 'normal'
+    assert keys['tokenformer_chain_keys_normal']['schedule'][0]['warmup_epochs'] == 0.25
     assert keys['tokenformer_chain_peak_full']['schedule'][0]['lr_scale'] == 1.0
 
 

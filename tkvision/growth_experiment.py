@@ -10,7 +10,8 @@ TokenFormer chain ``configs/fashion_mnist/growth_chain.yaml`` appends parameter 
 Net2Net (:func:`tkvision.growth.net2net_widen`, paper §4.3). Against each chain, every size it passes
 through is trained *from scratch* for the chain's whole length (``--scratch-epochs`` to change it),
 as in Fig. 3. The ``ablations`` plan reruns the TokenFormer chain with one growth setting changed
-(:data:`ABLATIONS`).
+from a fixed first recipe (:data:`ABLATION_BASE`, :data:`ABLATIONS`), and the ViT chain with that
+recipe.
 
 Compute is counted as before: training FLOPs per image of the model at the size of that epoch
 (``torch.utils.flop_counter``: forward + backward) times the training images, cumulated per epoch.
@@ -36,15 +37,23 @@ from .config import load_config, validate_config
 from .growth import model_size, target_size
 from .runtime import build_model
 
-__all__ = ['FAMILIES', 'ABLATIONS', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
+__all__ = ['FAMILIES', 'ABLATION_BASE', 'ABLATIONS', 'SHAPES', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
            'run_all', 'report', 'main']
 
 #: The chain recipe of each family.
 FAMILIES = {'tokenformer': 'configs/fashion_mnist/growth_chain.yaml',
             'vit': 'configs/fashion_mnist/growth_chain_vit.yaml'}
 
-#: What makes a growth step work (issue 18, item 2): name -> (what changes, growth overrides, step overrides).
+#: The growth settings every ablation starts from (the first recipe: each stage restarts its schedule,
+#: re-warming for a quarter epoch to half the peak lr; zero keys, moments kept, all tokens trained), so
+#: the ablations do not move when the chain recipe changes: (growth overrides, step overrides).
+ABLATION_BASE = ({'stage_lr': 'restart', 'key_init': 'zeros', 'optimizer_state': 'keep', 'freeze_old_tokens': False},
+                 {'warmup_epochs': 0.25, 'lr_scale': 0.5})
+
+#: What makes a growth step work (issue 18, item 2): name -> (what changes, growth overrides, step overrides)
+#: on top of :data:`ABLATION_BASE` (``base``: nothing changed; the ViT chain runs ``base`` only).
 ABLATIONS = {
+    'base': ('the first recipe: restart per stage, re-warm 0.25 epoch to x0.5 peak', {}, {}),
     'keys_normal': ('new keys N(0, 0.02²) instead of zeros', {'key_init': 'normal'}, {}),
     'moments_reset': ('optimizer reset at every step (student report)', {'optimizer_state': 'reset'}, {}),
     'freeze_old': ('only the new tokens (+ head) trained after a step', {'freeze_old_tokens': True}, {}),
@@ -56,6 +65,12 @@ ABLATIONS = {
                  {'lr_scale': 1.0}),
     'continue_no_rewarm': ('one cosine over the chain, no re-warm', {'stage_lr': 'continue'},
                            {'lr_scale': 1.0, 'warmup_epochs': 0}),
+}
+
+#: Chain shapes (``--plan shapes``): name -> (what, config overrides, growth step epochs), on the chain
+#: recipe of the config file; measured against the same from-scratch runs.
+SHAPES = {
+    'late': ('stages of 1-1-1-3 epochs (6 in all)', {'epochs': 6}, [1, 2, 3]),
 }
 
 
@@ -92,14 +107,20 @@ def _size_name(size: dict) -> str:
 
 def plan_runs(plan: str, seeds, overrides=(), scratch_epochs=None, families=FAMILIES) -> list:
     """``[(run name, seed, config)]`` of ``plan``: ``'chain'`` (each family's chain and every stage size
-    from scratch) or ``'ablations'`` (the TokenFormer chain with each of :data:`ABLATIONS`)."""
+    from scratch), ``'ablations'`` (the TokenFormer chain with each of :data:`ABLATIONS`) or ``'shapes'``
+    (each family's chain with its steps moved, :data:`SHAPES`)."""
     runs = []
     for family, path in families.items():
         chain = load_config(path, list(overrides))
+        if plan == 'shapes':
+            for name, (_, over, at) in SHAPES.items():
+                cfg = dict(copy.deepcopy(chain), **over)
+                cfg['growth']['schedule'] = [dict(step, at_epoch=a) for step, a in zip(cfg['growth']['schedule'], at)]
+                runs += [(f'{family}_chain_{name}', seed, cfg) for seed in seeds]
+            continue
         if plan == 'ablations':
-            if family != 'tokenformer':
-                continue
-            variants = {name: (g, s) for name, (_, g, s) in ABLATIONS.items()}
+            variants = {name: ({**ABLATION_BASE[0], **g}, {**ABLATION_BASE[1], **s})
+                        for name, (_, g, s) in ABLATIONS.items() if family == 'tokenformer' or name == 'base'}
         else:
             variants = {'': ({}, {})}
         for name, (g_over, s_over) in variants.items():
@@ -182,15 +203,16 @@ def _mean_std(xs):
     return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
 
 
-def answer(results: dict, family: str) -> dict:
+def answer(results: dict, family: str, chain: str = 'chain') -> dict:
     """How the ``family`` chain compares with its largest size from scratch (means over seeds).
 
     Returns ``dict(target, chain_final, chain_compute, scratch_compute, reach_fraction,
     scratch_fraction_for_chain)``: ``reach_fraction`` is the compute fraction (of the largest model's
     from-scratch run) at the first epoch where the chain's mean top-1 reaches the scratch model's final
     mean, None if it never does; ``scratch_fraction_for_chain`` the fraction at which the scratch run's
-    mean curve first reaches the chain's final mean (None if never)."""
-    chain = results.get(f'{family}_chain')
+    mean curve first reaches the chain's final mean (None if never). ``chain``: the run name after the
+    family (``chain_late`` for a :data:`SHAPES` chain)."""
+    chain = results.get(f'{family}_{chain}')
     scratch_names = [n for n in results if n.startswith(f'{family}_scratch_')]
     if not chain or not scratch_names:
         return {}
@@ -225,6 +247,9 @@ def report(out: str) -> str:
     lines = ['## Answer', '']
     for family in FAMILIES:
         lines.append('- ' + _sentence(answer(results, family), family))
+        for name, (what, _, _) in SHAPES.items():
+            if f'{family}_chain_{name}' in results:
+                lines.append('- ' + _sentence(answer(results, family, f'chain_{name}'), f'{family}, chain {what}'))
     lines += ['', '## Runs (test top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
               '| run | seeds | top-1 at each stage end | final top-1 | compute |', '|---|---|---|---|---|']
     order = sorted(results, key=lambda n: (n.split('_')[0], '_scratch_' in n, results[n][0]['flops_per_image'][0], n))
@@ -234,9 +259,9 @@ def report(out: str) -> str:
         stage = ' → '.join(f'{statistics.mean(r["points"][e][1] for r in rs):.2f}' for e in ends)
         m, s = _mean_std([r['top1'] for r in rs])
         lines.append(f"| {name} | {len(rs)} | {stage} | {m:.2f} ± {s:.2f} | {rs[0]['compute'] / 1e12:.1f} |")
-    lines += ['', '## What makes a growth step work (TokenFormer chain, one setting changed)', '',
-              '| setting | seeds | final top-1 | Δ vs the recipe (same seeds) |', '|---|---|---|---|']
-    base = {r['seed']: r['top1'] for r in results.get('tokenformer_chain', [])}
+    lines += ['', '## What makes a growth step work (TokenFormer chain, one setting changed from the first recipe)', '',
+              '| setting | seeds | final top-1 | Δ vs the first recipe (same seeds) |', '|---|---|---|---|']
+    base = {r['seed']: r['top1'] for r in results.get('tokenformer_chain_base', [])}
     for name, (what, _, _) in ABLATIONS.items():
         rs = results.get(f'tokenformer_chain_{name}')
         if not rs:
@@ -249,7 +274,8 @@ def report(out: str) -> str:
     with open(os.path.join(out, 'report.md'), 'w') as f:
         f.write(text)
     with open(os.path.join(out, 'results.json'), 'w') as f:
-        json.dump(dict(results=results, answers={k: answer(results, k) for k in FAMILIES}), f, indent=1)
+        answers = {f'{k}_{c}': answer(results, k, c) for k in FAMILIES for c in ['chain'] + [f'chain_{n}' for n in SHAPES]}
+        json.dump(dict(results=results, answers=answers), f, indent=1)
     _plot(results, os.path.join(out, 'accuracy_vs_compute.png'))
     return text
 
@@ -276,6 +302,12 @@ def _plot(results: dict, path: str):
             ax.fill_between(xs, [lo for *_, lo, _ in curve], [hi for *_, hi in curve], color='tab:red', alpha=.2)
             for e in chain[0]['stage_ends'][:-1]:
                 ax.axvline(xs[e], color='tab:red', ls=':', lw=.8)
+        for name, (what, _, _) in SHAPES.items():
+            late = results.get(f'{family}_chain_{name}')
+            if late:
+                curve = _mean_curve(late)
+                ax.plot([c / 1e12 for c, *_ in curve], [m for _, m, _, _ in curve], color='tab:orange', ls='--',
+                        marker='o', ms=3, label=f'grown chain, {what}')
         ax.set(xlabel='cumulative training compute (TFLOPs)', title=f'{family}: chain vs from scratch (Fashion-MNIST)')
         ax.grid(alpha=.3)
         if ax.get_legend_handles_labels()[0]:
@@ -292,7 +324,7 @@ def main(argv=None):
     """``tools/growth_experiment.py``; see ``--help``."""
     ap = argparse.ArgumentParser(description='Growth chains vs from-scratch training at equal compute (Fig. 3).')
     ap.add_argument('--out', default='runs/growth_chain')
-    ap.add_argument('--plan', default='chain', choices=['chain', 'ablations'])
+    ap.add_argument('--plan', default='chain', choices=['chain', 'ablations', 'shapes'])
     ap.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     ap.add_argument('--scratch-epochs', type=int, help="epochs of the from-scratch runs (default: the chain's)")
     ap.add_argument('--part', default='0/1', help='i/n: run only every n-th run, starting at i (one process per core)')
