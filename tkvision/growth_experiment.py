@@ -284,7 +284,7 @@ def _plot(results: dict, path: str):
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), sharey=True)
     for ax, family in zip(axes, FAMILIES):
         names = [n for n in results if n.startswith(f'{family}_scratch_')]
         names.sort(key=lambda n: results[n][0]['flops_per_image'][0])
@@ -312,6 +312,19 @@ def _plot(results: dict, path: str):
         ax.grid(alpha=.3)
         if ax.get_legend_handles_labels()[0]:
             ax.legend(fontsize=8, loc='lower right')
+    ax = axes[2]  # both families on one axis: each chain against its largest size from scratch
+    for family, color in zip(FAMILIES, ('tab:red', 'tab:green')):
+        a = answer(results, family)
+        if not a:
+            continue
+        for name, ls, label in ((f'{family}_chain', '-', 'grown chain'), (a['largest'], ':', 'largest from scratch')):
+            curve = _mean_curve(results[name])
+            ax.plot([c / 1e12 for c, *_ in curve], [m for _, m, _, _ in curve], color=color, ls=ls, marker='o', ms=3,
+                    label=f'{family}: {label}')
+    ax.set(xlabel='cumulative training compute (TFLOPs)', title='both: chain vs largest size from scratch')
+    ax.grid(alpha=.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc='lower right')
     axes[0].set_ylabel('test top-1 (%)')
     lo = min((m for rs in results.values() for _, m, _, _ in _mean_curve(rs)[1:]), default=80)
     axes[0].set_ylim(max(lo - 1, 0), None)
@@ -328,11 +341,15 @@ def main(argv=None):
     ap.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     ap.add_argument('--scratch-epochs', type=int, help="epochs of the from-scratch runs (default: the chain's)")
     ap.add_argument('--part', default='0/1', help='i/n: run only every n-th run, starting at i (one process per core)')
+    ap.add_argument('--only', nargs='+', help='run only these runs (names as --print-runs lists them; * wildcards)')
     ap.add_argument('--report', action='store_true', help='only write the report from finished runs')
     ap.add_argument('--print-runs', action='store_true', help='list the runs of the plan and exit')
     args, rest = ap.parse_known_args(argv)
     if not args.report:
         runs = plan_runs(args.plan, args.seeds, rest, args.scratch_epochs)
+        if args.only:
+            import fnmatch
+            runs = [r for r in runs if any(fnmatch.fnmatch(r[0], pat) for pat in args.only)]
         if args.print_runs:
             for name, seed, cfg in runs:
                 print(f"{name} seed {seed}: {cfg['epochs']} epochs")
