@@ -10,6 +10,7 @@ from timm.utils import ModelEmaV3
 from tkvision import growth
 from tkvision import train as train_mod
 from tkvision.config import ConfigError
+from tkvision.evaluate import main as validate_main
 from tkvision.growth_experiment import answer, plan_runs, size_kwargs
 from tkvision.optim import build_optimizer, build_scheduler
 
@@ -184,11 +185,15 @@ def _chain_cfg(tmp_path, name, **overrides):
     return fmnist_cfg(tmp_path, **base)
 
 
-def test_schedule_grows_at_its_epochs_and_resumes_bit_identically(tmp_path, monkeypatch):
+def test_schedule_grows_at_its_epochs_and_resumes_bit_identically(tmp_path, monkeypatch, capsys):
     """A 3-stage recipe with EMA: sizes per epoch as scheduled; killed after the checkpoint that follows
     the first step and resumed: the same weights as the uninterrupted run."""
     full = train_mod.train(_chain_cfg(tmp_path, 'full', model_ema=True))
     assert growth.token_counts(full['model']) == dict(patch=16, qkv=32, proj=24, ffn=96)
+    capsys.readouterr()  # the run's own config (the starting size) validates its grown weights
+    validate_main(['--config', str(tmp_path / 'full' / 'config.yaml'), '--checkpoint', str(tmp_path / 'full' / 'last.pth'),
+                   '--no-ema'])
+    assert f"top-1 {full['top1']:.2f}%" in capsys.readouterr().out
     assert [int(r['tokens']) for r in full['history']] == [16 + 16 + 16 + 64, 16 + 24 + 16 + 96, 16 + 32 + 24 + 96]
     cfg = _chain_cfg(tmp_path, 'crashed', model_ema=True)
     resumed = train_crash_resume(monkeypatch, cfg, saves=1)
@@ -238,7 +243,7 @@ def test_schedule_reset_optimizer_starts_from_zero_moments(tmp_path, monkeypatch
     assert seen[1] == (0, pytest.approx(1e-6))  # a fresh optimizer, re-warming from warmup_lr
 
 
-def test_vit_chain_by_net2net_resumes_bit_identically(tmp_path, monkeypatch):
+def test_vit_chain_by_net2net_resumes_bit_identically(tmp_path, monkeypatch, capsys):
     """The same recipe form for a plain timm ViT: widened by Net2Net at each step; resume across a step."""
     def cfg(name):
         return fmnist_cfg(tmp_path, model='vit_tiny_patch16_224', model_kwargs=TINY_VIT, epochs=3, output=str(tmp_path / name),
@@ -246,6 +251,10 @@ def test_vit_chain_by_net2net_resumes_bit_identically(tmp_path, monkeypatch):
                           growth=dict(schedule=_steps((1, {'mlp_hidden': 48}, 0.25, 0.5), (2, {'mlp_hidden': 64}))))
     full = train_mod.train(cfg('full'))
     assert growth.model_size(full['model']) == {'mlp_hidden': 64}
+    capsys.readouterr()
+    validate_main(['--config', str(tmp_path / 'full' / 'config.yaml'), '--checkpoint',
+                   str(tmp_path / 'full' / 'last.safetensors')])
+    assert f"top-1 {full['top1']:.2f}%" in capsys.readouterr().out
     resumed = train_crash_resume(monkeypatch, cfg('crashed'), saves=2)
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
     for k in a:

@@ -11,9 +11,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from .checkpoint import load_weights
+from .checkpoint import adapt_state_dict, load_state_dict_file, load_weights
 from .config import load_config
 from .data import BatchPreprocessor, build_dataset, build_loader, resolve_data_cfg, train_class_map
+from .growth import grow_to_checkpoint
 from .runtime import build_model, cli, init_distributed, setup_threads
 
 __all__ = ['evaluate', 'evaluate_mae', 'mask_noise', 'main']
@@ -120,6 +121,10 @@ def _main(argv) -> int:
     rank, world, device = init_distributed(cfg)
     ds = build_dataset(cfg, 'val', rank, world, class_to_idx=train_class_map(cfg))
     model = build_model(cfg)
+    # a run that grew during training: its config builds the model it started from
+    grown = grow_to_checkpoint(model, adapt_state_dict(model, load_state_dict_file(args.checkpoint, not args.no_ema)))
+    if grown and not rank:
+        print(f'grown to the checkpoint\'s size (old, new): {grown}')
     load_weights(model, args.checkpoint, use_ema=not args.no_ema)
     model.to(device)
     loader = build_loader(ds, cfg, train=False, rank=rank, world_size=world)

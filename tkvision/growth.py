@@ -37,7 +37,7 @@ from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
 __all__ = ['TOKEN_KINDS', 'DECODER_KINDS', 'ALL_KINDS', 'layer_kind', 'pattention_layers', 'token_counts', 'target_counts', 'grow',
-           'grow_optimizer_state', 'grow_training_state', 'model_size', 'target_size', 'grow_to', 'net2net_widen',
+           'grow_optimizer_state', 'grow_training_state', 'model_size', 'target_size', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'net2net_widen',
            'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
 
 
@@ -246,6 +246,33 @@ def grow_to(model: torch.nn.Module, size: dict) -> torch.nn.Module:
         net2net_widen(model, size['mlp_hidden'])
         return model
     return grow(model, to=size)
+
+
+def checkpoint_size(model: torch.nn.Module, state_dict: dict) -> dict:
+    """The :func:`model_size` of the model ``state_dict`` was saved from, read from its Pattention key
+    tensors (or its MLPs' fc1 rows), for a ``model`` of the same architecture (``state_dict`` already
+    adapted with :func:`~tkvision.checkpoint.adapt_state_dict`). Layers absent from it are left out."""
+    layers = pattention_layers(model)
+    if layers:
+        size = {}
+        for name, (kind, layer) in layers.items():
+            t = state_dict.get(f'{name}.{layer.key_name}')
+            if t is not None:
+                size[kind] = max(size.get(kind, 0), t.shape[0])
+        return size
+    rows = {state_dict[f'{n}.fc1.weight'].shape[0] for n in _mlps(model) if f'{n}.fc1.weight' in state_dict}
+    return {'mlp_hidden': max(rows)} if rows else {}
+
+
+def grow_to_checkpoint(model: torch.nn.Module, state_dict: dict) -> dict:
+    """Grow ``model`` in place to the size of ``state_dict`` when that is larger in every grown kind
+    (the weights of a run that grew during training, evaluated with the run's config, which builds
+    the model it started from). Returns ``{kind: (old, new)}`` of what grew, ``{}`` if nothing did."""
+    current, saved = model_size(model), checkpoint_size(model, state_dict)
+    if not saved or any(saved.get(k, v) < v for k, v in current.items()) or saved == current:
+        return {}
+    grow_to(model, saved)
+    return {k: (current[k], saved[k]) for k in saved if saved[k] != current.get(k)}
 
 
 def net2net_widen(model: torch.nn.Module, mlp_hidden: int, split: str = 'random', plan=None) -> dict:
