@@ -103,13 +103,14 @@ def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoin
         raise WeightsMismatchError(f'{source} does not fit the model:\n' + '\n'.join(parts))
 
 
-def load_weights(model: torch.nn.Module, path: str, use_ema: bool = True) -> torch.nn.Module:
+def load_weights(model: torch.nn.Module, path: str, use_ema: bool = True, state_dict=None) -> torch.nn.Module:
     """Load weights from ``path`` into ``model`` strictly, after ``check_fit``; returns ``model``.
+    ``state_dict``: the file's tensors when already read (``path`` then only names it in errors).
 
     Raises:
         FileNotFoundError: no file. WeightsMismatchError: tensors differ (listed).
     """
-    state_dict = adapt_state_dict(model, load_state_dict_file(path, use_ema))
+    state_dict = adapt_state_dict(model, load_state_dict_file(path, use_ema) if state_dict is None else state_dict)
     check_fit(model, state_dict, path)
     model.load_state_dict(state_dict)
     return model

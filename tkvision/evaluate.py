@@ -122,10 +122,11 @@ def _main(argv) -> int:
     ds = build_dataset(cfg, 'val', rank, world, class_to_idx=train_class_map(cfg))
     model = build_model(cfg)
     # a run that grew during training: its config builds the model it started from
-    grown = grow_to_checkpoint(model, adapt_state_dict(model, load_state_dict_file(args.checkpoint, not args.no_ema)))
+    weights = adapt_state_dict(model, load_state_dict_file(args.checkpoint, not args.no_ema))
+    grown = grow_to_checkpoint(model, weights)
     if grown and not rank:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
-    load_weights(model, args.checkpoint, use_ema=not args.no_ema)
+    load_weights(model, args.checkpoint, state_dict=weights)
     model.to(device)
     loader = build_loader(ds, cfg, train=False, rank=rank, world_size=world)
     res = evaluate(model, loader, device, BatchPreprocessor(cfg['mean'], cfg['std'], device), cfg['amp'])

@@ -37,7 +37,7 @@ from .layers import Pattention
 from .models.tokenformer_vit import TOKEN_KINDS
 
 __all__ = ['TOKEN_KINDS', 'DECODER_KINDS', 'ALL_KINDS', 'layer_kind', 'pattention_layers', 'token_counts', 'target_counts', 'grow',
-           'grow_optimizer_state', 'grow_training_state', 'model_size', 'target_size', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'net2net_widen',
+           'grow_optimizer_state', 'grow_training_state', 'model_size', 'target_size', 'schedule_sizes', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'net2net_widen',
            'load_grown_state_dict', 'freeze_old_tokens', 'grow_checkpoint', 'main']
 
 
@@ -148,27 +148,35 @@ def _sync_token_attrs(model: torch.nn.Module):
             setattr(inner, f'num_tokens_{kind}', n)
 
 
-def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict):
+def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict, expand=None):
     """Point ``optimizer`` at grown parameters, keeping the old rows' state and zero-filling new rows.
 
     Args:
         optimizer: e.g. AdamW, whose ``param_groups`` hold the pre-growth parameters.
         old_to_new: ``{old parameter: new parameter}`` (new has ≥ rows along dim 0).
+        expand: ``{old parameter: fn(state tensor) -> new state tensor}`` to use instead of the
+            first-rows copy for those parameters (Net2Net gathers the copied units' moments).
 
     Every tensor state entry with the old parameter's shape (AdamW's ``exp_avg``, ``exp_avg_sq``)
-    is copied into the first rows of a zero tensor of the new shape; scalars (``step``) are kept.
+    is copied into the first rows of a zero tensor of the new shape (or passed through ``expand``);
+    scalars (``step``) are kept.
     """
+    def first_rows(old, new, value):
+        grown = value.new_zeros(new.shape)
+        grown[:old.shape[0]] = value
+        return grown
+
+    expand = expand or {}
     for group in optimizer.param_groups:
         group['params'] = [old_to_new.get(p, p) for p in group['params']]
     for old, new in old_to_new.items():
         if old not in optimizer.state:
             continue
         state = optimizer.state.pop(old)
+        fn = expand.get(old, lambda value: first_rows(old, new, value))
         for key, value in state.items():
             if torch.is_tensor(value) and value.shape == old.shape:
-                grown = value.new_zeros(new.shape)
-                grown[:old.shape[0]] = value
-                state[key] = grown
+                state[key] = fn(value)
         optimizer.state[new] = state
 
 
@@ -237,6 +245,15 @@ def target_size(to) -> dict:
     """The :func:`model_size` a growth target names: a registered variant's token counts, or the
     mapping itself (``{kind: tokens}`` or ``{'mlp_hidden': N}``)."""
     return target_counts(to) if isinstance(to, str) else dict(to)
+
+
+def schedule_sizes(size: dict, schedule: list) -> list:
+    """The :func:`model_size` of every stage of a ``growth.schedule``, starting from ``size``: a step's
+    ``to`` (:func:`target_size`) overrides the kinds it names."""
+    sizes = [dict(size)]
+    for step in schedule:
+        sizes.append({**sizes[-1], **target_size(step['to'])})
+    return sizes
 
 
 def grow_to(model: torch.nn.Module, size: dict) -> torch.nn.Module:
@@ -340,18 +357,14 @@ def _widen_training_state(model, optimizer, ema_model, to) -> dict:
         raise ValueError(f"a model without Pattentions grows by Net2Net only: to={{'mlp_hidden': N}}, got {to!r}")
     before = {n: (m.fc1.weight, m.fc1.bias, m.fc2.weight) for n, m in _mlps(model).items()}
     plan = net2net_widen(model, to['mlp_hidden'])
-    after = _mlps(model)
+    after, old_to_new, expand = _mlps(model), {}, {}
     for name, (idx, _) in plan.items():  # (old parameter, new parameter, dim of the hidden units)
         new = after[name]
         for old, param, dim in zip(before[name], (new.fc1.weight, new.fc1.bias, new.fc2.weight), (0, 0, 1)):
-            if old is None:
-                continue
-            for group in optimizer.param_groups:
-                group['params'] = [param if p is old else p for p in group['params']]
-            if old in optimizer.state:
-                st = optimizer.state.pop(old)
-                optimizer.state[param] = {k: v.index_select(dim, idx) if torch.is_tensor(v) and v.shape == old.shape
-                                          else v for k, v in st.items()}
+            if old is not None:
+                old_to_new[old] = param
+                expand[old] = lambda value, dim=dim, idx=idx: value.index_select(dim, idx)
+    grow_optimizer_state(optimizer, old_to_new, expand)
     if ema_model is not None:
         net2net_widen(ema_model, to['mlp_hidden'], plan=plan)
     return model_size(model)

@@ -34,7 +34,7 @@ import torch.nn.functional as F
 
 from .benchmark import flop_counter
 from .config import load_config, validate_config
-from .growth import model_size, target_size
+from .growth import model_size, schedule_sizes
 from .runtime import build_model
 
 __all__ = ['FAMILIES', 'ABLATION_BASE', 'ABLATIONS', 'SHAPES', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
@@ -87,10 +87,7 @@ def train_flops_per_image(cfg: dict) -> float:
 def stage_sizes(cfg: dict) -> list:
     """:func:`~tkvision.growth.model_size` of every stage of ``cfg``'s growth schedule, first to last."""
     with torch.device('meta'):
-        sizes = [model_size(build_model(cfg))]
-    for step in cfg['growth']['schedule']:
-        sizes.append({**sizes[-1], **target_size(step['to'])})
-    return sizes
+        return schedule_sizes(model_size(build_model(cfg)), cfg['growth']['schedule'])
 
 
 def size_kwargs(model_kwargs: dict, size: dict) -> dict:

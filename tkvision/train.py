@@ -210,10 +210,8 @@ class TrainState:
                 growth.grow_to(self.ema.module, state['token_counts'])
         self.model.load_state_dict(state['model'])
         self.optimizer = self._make_optimizer()
-        sizes = [counts]  # the size of every stage reached so far; the current stage freezes the one before
-        for step in g['schedule']:
-            if step['at_epoch'] <= state['epochs_done']:
-                sizes.append({**sizes[-1], **growth.target_size(step['to'])})
+        # the stages reached so far; the current one freezes the size of the one before
+        sizes = growth.schedule_sizes(counts, [s for s in g['schedule'] if s['at_epoch'] <= state['epochs_done']])
         if len(sizes) > 1:
             self._freeze_stage(sizes[-2])
         self.optimizer.load_state_dict(state['optimizer'])
