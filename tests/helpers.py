@@ -4,8 +4,9 @@ import os
 import numpy as np
 from PIL import Image
 
-from tkvision.config import load_config
-from tkvision.data import load_fashion_mnist
+from tkvision.data import build_dataset, build_loader, build_transform, load_fashion_mnist
+from tkvision.engine.config import load_config, section
+from tkvision.engine.trainer import resolve_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -42,8 +43,8 @@ def train_crash_resume(monkeypatch, cfg, saves: int) -> dict:
     written, resume from it and return the resumed run's result."""
     import pytest
 
-    from tkvision import train as train_mod
-    real_save, calls = train_mod.atomic_save, []
+    from tkvision.engine import loop as loop_mod, trainer as train_mod
+    real_save, calls = loop_mod.save_training_checkpoint, []
 
     def crash(obj, path):
         real_save(obj, path)
@@ -51,8 +52,25 @@ def train_crash_resume(monkeypatch, cfg, saves: int) -> dict:
         if len(calls) == saves:
             raise KeyboardInterrupt('simulated crash')
 
-    monkeypatch.setattr(train_mod, 'atomic_save', crash)
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', crash)
     with pytest.raises(KeyboardInterrupt):
         train_mod.train(cfg)
-    monkeypatch.setattr(train_mod, 'atomic_save', real_save)
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', real_save)
     return train_mod.train(cfg, resume=True)
+
+
+def dataset_of(cfg, split, **kwargs):
+    """``build_dataset`` of a whole config: its resolved data section and seed."""
+    cfg = resolve_run_config(cfg)
+    return build_dataset(section(cfg, 'data'), split, cfg['seed'], **kwargs)
+
+
+def transform_of(cfg, train, **kwargs):
+    """``build_transform`` of a whole config: its resolved data section and seed."""
+    cfg = resolve_run_config(cfg)
+    return build_transform(section(cfg, 'data'), train, cfg['seed'], **kwargs)
+
+
+def loader_of(ds, cfg, train, **kwargs):
+    """``build_loader`` of a whole config: its data section and seed."""
+    return build_loader(ds, section(cfg, 'data'), train, cfg['seed'], **kwargs)

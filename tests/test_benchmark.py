@@ -1,7 +1,7 @@
 """The benchmark's arithmetic: FLOPs per image against the analytic count, ratios against the counterpart."""
 import pytest
 
-from tkvision.benchmark import COUNTERPARTS, benchmark_models
+from tkvision.experiments.benchmark import COUNTERPARTS, benchmark_models
 
 
 def tokenformer_infer_flops(d=192, depth=12, n=192, n_ffn=768, tokens=197, patches=196, patch_dim=768, classes=1000):
@@ -22,7 +22,7 @@ def test_flops_and_ratio():
 
 
 def test_profile_breakdown_accounts_for_the_step():
-    from tkvision.benchmark import profile_breakdown
+    from tkvision.experiments.benchmark import profile_breakdown
     rows = profile_breakdown(['tokenformer_vit_ti16'], batch_size=1, log=lambda *_: None)
     shares = {r['category']: r['share'] for r in rows}
     assert abs(sum(shares.values()) - 1) < 1e-6
@@ -35,7 +35,7 @@ def test_saved_activations_lean_path_keeps_less():
     import timm
     import torch
 
-    from tkvision.benchmark import saved_activation_mib
+    from tkvision.experiments.benchmark import saved_activation_mib
     kw = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_tokens=128)
     x = torch.randn(4, 3, 32, 32)
     mib = {}
@@ -50,7 +50,7 @@ def test_saved_activations_lean_path_keeps_less():
 
 
 def test_model_spec_options_reach_the_model_and_keep_the_counterpart():
-    from tkvision.benchmark import COUNTERPARTS, parse_model_spec
+    from tkvision.experiments.benchmark import COUNTERPARTS, parse_model_spec
     assert parse_model_spec('tokenformer_vit_b16_matched@fused_qkv=true@depth=2') == (
         'tokenformer_vit_b16_matched', dict(fused_qkv=True, depth=2))
     assert 'tokenformer_vit_b16_matched' in COUNTERPARTS

@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tkvision.config import ConfigError, load_config, parse_overrides, resolve_accum_steps, resolve_lr
+from tkvision.engine.config import ConfigError, load_config, parse_overrides, resolve_accum_steps, resolve_lr
 
 from .helpers import ROOT
 

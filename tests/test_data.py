@@ -10,13 +10,14 @@ import pytest
 import torch
 from PIL import Image
 
-from tkvision import train as train_mod
-from tkvision.config import load_config
-from tkvision.data import build_dataset, build_transform, resolve_data_cfg
-from tkvision.evaluate import main as validate_main
-from tkvision.shards import INFO_NAME, ShardStream, make_shards
+from tkvision.cli.train import train_main
+from tkvision.engine import loop as loop_mod, trainer as train_mod
+from tkvision.engine.config import load_config
+from tkvision.engine.trainer import resolve_run_config
+from tkvision.cli.train import validate_main
+from tkvision.data.shards import INFO_NAME, ShardStream, make_shards
 
-from .helpers import make_imagenet_folder
+from .helpers import dataset_of, make_imagenet_folder, transform_of
 
 TINY = dict(img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2, num_tokens=8, num_classes=3)
 
@@ -97,18 +98,18 @@ def test_train_validate_and_resume_mid_epoch_from_shards(tmp_path, shards, monke
     full = train_mod.train(_cfg(tmp_path, 'wds/fmnist', shards, output=str(tmp_path / 'full'), **kw))
     rows = list(csv.DictReader(open(tmp_path / 'full' / 'metrics.csv')))
     assert sum(int(r['skipped']) for r in rows) >= 1 and full['top1'] is not None
-    real, calls = train_mod.atomic_save, []
+    real, calls = loop_mod.save_training_checkpoint, []
 
     def crash(obj, path):
         real(obj, path)
-        calls.append(obj['batches_done'])
-        if obj['epochs_done'] == 1 and obj['batches_done'] == 3:
+        calls.append(obj.batches_done)
+        if obj.epochs_done == 1 and obj.batches_done == 3:
             raise KeyboardInterrupt('pre-empted')
     cfg = _cfg(tmp_path, 'wds/fmnist', shards, output=str(tmp_path / 'broken'), **kw)
-    monkeypatch.setattr(train_mod, 'atomic_save', crash)
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', crash)
     with pytest.raises(KeyboardInterrupt):
         train_mod.train(cfg)
-    monkeypatch.setattr(train_mod, 'atomic_save', real)
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', real)
     resumed = train_mod.train(cfg, resume=True)
     assert 'batch 3' in capsys.readouterr().out
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
@@ -124,7 +125,7 @@ def test_folder_and_tar_skip_and_count_unreadable_images(tmp_path, jpeg_root):
             tf.add(os.path.join(jpeg_root, split), arcname='.')
     for dataset, data_dir in (('folder', jpeg_root), ('tar', str(tmp_path))):
         cfg = _cfg(tmp_path, dataset, data_dir, batch_size=1, epochs=1, output=str(tmp_path / dataset))
-        ds = build_dataset(cfg, 'train')
+        ds = dataset_of(cfg, 'train')
         items = [ds[i] for i in range(len(ds))]
         bad = [x for x in items if isinstance(x[0], str)]
         assert len(items) == 37 and len(bad) == 1 and 'truncated' in bad[0][1], dataset
@@ -157,7 +158,7 @@ def test_local_hugging_face_dataset_trains_validates_and_resumes(tmp_path, capsy
     assert len(res['history']) == 2 and res['top1'] is not None
     validate_main(['--config', str(tmp_path / 'run' / 'config.yaml'), '--checkpoint', str(tmp_path / 'run' / 'last.pth')])
     assert f"on 12 images: top-1 {res['top1']:.2f}%" in capsys.readouterr().out
-    x, y = build_dataset(cfg, 'val')[0]
+    x, y = dataset_of(cfg, 'val')[0]
     assert x.shape == (3, 32, 32) and y in (0, 1, 2)
 
 
@@ -173,21 +174,21 @@ def test_val_uses_the_training_class_map(tmp_path):
     """val lacking nothing but listed in another order on disk still scores class c as class c."""
     root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=4, val_per_class=2, size=32)
     cfg = _cfg(tmp_path, 'folder', root)
-    train_ds = build_dataset(cfg, 'train')
+    train_ds = dataset_of(cfg, 'train')
     from tkvision.data import dataset_classes
-    val = build_dataset(cfg, 'val', class_to_idx=dataset_classes(train_ds))
+    val = dataset_of(cfg, 'val', class_to_idx=dataset_classes(train_ds))
     assert sorted(y for _, y in (val[i] for i in range(len(val)))) == [0, 0, 1, 1, 2, 2]
 
 
 def test_data_config_comes_from_the_model_without_a_recipe(tmp_path, capsys):
-    cfg = resolve_data_cfg(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder')))
+    cfg = resolve_run_config(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder')))
     assert cfg['img_size'] == 224 and cfg['mean'] == [0.485, 0.456, 0.406] and cfg['interpolation'] == 'bicubic'
     import timm
     assert cfg['crop_pct'] == timm.models.get_pretrained_cfg('tokenformer_vit_s16').crop_pct
-    kept = resolve_data_cfg(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder', img_size=64)))
+    kept = resolve_run_config(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder', img_size=64)))
     assert kept['img_size'] == 64
     root = make_imagenet_folder(tmp_path / 'imnet', classes=2, train_per_class=4, val_per_class=2, size=48)
-    assert train_mod.main(['--model', 'tokenformer_vit_ti16', '--model_kwargs', '{embed_dim: 32, depth: 1, num_heads: 2, '
+    assert train_main(['--model', 'tokenformer_vit_ti16', '--model_kwargs', '{embed_dim: 32, depth: 1, num_heads: 2, '
                            'num_tokens: 8}', '--dataset', 'folder', '--data-dir', root, '--epochs', '1',
                            '--warmup_epochs', '0.5', '--batch_size', '4', '--threads', '1', '--progress', 'false',
                            '--output', str(tmp_path / 'run')]) == 0
@@ -198,7 +199,7 @@ def test_data_config_comes_from_the_model_without_a_recipe(tmp_path, capsys):
 
 def test_random_interpolation_draws_bilinear_or_bicubic():
     cfg = load_config(None, dict(dataset='folder', img_size=32, interpolation='random', rrc_scale=[0.5, 1.0]))
-    t = build_transform(cfg, train=True)
+    t = transform_of(cfg, train=True)
     crop = t.transforms[0]
     assert {op.interpolation for op in crop.transforms} == {1, 2}  # cv2.INTER_LINEAR, cv2.INTER_CUBIC
     import numpy as np
@@ -206,7 +207,8 @@ def test_random_interpolation_draws_bilinear_or_bicubic():
 
 
 def test_make_subset_draws_classes_and_images_by_seed_as_folder_or_shards(tmp_path):
-    from tkvision.subset import PRESETS, main as subset_main, make_subset
+    from tkvision.cli.data import make_subset_main as subset_main
+    from tkvision.data.subset import PRESETS, make_subset
     root = make_imagenet_folder(tmp_path / 'imnet', classes=5, train_per_class=6, val_per_class=3, size=32)
     counts = make_subset(root, str(tmp_path / 'a'), num_classes=3, train_per_class=4, val_per_class=2, seed=1)
     again = make_subset(root, str(tmp_path / 'b'), num_classes=3, train_per_class=4, val_per_class=2, seed=1)
@@ -228,7 +230,7 @@ def test_fast_jpeg_decoding_gives_pils_pixels_and_refuses_bombs(jpeg_root, tmp_p
     import numpy as np
     from tkvision import data
     pytest.importorskip('simplejpeg')
-    from tkvision.data_benchmark import make_jpeg_folder
+    from tkvision.experiments.data_benchmark import make_jpeg_folder
     root = make_jpeg_folder(str(tmp_path / 'big'), n_images=4, classes=2)
     paths = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
     for path in paths:

@@ -9,8 +9,9 @@ import torch
 from safetensors.torch import load_file
 
 from tkvision import growth
-from tkvision import train as train_mod
-from tkvision.checkpoint import WeightsMismatchError, save_weights
+from tkvision.engine import trainer as train_mod
+from tkvision.engine.checkpoint import save_weights
+from tkvision.utils.errors import WeightsMismatchError
 
 from .helpers import ROOT, TINY_FMNIST, fmnist_cfg, train_crash_resume
 
@@ -153,7 +154,7 @@ def test_growth_during_training_and_resume_across_it(tmp_path, monkeypatch):
 
 
 def test_unknown_growth_kind_is_named(tmp_path):
-    from tkvision.config import ConfigError
+    from tkvision.engine.config import ConfigError
     with pytest.raises(ConfigError, match="unknown token kind 'mlp'"):
         train_mod.train(fmnist_cfg(tmp_path, growth=dict(every_epochs=1, add_tokens=dict(mlp=8))))
 

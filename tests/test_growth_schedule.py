@@ -8,11 +8,12 @@ import torch
 from timm.utils import ModelEmaV3
 
 from tkvision import growth
-from tkvision import train as train_mod
-from tkvision.config import ConfigError
-from tkvision.evaluate import main as validate_main
-from tkvision.growth_experiment import answer, plan_runs, size_kwargs
-from tkvision.optim import build_optimizer, build_scheduler
+from tkvision.engine import trainer as train_mod
+from tkvision.engine.config import ConfigError
+from tkvision.cli.train import validate_main
+from tkvision.experiments.growth_experiment import answer, plan_runs, size_kwargs
+from tkvision.engine.config import section
+from tkvision.engine.optim import build_optimizer, build_scheduler
 
 from .helpers import TINY_FMNIST, fmnist_cfg, train_crash_resume
 
@@ -138,9 +139,9 @@ def test_staged_schedule_anneals_every_stage_and_rewarms(tmp_path):
     cfg = fmnist_cfg(tmp_path, epochs=5, warmup_epochs=0.5, lr=1e-2, min_lr=1e-5, warmup_lr=1e-6,
                      growth=dict(schedule=_steps((2, {'qkv': 24}, 0.25, 0.5), (4, {'qkv': 32}, 0.0, 0.25))))
     model = timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST)
-    opt = build_optimizer(model, cfg, 1e-2)
+    opt = build_optimizer(model, section(cfg, 'optim'), 1e-2)
     upe = 8
-    sched = build_scheduler(opt, cfg, 1e-2, upe)
+    sched = build_scheduler(opt, section(cfg, 'optim'), section(cfg, 'growth'), 1e-2, upe)
 
     def expected(u):
         for start, end, warm, peak in ((0, 16, 4, 1e-2), (16, 32, 2, 5e-3), (32, 40, 0, 2.5e-3)):
@@ -160,8 +161,8 @@ def test_continue_schedule_is_one_cosine_rewarmed_after_each_step(tmp_path):
     step's re-warm of W updates, x lr_scale after it."""
     cfg = fmnist_cfg(tmp_path, epochs=4, warmup_epochs=0.5, lr=1e-2, min_lr=1e-5, warmup_lr=1e-6,
                      growth=dict(stage_lr='continue', schedule=_steps((2, {'qkv': 24}, 0.5, 0.5))))
-    opt = build_optimizer(timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST), cfg, 1e-2)
-    sched = build_scheduler(opt, cfg, 1e-2, 8)
+    opt = build_optimizer(timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST), section(cfg, 'optim'), 1e-2)
+    sched = build_scheduler(opt, section(cfg, 'optim'), section(cfg, 'growth'), 1e-2, 8)
 
     def expected(u):
         lr = 1e-6 + u * (1e-2 - 1e-6) / 4 if u < 4 else \

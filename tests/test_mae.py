@@ -7,18 +7,19 @@ import sys
 import numpy as np
 import pytest
 import timm
+from tkvision.layers import PATTENTION_KINDS
 import torch
 from PIL import Image
 from safetensors.torch import load_file
 
 from tkvision import growth
-from tkvision import train as train_mod
-from tkvision.config import ConfigError, load_config
-from tkvision.evaluate import mask_noise
-from tkvision.models.mae import (create_mae, linear_probe, load_encoder, patchify, random_masking,
+from tkvision.engine import loop as loop_mod, trainer as train_mod
+from tkvision.engine.config import ConfigError, load_config
+from tkvision.engine.evaluate import mask_noise
+from tkvision.models.mae import (create_mae, encoder_weights, linear_probe, patchify, random_masking,
                                  unpatchify)
 
-from .helpers import ROOT, TINY_FMNIST, fmnist_cfg
+from .helpers import ROOT, TINY_FMNIST, dataset_of, fmnist_cfg
 
 #: 7 x 7 = 49 patches of 4 px on 28 px images.
 ENC = dict(TINY_FMNIST, patch_size=4)
@@ -92,6 +93,12 @@ def test_loss_is_the_mse_on_masked_patches_only(norm_pix_loss):
     assert model2.forward_loss(x2, pred, mask).item() == pytest.approx(loss.item(), rel=1e-6)
 
 
+def load_encoder(model, state_dict):
+    """What ``init_from`` an MAE checkpoint does (tkvision.engine.checkpoint.load_init_weights), in memory."""
+    encoder = encoder_weights(model, state_dict)
+    return dict(encoder, grown=growth.load_grown_state_dict(model, encoder['weights']))
+
+
 def _unshuffled_encoder(model, x):
     latent, mask, ids_restore = model.forward_encoder(x, 0.0, mask_noise(0, len(x), 49))
     P = model.encoder.num_prefix_tokens
@@ -139,7 +146,7 @@ def test_growth_with_zero_keys_leaves_the_mae_loss_unchanged():
     with torch.no_grad():
         before = model(x, 0.75, noise)
     counts = growth.token_counts(model)
-    assert set(counts) == set(growth.ALL_KINDS)
+    assert set(counts) == set(PATTENTION_KINDS)
     growth.grow(model, qkv=8, ffn=16, patch=4, decoder_qkv=8, decoder_ffn=8, decoder_embed=4, decoder_pred=4)
     after_counts = growth.token_counts(model)
     assert after_counts['qkv'] == counts['qkv'] + 8 and after_counts['decoder_qkv'] == counts['decoder_qkv'] + 8
@@ -154,13 +161,13 @@ def test_growth_with_zero_keys_leaves_the_mae_loss_unchanged():
 
 def _stop_at(monkeypatch, update):
     """Make the run receive SIGTERM (as the trainer records it) right after optimizer update ``update``."""
-    real = train_mod._optimizer_step
+    real = loop_mod._optimizer_step
 
     def step(run, state):
         real(run, state)
         if state.num_updates == update:
             run.stop_signal = 'SIGTERM'
-    monkeypatch.setattr(train_mod, '_optimizer_step', step)
+    monkeypatch.setattr(loop_mod, '_optimizer_step', step)
 
 
 def test_mae_run_with_growth_resumes_bit_identical_and_finetunes(tmp_path, monkeypatch, capsys):
@@ -194,7 +201,7 @@ def test_mae_run_with_growth_resumes_bit_identical_and_finetunes(tmp_path, monke
 def test_linear_probe_trains_only_the_batchnorm_linear_head(tmp_path):
     mae = _mae()
     path = str(tmp_path / 'mae.safetensors')
-    from tkvision.checkpoint import save_weights
+    from tkvision.engine.checkpoint import save_weights
     save_weights(mae.state_dict(), path)
     cfg = fmnist_cfg(tmp_path, task='linprobe', model_kwargs=ENC, init_from=path, epochs=1, train_subset=256,
                      val_subset=64, opt='lars', lr=0.1, weight_decay=0.0, warmup_epochs=0.5)
@@ -226,7 +233,7 @@ def test_mae_config_errors_name_the_key(tmp_path):
 
 
 def test_visualize_tool_writes_the_grid_and_pastes_visible_patches(tmp_path):
-    from tkvision.mae_visualize import reconstruct
+    from tkvision.engine.reconstruction import reconstruct
     model = _mae()
     x = torch.randn(2, 1, 28, 28)
     masked, recon, pasted = reconstruct(model, x)
@@ -246,8 +253,7 @@ def test_visualize_tool_writes_the_grid_and_pastes_visible_patches(tmp_path):
     img = np.asarray(Image.open(out))
     assert img.shape == (3 * 28 * 4, 4 * 28 * 4, 3)
     # column 1 (the original) is the first validation images, un-normalised
-    from tkvision.data import build_dataset, resolve_data_cfg
-    ds = build_dataset(resolve_data_cfg(cfg), 'val', 0, 1)
+    ds = dataset_of(cfg, 'val')
     first = np.asarray(ds[0][0])[0]
     assert np.abs(img[:28 * 4:4, :28 * 4:4, 0].astype(int) - first.astype(int)).max() <= 1
     r = subprocess.run([sys.executable, os.path.join(ROOT, 'tools/mae_visualize.py'), '--checkpoint',

@@ -6,7 +6,8 @@ import timm
 import torch
 from timm.optim import create_optimizer_v2
 
-from tkvision.checkpoint import WeightsMismatchError, load_weights, save_weights
+from tkvision.engine.checkpoint import load_fitting_weights, read_weights, save_weights
+from tkvision.utils.errors import WeightsMismatchError
 from tkvision.layers import Pattention
 from tkvision.models import TokenFormerViT
 
@@ -207,8 +208,8 @@ def test_first_release_checkpoints_still_load(tmp_path, tiny_kwargs):
     m = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=path),
                           **tiny_kwargs).eval()
     torch.testing.assert_close(m(x), src(x))
-    from tkvision.checkpoint import load_weights
-    m2 = load_weights(timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval(), path)
+    m2 = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+    load_fitting_weights(m2, read_weights(path), path)
     torch.testing.assert_close(m2(x), src(x))
 
 
@@ -216,11 +217,13 @@ def test_mismatched_weights_name_the_tensors(tmp_path, tiny_kwargs):
     src = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
     path = str(tmp_path / 'w.safetensors')
     save_weights(src.state_dict(), path)
-    other = timm.create_model('tokenformer_vit_ti16', **dict(tiny_kwargs, num_tokens_ffn=40, num_classes=5))
+    # more FFN tokens than the file (no growth makes it fit) and another head
+    other = timm.create_model('tokenformer_vit_ti16', **dict(tiny_kwargs, num_tokens_ffn=80, num_classes=5))
     with pytest.raises(WeightsMismatchError) as e:
-        load_weights(other, path)
+        load_fitting_weights(other, read_weights(path), path)
     msg = str(e.value)
-    assert 'blocks.0.ffn.key_param_tokens: checkpoint (64, 32) vs model (40, 32)' in msg and 'head.weight' in msg
+    assert 'blocks.0.ffn.key_param_tokens: checkpoint (64, 32) vs model (80, 32)' in msg and 'head.weight' in msg
+    assert path in msg
 
 
 def test_is_a_tokenformer(tiny_kwargs):
@@ -230,8 +233,8 @@ def test_is_a_tokenformer(tiny_kwargs):
 def test_grown_trained_model_round_trips_through_local_dir(tmp_path):
     """Train with growth, export (EMA and raw) as timm's save_for_hf folder, reload with local-dir:."""
     from tests.helpers import fmnist_cfg
-    from tkvision import train as train_mod
-    from tkvision.export import export_checkpoint
+    from tkvision.engine import trainer as train_mod
+    from tkvision.engine.export import export_checkpoint
     g = dict(every_epochs=1, add_tokens=dict(qkv=8, ffn=16))
     res = train_mod.train(fmnist_cfg(tmp_path, epochs=2, growth=g, model_ema=True, model_ema_decay=0.5))
     ckpt_path = str(tmp_path / 'run' / 'last.pth')

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import tkvision  # noqa: F401
 from tkvision import growth
-from tkvision.attention_distance import mean_attention_distance
+from tkvision.experiments.attention_distance import mean_attention_distance
 from tkvision.layers import Pattention
 from tkvision.models.ringformer import Level, LevelSignal, attend_with_level_tokens
 
@@ -89,7 +89,7 @@ def test_plain_shared_block_equals_a_direct_computation():
         h = F.layer_norm(ref, (32,), lv.norm2.weight, lv.norm2.bias, 1e-6)
         ref = ref + mlp.fc2(F.gelu(mlp.fc1(h)))
     with torch.no_grad():
-        torch.testing.assert_close(m._forward_blocks(x), ref, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(m.forward_blocks(x), ref, rtol=1e-5, atol=1e-5)
 
 
 def test_level_signals_are_eq_6_and_7_and_level_tokens_one_normalisation():
@@ -139,13 +139,14 @@ def test_grow_offline_and_during_training_and_load_through_timm(tmp_path):
     kw = dict(TINY, num_tokens=16, level_signal='tokens')
     cfg = fmnist_cfg(tmp_path, model=name, model_kwargs=kw, epochs=2, train_subset=256, val_subset=64,
                      growth=dict(every_epochs=1, add_tokens=dict(qkv=8, ffn=16)))
-    from tkvision.train import train
+    from tkvision.engine.trainer import train
     res = train(cfg)
     assert growth.token_counts(res['model'])['qkv'] == 24 and growth.token_counts(res['model'])['ffn'] == 80
     path = os.path.join(cfg['output'], 'last.safetensors')
     grown = str(tmp_path / 'grown.safetensors')
-    report = growth.grow_checkpoint(path, name, grown, add=dict(qkv=8), model_kwargs=dict(kw, num_tokens_qkv=24,
-                                                                                          num_tokens_ffn=80))
+    from tkvision.engine.checkpoint import grow_weights_file
+    from tkvision.engine.config import load_config
+    report = grow_weights_file(path, load_config(None, dict(model=name, model_kwargs=kw)), grown, add=dict(qkv=8))
     assert report['qkv'] == (24, 32)
     # timm's pretrained path loads our safetensors (the file's head size kept)
     m = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path),
@@ -181,7 +182,7 @@ def test_mean_attention_distance_equals_a_direct_computation():
 def test_attention_distance_tool_writes_the_plot(tmp_path):
     cfg = fmnist_cfg(tmp_path, model='ringformer_vit_small_patch16_224', model_kwargs=TINY, epochs=1,
                      train_subset=128, val_subset=64)
-    from tkvision.train import train
+    from tkvision.engine.trainer import train
     train(cfg)
     import yaml
     cfg_path = str(tmp_path / 'c.yaml')

@@ -5,8 +5,8 @@ import os
 
 import yaml
 
-from tkvision.growth_experiment import plan_runs, report, run_all
-from tkvision.sweep import main as sweep_main
+from tkvision.experiments.growth_experiment import plan_runs, report, run_all
+from tkvision.cli.experiments import sweep_main
 
 from .helpers import TINY_FMNIST
 

@@ -94,7 +94,7 @@ def test_torchscript_and_fx_equal_eager(name):
 
 def test_in_chans_adaptation_through_timms_loader(tmp_path):
     """timm's pretrained path adapts first_conv + '.weight' itself when in_chans differs."""
-    from tkvision.checkpoint import save_weights
+    from tkvision.engine.checkpoint import save_weights
     src = _model('tokenformer_vit_s16')
     path = str(tmp_path / 'w.safetensors')
     save_weights(src.state_dict(), path)

@@ -9,13 +9,14 @@ import timm
 import torch
 from safetensors.torch import load_file
 
-from tkvision import checkpoint as ckpt
-from tkvision import train as train_mod
-from tkvision.config import load_config
-from tkvision.data import build_dataset, load_fashion_mnist
-from tkvision.evaluate import main as validate_main
+from tkvision.cli.train import parse_train_args
+from tkvision.engine import checkpoint as ckpt
+from tkvision.engine import trainer as train_mod
+from tkvision.engine.config import load_config
+from tkvision.data import load_fashion_mnist
+from tkvision.cli.train import validate_main
 
-from .helpers import ROOT, TINY_FMNIST, fmnist_cfg, make_imagenet_folder
+from .helpers import ROOT, TINY_FMNIST, dataset_of, fmnist_cfg, make_imagenet_folder, transform_of
 
 
 def test_fashion_mnist_learns_and_writes_outputs(tmp_path, capsys):
@@ -52,7 +53,7 @@ def test_validate_tool_matches_training_eval(tmp_path, capsys):
 
 
 def test_missing_fashion_mnist_names_path_and_fix(tmp_path, monkeypatch):
-    monkeypatch.setattr('tkvision.data.FASHION_MNIST_DIR', str(tmp_path / 'nowhere'))
+    monkeypatch.setattr('tkvision.data.fashion_mnist.FASHION_MNIST_DIR', str(tmp_path / 'nowhere'))
     with pytest.raises(FileNotFoundError, match=r'nowhere.*apt-get install -y dataset-fashion-mnist'):
         load_fashion_mnist('train')
 
@@ -60,7 +61,7 @@ def test_missing_fashion_mnist_names_path_and_fix(tmp_path, monkeypatch):
 def test_missing_imagenet_dir_names_path(tmp_path):
     cfg = load_config(None, dict(dataset='imagenet', data_dir=str(tmp_path / 'imnet')))
     with pytest.raises(FileNotFoundError, match=r'imnet/train not found.*train/<class>'):
-        build_dataset(cfg, 'train')
+        dataset_of(cfg, 'train')
 
 
 def test_corrupt_images_are_skipped_and_counted(tmp_path, capsys):
@@ -92,16 +93,16 @@ def test_imagenet_recipe_tiny_variant_224px(tmp_path, capsys):
             '--model_kwargs', str(tiny).replace("'", ''), '--batch_size', '4', '--global_batch_size', '8',
             '--epochs', '2', '--warmup_epochs', '0.5', '--num_workers', '0', '--amp', 'null', '--threads', '1',
             '--model_ema_decay', '0.9', '--progress', 'false', '--output', str(tmp_path / 'run')]
-    cfg, _ = train_mod.parse_args(args)
+    cfg, _ = parse_train_args(args)
     assert cfg['auto_augment'] == 'rand-m9-mstd0.5-inc1' and cfg['mixup'] == 0.8 and cfg['reprob'] == 0.25
-    ds = build_dataset(cfg, 'train')
+    ds = dataset_of(cfg, 'train')
     x, y = ds[0]
     assert x.shape == (3, 224, 224) and x.dtype == torch.uint8 and y == 0  # workers ship uint8
     res = train_mod.train(dict(cfg, epochs=1))
     assert res['top1'] is not None
     res2 = train_mod.train(cfg, resume=True)  # epoch 2 from the epoch-1 checkpoint
     assert 'resumed from' in capsys.readouterr().out
-    state = ckpt.load_state(os.path.join(cfg['output'], 'last.pth'))
+    state = ckpt.load_training_checkpoint(os.path.join(cfg['output'], 'last.pth'))
     assert state['epochs_done'] == 2 and state['model_ema'] is not None and state['config']['model'] == 'tokenformer_vit_b16'
     validate_main(['--config', os.path.join(cfg['output'], 'config.yaml'), '--checkpoint',
                    os.path.join(cfg['output'], 'best.safetensors')])
@@ -109,27 +110,39 @@ def test_imagenet_recipe_tiny_variant_224px(tmp_path, capsys):
     assert res2['history'][-1]['epoch'] == 1
 
 
-def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+def test_checkpoint_write_is_atomic(tmp_path):
+    """The one atomic write (binary, as last.pth; text, as metrics.csv): a write that dies (a kill, a
+    full disk) leaves the old file intact and no temporary file behind."""
+    from tkvision.utils.files import atomic_write
     path = str(tmp_path / 'last.pth')
-    ckpt.atomic_save({'epoch': 1, 'w': torch.ones(3)}, path)
+    atomic_write(path, lambda tmp: torch.save({'epoch': 1, 'w': torch.ones(3)}, tmp))
 
-    def crash(obj, f):
-        with open(f, 'wb') as fh:
+    def crash(tmp):
+        with open(tmp, 'wb') as fh:
             fh.write(b'partial')
         raise KeyboardInterrupt('killed mid-write')
 
-    monkeypatch.setattr(torch, 'save', crash)
     with pytest.raises(KeyboardInterrupt):
-        ckpt.atomic_save({'epoch': 2}, path)
-    assert ckpt.load_state(path)['epoch'] == 1
-    assert os.listdir(tmp_path) == ['last.pth']  # no temp file left behind
+        atomic_write(path, crash)
+    assert torch.load(path, weights_only=True)['epoch'] == 1
+    text = str(tmp_path / 'metrics.csv')
+    atomic_write(text, lambda f: f.write('epoch\n0\n'), text=True)
+
+    def disk_full(f):
+        f.write('epoch\n0\n1')
+        raise OSError(28, 'No space left on device')
+
+    with pytest.raises(OSError, match='No space'):
+        atomic_write(text, disk_full, text=True)
+    assert open(text).read() == 'epoch\n0\n'
+    assert sorted(os.listdir(tmp_path)) == ['last.pth', 'metrics.csv']  # no temp file left behind
 
 
 def test_checkpoint_refuses_pickled_code(tmp_path):
     path = str(tmp_path / 'evil.pth')
     torch.save({'model': {}, 'hook': os.system}, path)
     with pytest.raises(Exception, match='[Ww]eights only'):
-        ckpt.load_state(path)
+        ckpt.load_training_checkpoint(path)
 
 
 def test_torchrun_two_cpu_ranks_end_identical(tmp_path):
@@ -137,8 +150,8 @@ def test_torchrun_two_cpu_ranks_end_identical(tmp_path):
     script.write_text(f'''
 import hashlib, os, sys, torch
 sys.path.insert(0, {ROOT!r})
-from tkvision.config import load_config
-from tkvision.train import train
+from tkvision.engine.config import load_config
+from tkvision.engine.trainer import train
 from tests.helpers import TINY_FMNIST
 cfg = load_config(None, dict(model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=2, batch_size=32, lr=2e-3,
                              train_subset=512, val_subset=256, threads=1, progress=False, output={str(tmp_path / "run")!r},
@@ -161,10 +174,9 @@ with open(os.path.join({str(tmp_path)!r}, 'rank%s.sha' % os.environ['RANK']), 'w
 def test_rand_augment_never_posterizes_to_zero_bits():
     """timm's m9-mstd0.5 RandAugment can draw magnitude 10 -> Posterize(0 bits), which Pillow rejects."""
     import numpy as np
-    from tkvision.data import build_transform
     cfg = load_config(None, dict(dataset='imagenet', img_size=32, mean=[.5] * 3, std=[.5] * 3,
                                  auto_augment='rand-n8-m9-mstd0.5-inc1', rrc_scale=None))
-    t = build_transform(cfg, train=True)
+    t = transform_of(cfg, train=True)
     img = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
     for seed in range(300):  # ~8 ops x 300 draws: several magnitude-10 Posterize draws without the cap
         t.set_random_seed(seed)
@@ -175,9 +187,8 @@ def test_crop_padding_is_a_zero_filled_shift_of_at_most_the_padding():
     """crop_padding: p gives the image shifted by (dy, dx) in [-p, p]^2, vacated pixels 0 (background),
     every shift reachable; the eval transform is untouched."""
     import numpy as np
-    from tkvision.data import build_transform
     cfg = load_config(None, dict(img_size=28, rrc_scale=None, hflip=0.0, crop_padding=2))
-    t = build_transform(cfg, train=True, resize=False)
+    t = transform_of(cfg, train=True, resize=False)
     img = np.random.default_rng(0).integers(1, 256, (28, 28, 1), dtype=np.uint8)
     padded = np.pad(img[..., 0], 2)
     shifts = set()
@@ -189,7 +200,7 @@ def test_crop_padding_is_a_zero_filled_shift_of_at_most_the_padding():
         assert len(match) == 1, 'output is not a zero-filled shift of the input'
         shifts.add(match[0])
     assert shifts == {(dy, dx) for dy in range(5) for dx in range(5)}
-    ev = build_transform(cfg, train=False, resize=False)
+    ev = transform_of(cfg, train=False, resize=False)
     assert np.array_equal(ev(image=img)['image'][0].numpy(), img[..., 0])
 
 

@@ -12,12 +12,12 @@ import torch
 from safetensors.torch import load_file
 from timm.loss import LabelSmoothingCrossEntropy
 
-from tkvision import checkpoint as ckpt
-from tkvision import train as train_mod
-from tkvision.config import ConfigError, load_config
-from tkvision.runtime import RunError
+from tkvision.engine import checkpoint as ckpt
+from tkvision.engine import loop as loop_mod, trainer as train_mod
+from tkvision.engine.config import ConfigError, load_config
+from tkvision.utils.errors import RunError
 
-from .helpers import ROOT, TINY_FMNIST, fmnist_cfg
+from .helpers import ROOT, TINY_FMNIST, dataset_of, fmnist_cfg, loader_of
 
 
 @pytest.fixture
@@ -73,8 +73,8 @@ def test_accumulation_windows_end_with_the_epoch(tmp_path, record_lr):
 
 
 def test_partial_window_loss_scale():
-    assert [train_mod._window(i, 16, 3) for i in range(16)] == [3] * 15 + [1]
-    assert [train_mod._window(i, 5, 2) for i in range(5)] == [2, 2, 2, 2, 1]
+    assert [loop_mod._window(i, 16, 3) for i in range(16)] == [3] * 15 + [1]
+    assert [loop_mod._window(i, 5, 2) for i in range(5)] == [2, 2, 2, 2, 1]
 
 
 def _cli(args, **kw):
@@ -96,7 +96,7 @@ def _wait_for_checkpoint(path, p, after=lambda s: True, timeout=300):
     while time.time() < deadline and p.poll() is None:
         if os.path.exists(path) and os.path.getmtime(path) != seen:
             seen = os.path.getmtime(path)
-            state = ckpt.load_state(path)
+            state = ckpt.load_training_checkpoint(path)
             if after(state):
                 return state
         time.sleep(0.05)
@@ -116,14 +116,14 @@ def test_sigkill_and_sigterm_mid_epoch_with_workers_resume_bit_identical(tmp_pat
     _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 0 and s['batches_done'] >= 10)
     p.send_signal(signal.SIGKILL)
     p.wait()
-    assert ckpt.load_state(path)['epochs_done'] == 0, 'the run finished its first epoch before it was killed'
+    assert ckpt.load_training_checkpoint(path)['epochs_done'] == 0, 'the run finished its first epoch before it was killed'
 
     p = _cli(_args(broken, workers=2) + ['--resume'])
     _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 1 and s['batches_done'] >= 10)
     p.send_signal(signal.SIGTERM)
     log = p.communicate(timeout=300)[0]
     assert p.returncode == train_mod.EXIT_PREEMPTED and 'stopped by SIGTERM' in log, log
-    stopped = ckpt.load_state(path)
+    stopped = ckpt.load_training_checkpoint(path)
     assert stopped['epochs_done'] == 1 and 0 < stopped['batches_done'] < 64, 'not stopped mid-epoch'
     assert stopped['batches_done'] == stopped['num_updates'] - 64  # the checkpoint is the stop's, not a periodic one
 
@@ -141,9 +141,9 @@ def test_sigkill_and_sigterm_mid_epoch_with_workers_resume_bit_identical(tmp_pat
 
 
 def test_augmentation_depends_on_sample_not_worker():
-    from tkvision.data import ResumableSampler, SeededDataset, build_dataset
+    from tkvision.data import ResumableSampler, SeededDataset
     cfg = load_config(None, dict(rrc_scale=[0.5, 1.0], img_size=28, hflip=0.5, crop_padding=2, train_subset=64))
-    ds = SeededDataset(build_dataset(cfg, 'train'))
+    ds = SeededDataset(dataset_of(cfg, 'train'))
     sampler = ResumableSampler(ds.dataset, seed=0)
     sampler.set_epoch(3)
     keys = list(sampler)
@@ -194,10 +194,11 @@ def test_resume_with_longer_schedule_rebuilds_it_and_reports_the_change(tmp_path
 
 
 def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
+    from tkvision.cli.train import train_main
     args = _args(str(tmp_path / 'run'), workers=0, epochs=1) + ['--warmup_epochs', '0.5', '--train_subset', '256']
-    assert train_mod.main(args) == 0
+    assert train_main(args) == 0
     capsys.readouterr()
-    assert train_mod.main(args + ['--resume']) == 0
+    assert train_main(args + ['--resume']) == 0
     out = capsys.readouterr().out
     assert 'nothing to train' in out and '--epochs N' in out and 'final test top-1' in out, out
 
@@ -208,7 +209,7 @@ def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
     (['--interpolation', 'cubic'], 'interpolation'), (['--checkpoint_every_steps', '0'], 'checkpoint_every_steps'),
     (['--batch_size', '64', '--train_subset', '32'], 'train_subset'), (['--growth.add_tokens', '{mlp: 8}'], 'mlp')])
 def test_bad_settings_are_one_line_errors_before_any_work(tmp_path, capsys, override, key):
-    from tkvision.train import main
+    from tkvision.cli.train import train_main as main
     out = str(tmp_path / 'run')
     assert main(['--output', out, '--epochs', '2', *override]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -245,7 +246,7 @@ def test_nan_names_a_checkpoint_only_if_one_exists(tmp_path, monkeypatch):
     with pytest.raises(train_mod.NonFiniteLossError, match=f"between updates 17 and 32.*last good checkpoint is "
                                                            f"{cfg['output']}/last.pth"):
         train_mod.train(cfg)
-    state = ckpt.load_state(os.path.join(cfg['output'], 'last.pth'))
+    state = ckpt.load_training_checkpoint(os.path.join(cfg['output'], 'last.pth'))
     assert state['epochs_done'] == 1 and all(torch.isfinite(v).all() for v in state['model'].values())
 
 
@@ -273,11 +274,11 @@ def test_no_host_synchronisation_per_step(tmp_path, monkeypatch):
 
 
 def test_batches_are_uint8_until_the_device_and_erasing_is_per_pixel_normal():
-    from tkvision.data import BatchPreprocessor, build_dataset, build_loader
-    from tkvision.data import resolve_data_cfg
-    cfg = resolve_data_cfg(load_config(None, dict(train_subset=256, batch_size=64)))
+    from tkvision.data import BatchPreprocessor
+    from tkvision.engine.trainer import resolve_run_config
+    cfg = resolve_run_config(load_config(None, dict(train_subset=256, batch_size=64)))
     assert cfg['mean'] == [0.2860] and cfg['img_size'] == 28  # Fashion-MNIST's statistics
-    images, labels, bad = next(iter(build_loader(build_dataset(cfg, 'train'), cfg, train=True)))
+    images, labels, bad = next(iter(loader_of(dataset_of(cfg, 'train'), cfg, train=True)))
     assert images.dtype == torch.uint8 and images.shape == (64, 1, 28, 28) and not bad
     prep = BatchPreprocessor(cfg['mean'], cfg['std'], 'cpu')
     expected = (images.float() / 255 - cfg['mean'][0]) / cfg['std'][0]
@@ -291,14 +292,13 @@ def test_batches_are_uint8_until_the_device_and_erasing_is_per_pixel_normal():
 
 def test_grow_tool_refuses_to_overwrite_its_input_and_contradictory_arguments(tmp_path, capsys):
     import timm
-    from tkvision.checkpoint import save_weights
-    from tkvision.growth import main as grow_main
+    from tkvision.engine.checkpoint import save_weights
+    from tkvision.cli.weights import grow_main
     path = str(tmp_path / 'small.safetensors')
     save_weights(timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST).state_dict(), path)
     before = open(path, 'rb').read()
     kw = ['--model', 'tokenformer_vit_ti16', '--model-kwargs', str(TINY_FMNIST).replace("'", '')]
-    with pytest.raises(SystemExit):
-        grow_main(['--checkpoint', path, '--out', path, '--add-qkv', '8', *kw])
+    assert grow_main(['--checkpoint', path, '--out', path, '--add-qkv', '8', *kw]) == 2  # a one-line error
     assert 'is the input checkpoint' in capsys.readouterr().err and open(path, 'rb').read() == before
     with pytest.raises(SystemExit):
         grow_main(['--checkpoint', path, '--out', str(tmp_path / 'g.safetensors'), '--to', 'tokenformer_vit_s16',
@@ -312,8 +312,8 @@ def test_slurm_launch_of_two_cpu_processes_trains_identically(tmp_path):
     script.write_text(f'''
 import hashlib, os, sys
 sys.path.insert(0, {ROOT!r})
-from tkvision.config import load_config
-from tkvision.train import train
+from tkvision.engine.config import load_config
+from tkvision.engine.trainer import train
 from tests.helpers import TINY_FMNIST
 cfg = load_config(None, dict(model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=1, warmup_epochs=0.5, batch_size=32,
                              lr=2e-3, train_subset=512, val_subset=128, threads=1, progress=False,
@@ -355,7 +355,7 @@ def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_p
     p.send_signal(signal.SIGTERM)
     log = p.communicate(timeout=300)[0]
     assert p.returncode != 0 and log.count('stopped by SIGTERM') == 2, log  # both ranks, then torchrun fails
-    state = ckpt.load_state(path)
+    state = ckpt.load_training_checkpoint(path)
     assert state['epochs_done'] < 2 and 0 < state['batches_done'] < 32
     p = torchrun(stopped, 29563, ['--resume'])
     log = p.communicate(timeout=600)[0]

@@ -1,6 +1,12 @@
 """tkvision: TokenFormer vision transformers for timm.
 
-``import tkvision`` registers ``tokenformer_vit_*`` with ``timm.create_model``.
+``import tkvision`` registers ``tokenformer_vit_*``, ``ringformer_vit_*`` and ``tokenformer_ring_vit_*``
+with ``timm.create_model``.
+
+Rooms (DEVELOPERS.md, "Layout"): ``layers`` (Pattention), ``models`` (the families, MAE), ``growth``
+(progressive scaling), ``data`` (datasets, transforms, loaders, shards), ``engine`` (config,
+training, evaluation, checkpoints), ``utils`` (errors, seeds, atomic writes); ``experiments`` and
+``cli`` sit at the edge and nothing in the library imports them.
 """
 from . import layers, models
 from .growth import grow

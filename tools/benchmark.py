@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Benchmark TokenFormer vs timm ViT: ``python tools/benchmark.py --models M1 M2 --mode infer train --batch-size 64``.
 
-Thin wrapper over :func:`tkvision.benchmark.main` (also installed as ``tkvision-benchmark``).
+Thin wrapper over :func:`tkvision.cli.experiments.benchmark_main` (also installed as ``tkvision-benchmark``).
 """
 import sys
 
-from tkvision.benchmark import main
+from tkvision.cli.experiments import benchmark_main as main
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Grow a checkpoint: ``python tools/grow.py --checkpoint small.safetensors --model M --to BIGGER --out grown.safetensors``.
 
-Thin wrapper over :func:`tkvision.growth.main` (also installed as ``tkvision-grow``).
+Thin wrapper over :func:`tkvision.cli.weights.grow_main` (also installed as ``tkvision-grow``).
 """
 import sys
 
-from tkvision.growth import main
+from tkvision.cli.weights import grow_main as main
 
 if __name__ == '__main__':
     sys.exit(main())

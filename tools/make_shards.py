@@ -2,11 +2,11 @@
 """Write WebDataset tar shards of an ImageNet-layout folder:
 ``python tools/make_shards.py --src /data/imagenet --out /data/imagenet-wds [--max-count 10000]``.
 
-Thin wrapper over :func:`tkvision.shards.main` (also installed as ``tkvision-make-shards``).
+Thin wrapper over :func:`tkvision.cli.data.make_shards_main` (also installed as ``tkvision-make-shards``).
 """
 import sys
 
-from tkvision.shards import main
+from tkvision.cli.data import make_shards_main as main
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -1,12 +1,12 @@
 #!/usr/bin/env python
 """Train a TokenFormer ViT: ``python tools/train.py --config configs/... [--data-dir D] [--resume] [--key value ...]``.
 
-Thin wrapper over :func:`tkvision.train.main` (also installed as ``tkvision-train``); run under
+Thin wrapper over :func:`tkvision.cli.train.train_main` (also installed as ``tkvision-train``); run under
 ``torchrun --nproc_per_node N`` for distributed training.
 """
 import sys
 
-from tkvision.train import main
+from tkvision.cli.train import train_main as main
 
 if __name__ == '__main__':
     sys.exit(main())

@@ -1,11 +1,11 @@
 #!/usr/bin/env python
 """Evaluate weights: ``python tools/validate.py --model M --checkpoint W [--config C] [--data-dir D]``.
 
-Thin wrapper over :func:`tkvision.evaluate.main` (also installed as ``tkvision-validate``).
+Thin wrapper over :func:`tkvision.cli.train.validate_main` (also installed as ``tkvision-validate``).
 """
 import sys
 
-from tkvision.evaluate import main
+from tkvision.cli.train import validate_main as main
 
 if __name__ == '__main__':
     sys.exit(main())

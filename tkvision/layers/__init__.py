@@ -1,4 +1,6 @@
-"""Layers of tkvision: :class:`Pattention` (paper Eq. 4-5)."""
-from .pattention import SCORE_NORMS, Pattention, default_tau, normalize_scores
+"""Layers of tkvision: :class:`Pattention` (paper Eq. 4-5) and its score-normalisation registry."""
+from .pattention import (DECODER_KINDS, ENCODER_KINDS, PATTENTION_KINDS, SCORE_NORMS, Normalize, Pattention,
+                         ScoreNorm, default_tau, normalize_scores, register_score_norm, score_norm_entry)
 
-__all__ = ['Pattention', 'SCORE_NORMS', 'default_tau', 'normalize_scores']
+__all__ = ['Pattention', 'SCORE_NORMS', 'ScoreNorm', 'Normalize', 'register_score_norm', 'score_norm_entry',
+           'default_tau', 'normalize_scores', 'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS']

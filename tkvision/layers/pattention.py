@@ -10,8 +10,9 @@ X: input tokens ``[..., in_features]``; K_P: key parameter tokens ``[num_tokens,
 V_P: value parameter tokens ``[num_tokens, out_features]``; scores A are normalised per input
 token over the n = ``num_tokens`` parameter tokens (last axis). No bias anywhere.
 
-Θ is chosen by ``score_norm`` (names of the public TokenFormer code, see
-``shared/reference/README.md``, "Pattention, as the public TokenFormer code computes it"):
+Θ is chosen by ``score_norm``, a name in the registry :data:`SCORE_NORMS` (names of the public
+TokenFormer code, see ``shared/reference/README.md``, "Pattention, as the public TokenFormer code
+computes it"). The table below is the registry's (``tests/test_pattention.py`` holds them equal):
 
 =================  ==================================  ===============  ======================
 ``score_norm``     computes                            default τ        zero new keys exact?
@@ -19,15 +20,25 @@ token over the n = ``num_tokens`` parameter tokens (last axis). No bias anywhere
 ``l2_norm_gelu``   GELU(A · τ / ‖A‖₂)   (Eq. 5)         √n              yes
 ``l1_norm_gelu``   GELU(A · τ / ‖A‖₁)   (Table 4)       n               yes
 ``gelu_l2_norm``   τ · GELU(A) / ‖GELU(A)‖₂            √n              yes
-``softmax``        τ · softmax(A)       (Table 4, e^x)  n               no (exp(0) = 1 > 0)
+``softmax``        τ · softmax(A)       (Table 4, e^x)  n               no
 =================  ==================================  ===============  ======================
+
+A new normalisation is one :func:`register_score_norm` call in this file (its function, default τ,
+and whether zero-initialised new keys leave the output unchanged) plus its row above: validation,
+error messages, growth's exactness warning and every test that loops over normalisations follow
+the registry.
 
 τ is a fixed number stored in the module (buffer ``tau``, saved in every checkpoint), set at
 construction (default above, from the construction-time n) and **not** recomputed when tokens are
 appended: recomputing √(n+m) would break the function preservation of Appendix B.
+
+Each Pattention has a ``kind`` (:data:`PATTENTION_KINDS`: ``patch``, ``qkv``, ``proj``, ``ffn`` and
+the MAE decoder's ``decoder_*``), set by the model that builds it; growth groups layers by kind.
 """
 import math
 import warnings
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -36,58 +47,141 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from .pattention_memory import l2_norm_gelu_attend
 
-__all__ = ['Pattention', 'SCORE_NORMS', 'default_tau', 'normalize_scores']
+__all__ = ['Pattention', 'ScoreNorm', 'SCORE_NORMS', 'register_score_norm', 'default_tau', 'normalize_scores',
+           'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS']
 
-#: Score normalisations Θ, by name; see the module docstring for what each computes.
-SCORE_NORMS = ('l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm', 'softmax')
+#: Kinds of Pattention in a TokenFormer ViT, as named in its ``num_tokens_*`` kwargs and in growth.
+ENCODER_KINDS = ('patch', 'qkv', 'proj', 'ffn')
+#: Kinds of the Pattentions of an MAE decoder (``decoder.embed``, ``decoder.blocks.*``, ``decoder.pred``).
+DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 'decoder_pred')
+#: Every kind a Pattention can have.
+PATTENTION_KINDS = ENCODER_KINDS + DECODER_KINDS
 
-#: Normalisations for which appending zero-initialised key tokens leaves the output unchanged.
-ZERO_KEY_EXACT = ('l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm')
+
+@dataclass(frozen=True)
+class ScoreNorm:
+    """One score normalisation Θ of the registry.
+
+    Attributes:
+        name: the ``score_norm`` name.
+        module: an ``nn.Module`` class without parameters; ``module()(scores, tau, eps)`` computes Θ
+            over the last axis of ``scores [..., n]`` (a :class:`Normalize` subclass).
+        default_tau: ``default_tau(n) -> τ`` for ``n`` parameter tokens.
+        zero_key_exact: appending zero-initialised key tokens leaves the output unchanged.
+    """
+    name: str
+    module: type
+    default_tau: Callable[[int], float]
+    zero_key_exact: bool
+
+
+#: The registry: ``{name: ScoreNorm}``; iterate it for every normalisation's name.
+SCORE_NORMS = {}
+
+
+def register_score_norm(name: str, default_tau: Callable[[int], float], zero_key_exact: bool):
+    """Class decorator adding a :class:`Normalize` subclass to :data:`SCORE_NORMS` under ``name``.
+
+    Raises:
+        ValueError: ``name`` is already registered.
+    """
+    def add(cls):
+        if name in SCORE_NORMS:
+            raise ValueError(f'score_norm {name!r} is already registered')
+        SCORE_NORMS[name] = ScoreNorm(name, cls, default_tau, zero_key_exact)
+        return cls
+    return add
+
+
+class Normalize(nn.Module):
+    """Θ over the last axis: ``scores [..., n]`` -> same shape and dtype, computed in float32 (or
+    float64), which keeps the norm safe under bf16/fp16 autocast. Subclasses define
+    :meth:`normalize` on the promoted scores. A module (no parameters, nothing in the state dict) so
+    that TorchScript scripts a Pattention with any registered Θ."""
+
+    def forward(self, scores: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+        a = scores.to(torch.promote_types(scores.dtype, torch.float32))  # >= float32
+        return self.normalize(a, tau, eps).to(scores.dtype)
+
+    def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def _l2(x: torch.Tensor, eps: float) -> torch.Tensor:
+    return torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
+
+
+@register_score_norm('l2_norm_gelu', default_tau=math.sqrt, zero_key_exact=True)
+class L2NormGELU(Normalize):
+    """GELU(A · τ / ‖A‖₂), paper Eq. 5 (the public code's default)."""
+
+    def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.gelu(a * (tau / _l2(a, eps)))
+
+
+@register_score_norm('l1_norm_gelu', default_tau=float, zero_key_exact=True)
+class L1NormGELU(Normalize):
+    """GELU(A · τ / ‖A‖₁), Table 4's "GELU + L1"; τ = n, the L1 analogue of √n (the paper gives none)."""
+
+    def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.gelu(a * (tau / torch.linalg.vector_norm(a, ord=1, dim=-1, keepdim=True).clamp_min(eps)))
+
+
+@register_score_norm('gelu_l2_norm', default_tau=math.sqrt, zero_key_exact=True)
+class GELUL2Norm(Normalize):
+    """τ · GELU(A) / ‖GELU(A)‖₂: GELU first, then the L2 normalisation (public code)."""
+
+    def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+        g = F.gelu(a)
+        return g * (tau / _l2(g, eps))
+
+
+@register_score_norm('softmax', default_tau=float, zero_key_exact=False)
+class Softmax(Normalize):
+    """τ · softmax(A), τ = n: the public code's ×n "balances the variance" (Table 4's exp + L1 row).
+    Zero keys still get weight exp(0) = 1, so growth with zero keys is not exact."""
+
+    def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+        return torch.softmax(a, dim=-1) * tau
+
+
+def score_norm_entry(score_norm: str) -> ScoreNorm:
+    """The registry entry of ``score_norm``.
+
+    Raises:
+        ValueError: an unregistered name; the message lists the registered ones.
+    """
+    entry = SCORE_NORMS.get(score_norm)
+    if entry is None:
+        raise ValueError(f'unknown score_norm {score_norm!r}; choose one of {", ".join(SCORE_NORMS)}')
+    return entry
 
 
 def default_tau(score_norm: str, num_tokens: int) -> float:
-    """Default scale τ of ``score_norm`` for ``num_tokens`` parameter tokens.
-
-    √n for the L2 normalisations (Eq. 5), n for L1 and softmax (the public code's ×n, which
-    "balances the variance"; the paper's Table 4 gives no τ for GELU+L1, n is the L1 analogue).
+    """Default scale τ of ``score_norm`` for ``num_tokens`` parameter tokens (the registry's).
 
     Raises:
         ValueError: unknown ``score_norm``.
     """
-    if score_norm in ('l2_norm_gelu', 'gelu_l2_norm'):
-        return math.sqrt(num_tokens)
-    if score_norm in ('l1_norm_gelu', 'softmax'):
-        return float(num_tokens)
-    raise ValueError(f'unknown score_norm {score_norm!r}; choose one of {SCORE_NORMS}')
+    return float(score_norm_entry(score_norm).default_tau(num_tokens))
 
 
 def normalize_scores(scores: torch.Tensor, score_norm: str, tau, eps: float = 1e-6) -> torch.Tensor:
-    """Θ of Eq. 5 (and its ablation variants) over the last axis of ``scores``.
+    """Θ of Eq. 5 (and its ablation variants) over the last axis of ``scores``, by name.
 
     Args:
         scores: A = X · K_Pᵀ, shape ``[..., n]``.
-        score_norm: one of :data:`SCORE_NORMS`.
-        tau: scale τ (float or 0-d tensor).
+        score_norm: a name of :data:`SCORE_NORMS`.
+        tau: scale τ (float or tensor broadcastable to ``[..., 1]``).
         eps: lower bound on the norm, so an all-zero row gives zeros, never NaN.
 
     Returns:
-        Normalised scores S, same shape and dtype as ``scores``. The normalisation runs in float32 (or float64)
-        (safe under bf16/fp16 autocast) and is cast back.
+        Normalised scores S, same shape and dtype as ``scores`` (computed in float32 or float64).
+
+    Raises:
+        ValueError: unknown ``score_norm``.
     """
-    a = scores.to(torch.promote_types(scores.dtype, torch.float32))  # >= float32
-    if score_norm == 'l2_norm_gelu':
-        s = F.gelu(a * (tau / torch.linalg.vector_norm(a, dim=-1, keepdim=True).clamp_min(eps)))
-    elif score_norm == 'l1_norm_gelu':
-        s = F.gelu(a * (tau / torch.linalg.vector_norm(a, ord=1, dim=-1, keepdim=True).clamp_min(eps)))
-    elif score_norm == 'gelu_l2_norm':
-        g = F.gelu(a)
-        s = g * (tau / torch.linalg.vector_norm(g, dim=-1, keepdim=True).clamp_min(eps))
-    elif score_norm == 'softmax':
-        s = torch.softmax(a, dim=-1) * tau
-    else:
-        raise ValueError('unknown score_norm ' + score_norm + '; choose one of l2_norm_gelu, l1_norm_gelu, '
-                         'gelu_l2_norm, softmax')
-    return s.to(scores.dtype)
+    return score_norm_entry(score_norm).module()(scores, torch.as_tensor(tau), eps)
 
 
 class Pattention(nn.Module):
@@ -103,6 +197,8 @@ class Pattention(nn.Module):
         key_std: std of the normal init of the key tokens (0.02, public code).
         value_std: std of the normal init of the value tokens (0.02 here; the model passes the
             public code's 2 / (depth · √d) for its blocks).
+        kind: what the layer is in its model (one of :data:`PATTENTION_KINDS`, set by the model that
+            builds it; growth groups layers by kind), or None for a stand-alone layer.
         lean_backward: for ``l2_norm_gelu`` with autograd on, use the same math with a hand-written
             backward that keeps one ``[..., n]`` tensor instead of three (``pattention_memory.py``):
             ``'auto'`` (default) on CUDA, where activation memory limits the batch (B/16: 0.87x ViT-B's
@@ -114,9 +210,10 @@ class Pattention(nn.Module):
             name and shape, ``key_name``, e.g. the patch embedding's conv-shaped ``weight``).
         value_param_tokens: V_P, ``[num_tokens, out_features]``.
         tau: 0-d float32 buffer holding τ (persistent: saved in the state dict).
+        score_normalization: the registry's Θ module of ``score_norm`` (no parameters).
 
     Raises:
-        ValueError: unknown ``score_norm`` or a non-positive size.
+        ValueError: unknown ``score_norm`` (whatever ``tau``), unknown ``kind``, or a non-positive size.
     """
 
     #: the attribute holding K_P (``keys``); rows are parameter tokens, whatever the other dims
@@ -124,18 +221,24 @@ class Pattention(nn.Module):
     __jit_unused_properties__ = ['num_tokens', 'keys']
 
     def __init__(self, in_features, out_features, num_tokens, score_norm='l2_norm_gelu', tau=None,
-                 eps=1e-6, key_std=0.02, value_std=0.02, lean_backward='auto', device=None, dtype=None):
+                 eps=1e-6, key_std=0.02, value_std=0.02, kind: Optional[str] = None, lean_backward='auto',
+                 device=None, dtype=None):
         super().__init__()
         if min(in_features, out_features, num_tokens) <= 0:
             raise ValueError(f'Pattention sizes must be positive, got in_features={in_features}, '
                              f'out_features={out_features}, num_tokens={num_tokens}')
-        tau = default_tau(score_norm, num_tokens) if tau is None else float(tau)
+        entry = score_norm_entry(score_norm)
+        if kind is not None and kind not in PATTENTION_KINDS:
+            raise ValueError(f'unknown Pattention kind {kind!r}; kinds are {", ".join(PATTENTION_KINDS)}')
+        self.kind = kind
+        self.score_normalization = entry.module()
+        tau = entry.default_tau(num_tokens) if tau is None else tau
         self.in_features, self.out_features, self.score_norm, self.eps = in_features, out_features, score_norm, eps
         self.key_std, self.value_std, self.lean_backward = key_std, value_std, lean_backward
         factory = dict(device=device, dtype=dtype)
         setattr(self, self.key_name, nn.Parameter(torch.empty(num_tokens, in_features, **factory)))  # K_P
         self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
-        self.register_buffer('tau', torch.tensor(tau, dtype=torch.float32, device=device))
+        self.register_buffer('tau', torch.tensor(float(tau), dtype=torch.float32, device=device))
         self.reset_parameters()
 
     @property
@@ -167,7 +270,7 @@ class Pattention(nn.Module):
         scores = self.scores(x)
         if not torch.jit.is_scripting() and self._lean(x):
             return self._lean_attend(scores)
-        return normalize_scores(scores, self.score_norm, self.tau, self.eps) @ self.value_param_tokens
+        return self.score_normalization(scores, self.tau, self.eps) @ self.value_param_tokens
 
     @torch.jit.unused
     def _lean_attend(self, scores: torch.Tensor) -> torch.Tensor:
@@ -194,8 +297,8 @@ class Pattention(nn.Module):
             ValueError: negative ``num_new_tokens`` or an unknown init name.
 
         Warns:
-            UserWarning: zero keys with ``score_norm='softmax'``: exp(0) = 1 gives the new tokens
-            weight, so the output changes.
+            UserWarning: zero keys with a normalisation that is not ``zero_key_exact`` (``softmax``:
+            exp(0) = 1 gives the new tokens weight), so the output changes.
         """
         if num_new_tokens < 0:
             raise ValueError(f'num_new_tokens must be >= 0, got {num_new_tokens}')
@@ -203,7 +306,7 @@ class Pattention(nn.Module):
         for name, init in (('key_init', key_init), ('value_init', value_init)):
             if init not in inits:
                 raise ValueError(f'unknown {name} {init!r}; choose one of {tuple(inits)}')
-        if key_init == 'zeros' and self.score_norm not in ZERO_KEY_EXACT and num_new_tokens:
+        if key_init == 'zeros' and not SCORE_NORMS[self.score_norm].zero_key_exact and num_new_tokens:
             warnings.warn(f'score_norm={self.score_norm!r}: zero-initialised key tokens still receive '
                           'weight exp(0) > 0, so growing changes the output', stacklevel=2)
         for attr, init, std in ((self.key_name, key_init, self.key_std),
@@ -215,4 +318,5 @@ class Pattention(nn.Module):
 
     def extra_repr(self) -> str:
         return (f'in_features={self.in_features}, out_features={self.out_features}, '
-                f'num_tokens={self.num_tokens}, score_norm={self.score_norm}, tau={self.tau.item():.4g}')
+                f'num_tokens={self.num_tokens}, score_norm={self.score_norm}, tau={self.tau.item():.4g}, '
+                f'kind={self.kind}')

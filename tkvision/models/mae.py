@@ -15,7 +15,7 @@ the facts used here are in ``shared/reference/README.md`` ("MAE self-supervised 
 The encoder is any model of the family (``tokenformer_vit_*``) or timm's ``vit_*`` (both expose
 ``patch_embed``, ``cls_token``, ``reg_token``, ``pos_embed``, ``blocks``, ``norm``); it is held as
 ``self.encoder``, so its weights are the ``encoder.*`` tensors of an MAE checkpoint and load into a
-classifier with :func:`load_encoder`. The decoder is made of the family's TokenFormer blocks
+classifier through :func:`encoder_weights` (``init_from`` in a config: :mod:`tkvision.engine.checkpoint`). The decoder is made of the family's TokenFormer blocks
 (Pattention projections) for a TokenFormer encoder and of timm's ViT blocks for timm's ViT (MAE's
 own decoder), ``decoder_kind`` says which.
 
@@ -31,15 +31,16 @@ from typing import Optional, Tuple
 import timm
 import torch
 from torch import nn
+from timm.layers import resample_abs_pos_embed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models._manipulate import checkpoint_seq
 from timm.models.vision_transformer import Block as ViTBlock
 
 from ..layers import Pattention
-from .tokenformer_vit import Block as TokenFormerBlock, TokenFormerViT
+from .tokenformer_vit import Block as TokenFormerBlock
 
 __all__ = ['MaskedAutoencoder', 'MAEDecoder', 'random_masking', 'patchify', 'unpatchify', 'patch_targets',
-           'create_mae', 'is_mae_state_dict', 'load_encoder', 'linear_probe', 'DECODER_PRESETS', 'mae_tokenformer_vit_b16',
+           'create_mae', 'is_mae_state_dict', 'encoder_weights', 'linear_probe', 'DECODER_PRESETS', 'mae_tokenformer_vit_b16',
            'mae_tokenformer_vit_b16_matched', 'mae_tokenformer_vit_l16', 'mae_tokenformer_vit_l16_matched',
            'mae_vit_base_patch16_224', 'mae_vit_large_patch16_224']
 
@@ -147,11 +148,14 @@ class MAEDecoder(nn.Module):
         self.num_tokens = n
         if kind == 'tokenformer':
             value_std = 2 / (depth * math.sqrt(embed_dim))
-            self.embed = Pattention(encoder_dim, embed_dim, n, score_norm=score_norm)
+            self.embed = Pattention(encoder_dim, embed_dim, n, score_norm=score_norm, kind='decoder_embed')
             self.blocks = nn.Sequential(*[
                 TokenFormerBlock(embed_dim, num_heads, n, n, 4 * n, score_norm=score_norm, value_std=value_std)
                 for _ in range(depth)])
-            self.pred = Pattention(embed_dim, out_dim, n, score_norm=score_norm)
+            for m in self.blocks.modules():  # the blocks' qkv / proj / ffn, grown apart from the encoder's
+                if isinstance(m, Pattention):
+                    m.kind = 'decoder_' + m.kind
+            self.pred = Pattention(embed_dim, out_dim, n, score_norm=score_norm, kind='decoder_pred')
         else:
             self.embed = nn.Linear(encoder_dim, embed_dim)
             self.blocks = nn.Sequential(*[
@@ -278,8 +282,8 @@ class MaskedAutoencoder(nn.Module):
             x = torch.cat([prefix, x], dim=1)
         x = enc.pos_drop(x)
         x = getattr(enc, 'norm_pre', nn.Identity())(x)
-        if isinstance(enc, TokenFormerViT):  # the family's trunk, recurrent ones included
-            x = enc._forward_blocks(x)
+        if hasattr(enc, 'forward_blocks'):  # a tkvision family's trunk, recurrent ones included
+            x = enc.forward_blocks(x)
         elif getattr(enc, 'grad_checkpointing', False) and not torch.jit.is_scripting():
             x = checkpoint_seq(enc.blocks, x)
         else:
@@ -305,25 +309,23 @@ def is_mae_state_dict(state_dict: dict) -> bool:
     return any(k.startswith('encoder.') for k in state_dict) and any(k.startswith('decoder.') for k in state_dict)
 
 
-def load_encoder(model: nn.Module, state_dict: dict) -> dict:
-    """Load an MAE checkpoint's encoder into a classifier for fine-tuning or linear probing.
+def encoder_weights(model: nn.Module, state_dict: dict) -> dict:
+    """The weights of an MAE checkpoint's encoder, arranged for the classifier ``model`` (fine-tuning
+    or linear probing); nothing is loaded here (:func:`tkvision.engine.checkpoint.load_init_weights`
+    loads them, growing token rows when ``model`` has more).
 
     Takes the ``encoder.*`` tensors, drops the decoder (``decoder.*``, mask token included); the
     classifier's ``head`` and ``fc_norm`` keep their init when the encoder has none (MAE fine-tuning:
     global average pooling + a fresh ``fc_norm``), and the encoder's final ``norm`` is dropped when
     the model has none. The position embedding is resampled to the model's patch grid (timm's
-    ``resample_abs_pos_embed``); a TokenFormer with more parameter tokens takes the pretrained ones
-    in its first rows (:func:`tkvision.growth.load_grown_state_dict`).
+    ``resample_abs_pos_embed``).
 
     Returns:
-        ``dict(loaded=[names], dropped=[names], kept_init=[names], grown={name: (old, new)})``.
+        ``dict(weights={name: tensor}, loaded=[names], dropped=[names], kept_init=[names])``.
 
     Raises:
         ValueError: ``state_dict`` is not an MAE checkpoint.
-        WeightsMismatchError: any other tensor that does not fit (listed).
     """
-    from timm.layers import resample_abs_pos_embed
-    from ..growth import load_grown_state_dict
     if not is_mae_state_dict(state_dict):
         raise ValueError('not an MAE checkpoint: no encoder.* and decoder.* tensors')
     enc = {k[len('encoder.'):]: v for k, v in state_dict.items() if k.startswith('encoder.')}
@@ -340,9 +342,8 @@ def load_encoder(model: nn.Module, state_dict: dict) -> dict:
         prefix = 0 if getattr(model, 'no_embed_class', False) else model.num_prefix_tokens
         enc['pos_embed'] = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size),
                                                   num_prefix_tokens=prefix)
-    grown = load_grown_state_dict(model, enc)
     loaded = sorted(k for k in enc if k not in kept_init)
-    return dict(loaded=loaded, dropped=dropped, kept_init=kept_init, grown=grown)
+    return dict(weights=enc, loaded=loaded, dropped=dropped, kept_init=kept_init)
 
 
 def linear_probe(model: nn.Module) -> nn.Module:

@@ -48,8 +48,7 @@ from timm.layers import DropPath, Mlp, PatchEmbed as ConvPatchEmbed
 from timm.models import generate_default_cfgs, register_model
 
 from ..layers import Pattention
-from ..layers.pattention import normalize_scores
-from .tokenformer_vit import TokenFormerViT, _cfg, _create_tokenformer_vit, checkpoint_filter_fn  # noqa: F401 (filter: adapt_state_dict)
+from .tokenformer_vit import TokenFormerViT, _cfg, _create_tokenformer_vit
 
 __all__ = ['LevelSignal', 'Level', 'RecurrentAttention', 'RingBlock', 'RingFormerViT', 'TokenRingViT',
            'LEVEL_SIGNALS']
@@ -80,7 +79,7 @@ def attend_with_level_tokens(layer: Pattention, x, keys, values):
     one normalisation (``layer``'s Θ and τ) over shared and level scores. ``x [..., d_in]``,
     ``keys [m, d_in]``, ``values [m, d_out]`` -> ``[..., d_out]``."""
     scores = torch.cat([layer.scores(x), F.linear(x, keys)], dim=-1)
-    return normalize_scores(scores, layer.score_norm, layer.tau, layer.eps) @ torch.cat(
+    return layer.score_normalization(scores, layer.tau, layer.eps) @ torch.cat(
         [layer.value_param_tokens, values])
 
 
@@ -185,7 +184,7 @@ class _RecurrentViT(TokenFormerViT):
         if kw.get('fused_qkv'):
             raise ValueError('fused_qkv is a TokenFormerViT option; the recurrent families compute Q/K/V per level')
 
-    def _forward_blocks(self, x):
+    def forward_blocks(self, x):
         for level in self.blocks:
             x = self._run_block(level, x)
         return x
@@ -272,11 +271,13 @@ class TokenRingViT(_RecurrentViT):
     def _build_blocks(self, depth, dpr, kw):
         self._check_block_kwargs(kw)
         r, d = self._ring, kw['dim']
-        pattn = lambda n: Pattention(d, d, n, score_norm=kw['score_norm'], value_std=kw['value_std'])  # noqa: E731
+        pattn = lambda n, kind: Pattention(d, d, n, score_norm=kw['score_norm'], value_std=kw['value_std'],  # noqa: E731
+                                           kind=kind)
         n_qkv, n_proj, n_ffn = kw['num_tokens_qkv'], kw['num_tokens_proj'], kw['num_tokens_ffn']
-        attn = RecurrentAttention(d, kw['num_heads'], pattn(n_qkv), pattn(n_qkv), pattn(n_qkv), pattn(n_proj),
-                                  qk_norm=kw['qk_norm'], attn_drop=kw['attn_drop'], proj_drop=kw['proj_drop'])
-        self.shared = RingBlock(attn, pattn(n_ffn), ffn_drop=kw['proj_drop'])
+        attn = RecurrentAttention(d, kw['num_heads'], pattn(n_qkv, 'qkv'), pattn(n_qkv, 'qkv'), pattn(n_qkv, 'qkv'),
+                                  pattn(n_proj, 'proj'), qk_norm=kw['qk_norm'], attn_drop=kw['attn_drop'],
+                                  proj_drop=kw['proj_drop'])
+        self.shared = RingBlock(attn, pattn(n_ffn, 'ffn'), ffn_drop=kw['proj_drop'])
         m = r['level_tokens'] or max(1, n_qkv // 32)
         tokens = dict(q=m, k=m, v=m, proj=m, ffn=4 * m)
         dims = dict.fromkeys(('q', 'k', 'v', 'proj', 'ffn'), (d, d))

@@ -10,7 +10,7 @@ Paper: `TokenFormer: Rethinking Transformer Scaling with Tokenized Model Paramet
 Differences from the paper, all documented in the README ("Model family"):
     - The stem is a Pattention over flattened 16x16 patches (the paper does not say whether the
       stem is a conv or a Pattention; ``shared/reference/README.md``, "Vision model").
-    - Token counts follow the paper's scheme (n_ffn = 4 n_qkv); the B/16 count is 114.4M where the
+    - Token counts follow the paper's scheme (n_ffn = 4 n_qkv); the B/16 count is 115.35M where the
       paper reports 109M, which no simple token choice reproduces.
 
 Layout follows timm's model files: layers, model class, checkpoint filter, cfgs, entrypoints.
@@ -34,12 +34,9 @@ from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
 
 from ..layers import Pattention
-from ..layers.pattention import normalize_scores
+from ._helpers import load_state_dict_file
 
-__all__ = ['TokenFormerViT', 'TOKEN_KINDS']
-
-#: The four kinds of Pattention in the model, as named in ``num_tokens_*`` kwargs and growth.
-TOKEN_KINDS = ('patch', 'qkv', 'proj', 'ffn')
+__all__ = ['TokenFormerViT', 'checkpoint_filter_fn']
 
 
 class PatchPattention(Pattention):
@@ -56,6 +53,7 @@ class PatchPattention(Pattention):
     key_name = 'weight'
 
     def __init__(self, in_chans, patch_size, out_features, num_tokens, score_norm='l2_norm_gelu', **kwargs):
+        kwargs.setdefault('kind', 'patch')
         super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
         self.patch_size = patch_size
         self.weight = nn.Parameter(self.weight.detach().view(num_tokens, in_chans, patch_size, patch_size))
@@ -123,12 +121,12 @@ class Attention(nn.Module):
             raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
         self.num_heads, self.head_dim = num_heads, dim // num_heads
         pattn = partial(Pattention, dim, dim, score_norm=score_norm, value_std=value_std)
-        self.q, self.k, self.v = pattn(num_tokens_qkv), pattn(num_tokens_qkv), pattn(num_tokens_qkv)
+        self.q, self.k, self.v = (pattn(num_tokens_qkv, kind='qkv') for _ in range(3))
         # qk_norm (timm, x-transformers): LayerNorm of q and k over each head's channels
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
-        self.proj = pattn(num_tokens_proj)
+        self.proj = pattn(num_tokens_proj, kind='proj')
         self.proj_drop = nn.Dropout(proj_drop)
 
     def qkv_fused(self, x) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -140,7 +138,7 @@ class Attention(nn.Module):
         n = q.key_param_tokens.shape[0]
         scores = F.linear(x, torch.cat([q.key_param_tokens, k.key_param_tokens, v.key_param_tokens]))
         tau = torch.stack([q.tau, k.tau, v.tau]).view(3, 1)
-        s = normalize_scores(scores.unflatten(-1, (3, n)), q.score_norm, tau, q.eps)  # [B, N, 3, n]
+        s = self.q.score_normalization(scores.unflatten(-1, (3, n)), tau, q.eps)  # [B, N, 3, n]
         values = torch.stack([q.value_param_tokens, k.value_param_tokens, v.value_param_tokens])  # [3, n, d]
         out = s.transpose(-3, -2) @ values  # [B, 3, N, d]
         return out[:, 0], out[:, 1], out[:, 2]
@@ -181,7 +179,7 @@ class Block(nn.Module):
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm()
-        self.ffn = Pattention(dim, dim, num_tokens_ffn, score_norm=score_norm, value_std=value_std)
+        self.ffn = Pattention(dim, dim, num_tokens_ffn, score_norm=score_norm, value_std=value_std, kind='ffn')
         self.ffn_drop = nn.Dropout(proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
@@ -374,10 +372,12 @@ class TokenFormerViT(nn.Module):
         """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm)."""
         grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
         x = self._pos_embed(self.patch_embed(x), grid)
-        return self.norm(self._forward_blocks(x))
+        return self.norm(self.forward_blocks(x))
 
-    def _forward_blocks(self, x):
-        """The trunk, ``[B, N', C] -> [B, N', C]`` (gradient checkpointing per block when enabled)."""
+    def forward_blocks(self, x):
+        """The trunk, ``[B, N', C] -> [B, N', C]`` (gradient checkpointing per block when enabled): what
+        a family overrides to change the trunk, and what :class:`~tkvision.models.mae.MaskedAutoencoder`
+        runs on the visible tokens."""
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return checkpoint_seq(self.blocks, x)
         return self.blocks(x)
@@ -394,6 +394,12 @@ class TokenFormerViT(nn.Module):
 
     def forward(self, x):
         return self.forward_head(self.forward_features(x))
+
+    @torch.jit.ignore
+    def checkpoint_filter(self, state_dict: dict) -> dict:
+        """``state_dict`` adapted to this model by the family's :func:`checkpoint_filter_fn` (what
+        :func:`tkvision.models.adapt_state_dict` applies to any model that has this method)."""
+        return checkpoint_filter_fn(state_dict, self)
 
     def forward_intermediates(self, x, indices: Optional[Union[int, List[int]]] = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
@@ -455,7 +461,7 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     ``resample_abs_pos_embed``) and, for a checkpoint with other input channels, adapts the filter
     bank with timm's ``adapt_input_conv`` (timm's own loader does the same for ``first_conv``).
     Everything else passes through; shape mismatches are reported by
-    :func:`tkvision.checkpoint.load_weights` / ``load_state_dict``.
+    :func:`tkvision.models.check_fit` / ``load_state_dict``.
     """
     for key in ('state_dict_ema', 'model_ema', 'state_dict', 'model'):
         if isinstance(state_dict.get(key), dict):
@@ -481,7 +487,6 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
 
 def _file_num_classes(path) -> int:
     """Rows of ``head.weight`` in a weights file (0 when it has no head)."""
-    from ..checkpoint import load_state_dict_file
     if path.endswith('.safetensors'):
         from safetensors import safe_open
         with safe_open(path, 'pt') as f:

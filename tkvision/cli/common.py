@@ -1,0 +1,30 @@
+"""What every tool shares: one-line errors (:func:`run_cli`)."""
+import sys
+import traceback
+
+import torch.distributed as dist
+
+from ..utils.errors import USER_ERRORS
+
+__all__ = ['run_cli']
+
+
+def run_cli(fn, argv=None) -> int:
+    """Run ``fn(argv)`` for a command-line tool: errors from :data:`~tkvision.utils.errors.USER_ERRORS`
+    print one line ``error: ...`` on stderr and return 2; other errors propagate with their
+    traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
+    left open (a torchrun launch) is destroyed on the way out."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = '--debug' in argv
+    if debug:
+        argv.remove('--debug')
+    try:
+        return fn(argv)
+    except USER_ERRORS as e:
+        if debug:
+            traceback.print_exc()
+        print(f'error: {e}  (--debug shows the traceback)', file=sys.stderr)
+        return 2
+    finally:
+        if dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()

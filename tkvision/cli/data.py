@@ -1,0 +1,59 @@
+"""``tools/make_shards.py`` (``tkvision-make-shards``) and ``tools/make_subset.py`` (``tkvision-make-subset``)."""
+import argparse
+import os
+
+from ..data.shards import INFO_NAME, make_shards
+from ..data.subset import PRESETS, make_subset
+from .common import run_cli
+
+__all__ = ['make_shards_main', 'make_subset_main']
+
+
+def _make_shards(argv) -> int:
+    ap = argparse.ArgumentParser(description='Write WebDataset tar shards of an ImageNet-layout folder.')
+    ap.add_argument('--src', required=True, help='folder with <split>/<class>/<image>')
+    ap.add_argument('--out', required=True, help='shard folder to create')
+    ap.add_argument('--splits', nargs='+', default=['train', 'val'])
+    ap.add_argument('--max-count', type=int, default=10000, help='images per shard at most')
+    ap.add_argument('--max-size', type=float, default=1e9, help='bytes per shard at most')
+    a = ap.parse_args(argv)
+    m = make_shards(a.src, a.out, tuple(a.splits), a.max_count, a.max_size)
+    for split, s in m['splits'].items():
+        print(f"{split}: {s['num_samples']} images in {len(s['filenames'])} shards, {len(s['class_counts'])} classes")
+    print(f"wrote {os.path.join(a.out, INFO_NAME)}")
+    return 0
+
+
+def make_shards_main(argv=None) -> int:
+    """``tkvision-make-shards`` / ``tools/make_shards.py``: see ``--help``; user errors are one line (exit 2)."""
+    return run_cli(_make_shards, argv)
+
+
+def _make_subset(argv) -> int:
+    ap = argparse.ArgumentParser(description='Write an ImageNet-layout subset as a folder or shards.')
+    ap.add_argument('--src', required=True, help='ImageNet-layout folder (train/, val/)')
+    ap.add_argument('--out', required=True, help='new folder for the subset')
+    ap.add_argument('--preset', choices=sorted(PRESETS), help='classes and images per class of a named subset')
+    ap.add_argument('--num-classes', type=int)
+    ap.add_argument('--classes', help='file with one class name per line (instead of --num-classes)')
+    ap.add_argument('--train-per-class', type=int)
+    ap.add_argument('--val-per-class', type=int)
+    ap.add_argument('--seed', type=int, default=0)
+    ap.add_argument('--format', default='folder', choices=['folder', 'shards'])
+    ap.add_argument('--link', action='store_true', help='symbolic links instead of copies')
+    a = ap.parse_args(argv)
+    n, k_train, k_val = PRESETS.get(a.preset, (a.num_classes, a.train_per_class, a.val_per_class))
+    classes = None
+    if a.classes:
+        with open(a.classes) as f:
+            classes = [ln.strip() for ln in f if ln.strip()]
+    counts = make_subset(a.src, a.out, n, classes, k_train, k_val, a.seed, a.format, a.link)
+    for split, per in counts.items():
+        print(f'{split}: {sum(per.values())} images in {len(per)} classes (fewest {min(per.values())})')
+    print(f'wrote {a.out}')
+    return 0
+
+
+def make_subset_main(argv=None) -> int:
+    """``tkvision-make-subset`` / ``tools/make_subset.py``: see ``--help``; user errors are one line (exit 2)."""
+    return run_cli(_make_subset, argv)

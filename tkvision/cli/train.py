@@ -1,0 +1,104 @@
+"""``tools/train.py`` (``tkvision-train``) and ``tools/validate.py`` (``tkvision-validate``)."""
+import argparse
+import os
+import sys
+import time
+
+import torch.distributed as dist
+
+from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
+from ..engine.checkpoint import (BEST_WEIGHTS, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
+                                 RECONSTRUCTION_FILE, model_for_checkpoint)
+from ..engine.config import load_config, section
+from ..engine.distributed import init_distributed, setup_threads
+from ..engine.evaluate import evaluate
+from ..engine.trainer import EXIT_PREEMPTED, Preempted, resolve_run_config, train
+from .common import run_cli
+
+__all__ = ['parse_train_args', 'train_main', 'validate_main']
+
+
+def parse_train_args(argv=None):
+    """``--config``, ``--data-dir``, ``--resume [PATH]``; every other ``--key value`` overrides the config.
+
+    Returns:
+        ``(cfg, resume)``. Raises ConfigError: a bad key or value (named).
+    """
+    ap = argparse.ArgumentParser(description='Train a TokenFormer ViT (or any timm model).', allow_abbrev=False)
+    ap.add_argument('--config', help='YAML recipe (configs/...)')
+    ap.add_argument('--data-dir', help='dataset root (ImageNet folder with train/ and val/)')
+    ap.add_argument('--resume', nargs='?', const=True, default=None,
+                    help='continue from <output>/last.pth, or from PATH')
+    args, rest = ap.parse_known_args(argv)
+    if args.data_dir:
+        rest += ['--data_dir', args.data_dir]
+    return load_config(args.config, rest), args.resume
+
+
+def _done_message(res: dict, minutes: float) -> str:
+    out = res['output']
+    if res['top1'] is None:
+        return (f"done in {minutes:.1f} min: final val reconstruction loss {res['val_loss']:.4f}\n"
+                f"  weights: {os.path.join(out, LAST_WEIGHTS)} (fine-tune with init_from: "
+                f"{os.path.join(out, LAST_WEIGHTS)})\n  reconstructions: {os.path.join(out, RECONSTRUCTION_FILE)}\n"
+                f"  curves:  {os.path.join(out, CURVES_FILE)}")
+    return (f"done in {minutes:.1f} min: final test top-1 {res['top1']:.2f}% (best {res['best_top1']:.2f}%)\n"
+            f"  weights: {os.path.join(out, BEST_WEIGHTS)} (last: {os.path.join(out, LAST_WEIGHTS)}, "
+            f"state: {os.path.join(out, LAST_CHECKPOINT)})\n  curves:  {os.path.join(out, CURVES_FILE)}\n"
+            f"  metrics: {os.path.join(out, METRICS_FILE)}")
+
+
+def _train(argv) -> int:
+    cfg, resume = parse_train_args(argv)
+    t0 = time.perf_counter()
+    try:
+        res = train(cfg, resume=resume)
+    except Preempted as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_PREEMPTED
+    if (not dist.is_initialized() or dist.get_rank() == 0) and (res['top1'] is not None or res['val_loss'] is not None):
+        print(_done_message(res, (time.perf_counter() - t0) / 60))
+    return 0
+
+
+def train_main(argv=None) -> int:
+    """``tkvision-train`` / ``tools/train.py``: one line per user error (``--debug`` for the traceback);
+    exit 0 when done, 2 on a bad setting, :data:`~tkvision.engine.trainer.EXIT_PREEMPTED` after a
+    stop signal's checkpoint."""
+    return run_cli(_train, argv)
+
+
+def _validate(argv) -> int:
+    ap = argparse.ArgumentParser(description='Evaluate a TokenFormer (or any timm) model on a val set.')
+    ap.add_argument('--model', help='timm model name (default: the config\'s)')
+    ap.add_argument('--checkpoint', required=True, help='.safetensors weights or a training .pth checkpoint')
+    ap.add_argument('--config', help='training config (data, img_size, mean/std, model_kwargs)')
+    ap.add_argument('--data-dir', help='ImageNet folder with val/, or Fashion-MNIST files')
+    ap.add_argument('--no-ema', action='store_true', help='use the model weights, not EMA, of a .pth checkpoint')
+    args, rest = ap.parse_known_args(argv)
+    overrides = list(rest) + (['--data_dir', args.data_dir] if args.data_dir else [])
+    if args.model:
+        overrides += ['--model', args.model]
+    cfg = resolve_run_config(load_config(args.config, overrides))
+    setup_threads(section(cfg, 'run'))
+    rank, world, device = init_distributed(section(cfg, 'run'))
+    data = section(cfg, 'data')
+    ds = build_dataset(data, 'val', cfg['seed'], rank, world, class_to_idx=train_class_map(data))
+    # a run that grew during training: its config builds the model it started from, grown to the file's size
+    model, grown = model_for_checkpoint(cfg, args.checkpoint, use_ema=not args.no_ema)
+    if grown and not rank:
+        print(f'grown to the checkpoint\'s size (old, new): {grown}')
+    loader = build_loader(ds, data, train=False, seed=cfg['seed'], rank=rank, world_size=world)
+    res = evaluate(model.to(device), loader, device, BatchPreprocessor(cfg['mean'], cfg['std'], device), cfg['amp'])
+    if rank:
+        return 0
+    print(f"{cfg['model']} on {res['count']} images: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  "
+          f"loss {res['loss']:.4f}  {res['img_per_s']:.0f} img/s" +
+          (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))
+    return 0
+
+
+def validate_main(argv=None) -> int:
+    """``tkvision-validate`` / ``tools/validate.py``: evaluate a weights file; see ``--help``. A user
+    error (missing file, weights that do not fit, bad setting) is one line on stderr, exit 2."""
+    return run_cli(_validate, argv)

@@ -1,0 +1,75 @@
+"""Fashion-MNIST (Xiao et al. 2017), held in memory as uint8 arrays, read from the Debian package
+``dataset-fashion-mnist`` (``/usr/share/datasets/fashion-mnist/*.gz``, idx format) or from
+``data_dir``; torchvision's download only when asked (``download: true``).
+"""
+import gzip
+import os
+
+import numpy as np
+from torch.utils.data import Dataset
+
+__all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'load_fashion_mnist', 'ArrayDataset']
+
+#: Where the Debian package ``dataset-fashion-mnist`` installs the data.
+FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
+_FMNIST_FILES = {'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
+                 'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')}
+#: Fashion-MNIST's image size and pixel statistics (the data keys' defaults for that dataset).
+FASHION_MNIST_STATS = dict(img_size=28, mean=[0.2860], std=[0.3530], crop_pct=1.0, interpolation='bicubic')
+_HOW_TO_GET_FMNIST = ('install it with `apt-get update && apt-get install -y dataset-fashion-mnist` '
+                      f'(files under {FASHION_MNIST_DIR}), pass --data-dir with the four idx files, '
+                      'or set download: true to use torchvision\'s download')
+
+
+def _read_idx(path: str) -> np.ndarray:
+    """Read an idx file (optionally gzipped): big-endian header, then uint8 data."""
+    opener = gzip.open if path.endswith('.gz') else open
+    with opener(path, 'rb') as f:
+        raw = f.read()
+    ndim = raw[3]
+    shape = tuple(int.from_bytes(raw[4 + 4 * i: 8 + 4 * i], 'big') for i in range(ndim))
+    return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
+
+
+def load_fashion_mnist(split: str = 'train', data_dir=None, download: bool = False):
+    """Fashion-MNIST ``split`` ('train': 60k, 'test': 10k) as ``(images uint8 [N, 28, 28], labels int64 [N])``.
+
+    Looks in ``data_dir`` (if given), then :data:`FASHION_MNIST_DIR`, for the idx files, plain or
+    ``.gz``. With ``download`` and nothing found, uses torchvision's ``FashionMNIST(download=True)``
+    into ``data_dir`` (or ``./data``).
+
+    Raises:
+        FileNotFoundError: the files are not found, naming the paths searched and how to get them.
+        ValueError: unknown split.
+    """
+    if split not in _FMNIST_FILES:
+        raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+    searched = [d for d in (data_dir, FASHION_MNIST_DIR) if d]
+    for d in searched:
+        paths = []
+        for name in _FMNIST_FILES[split]:
+            found = [p for p in (os.path.join(d, name), os.path.join(d, name + '.gz')) if os.path.isfile(p)]
+            paths.append(found[0] if found else None)
+        if all(paths):
+            return _read_idx(paths[0]).copy(), _read_idx(paths[1]).astype(np.int64)
+    if download:
+        from torchvision.datasets import FashionMNIST
+        ds = FashionMNIST(data_dir or 'data', train=split == 'train', download=True)
+        return ds.data.numpy(), ds.targets.numpy().astype(np.int64)
+    raise FileNotFoundError(f'Fashion-MNIST {split} files {_FMNIST_FILES[split]} not found in '
+                            f'{" or ".join(searched)}: {_HOW_TO_GET_FMNIST}')
+
+
+class ArrayDataset(Dataset):
+    """In-memory images ``uint8 [N, H, W]`` or ``[N, H, W, C]`` with labels; items are
+    ``(transform(image) [C, H, W] float32, label int)``."""
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform=None):
+        self.images = images if images.ndim == 4 else images[..., None]
+        self.labels, self.transform = labels, transform
+
+    def __len__(self):
+        return len(self.labels)
+
+    def __getitem__(self, i):
+        return self.transform(image=self.images[i])['image'], int(self.labels[i])

@@ -1,0 +1,113 @@
+"""Loaders: the order of the samples and the seeds of their augmentations.
+
+Reproducibility: each training sample's augmentation is seeded from ``(seed, epoch, sample index)``
+(:func:`tkvision.utils.seeding.derive_seed`, passed by :class:`ResumableSampler` with the index),
+never from a worker's own random state, so the augmentations do not depend on ``num_workers`` and a
+run resumed in the middle of an epoch sees exactly the images an uninterrupted run would.
+"""
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
+from torch.utils.data.distributed import DistributedSampler
+
+from ..utils.seeding import derive_seed
+from .readers import collate_skip_bad
+
+__all__ = ['ResumableSampler', 'SeededDataset', 'seed_sample', 'build_loader', 'batches_per_epoch',
+           'set_loader_epoch']
+
+
+class ResumableSampler(DistributedSampler):
+    """``DistributedSampler`` (disjoint per-rank shards, reshuffled per epoch from ``seed``) that yields
+    ``(index, derive_seed(seed, epoch, index))`` pairs for :class:`SeededDataset` and can start an epoch part-way.
+
+    ``set_epoch(epoch, start=k)`` skips the first ``k`` samples of this rank's order for that epoch
+    (a resumed run skips the batches it already consumed); the next ``set_epoch`` starts from 0.
+    """
+
+    def __init__(self, dataset, num_replicas=1, rank=0, seed=0):
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0):
+        super().set_epoch(epoch)
+        self.start = start
+
+    def __iter__(self):
+        order = list(super().__iter__())[self.start:]
+        return iter([(i, derive_seed(self.seed, self.epoch, i)) for i in order])
+
+    def __len__(self):
+        return self.num_samples - self.start
+
+
+def seed_sample(transform, seed: int, epoch: int, index):
+    """Seed one sample's augmentation from (seed, epoch, index): albumentations' generators of
+    ``transform`` and Python's / NumPy's global ones, which timm's RandAugment draws from."""
+    _seed_transform(transform, derive_seed(seed, epoch, index))
+
+
+def _seed_transform(transform, seed: int):
+    random.seed(seed)
+    np.random.seed(seed)
+    transform.set_random_seed(seed)
+
+
+class SeededDataset(Dataset):
+    """Wraps a dataset whose items take ``(index, seed)``: seeds the transform (albumentations'
+    generators, and Python's / NumPy's global ones that timm's RandAugment draws from) before
+    reading item ``index``. Items are those of the wrapped dataset."""
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self):
+        return len(self.dataset)
+
+    def __getitem__(self, key):
+        index, seed = key
+        ds = self.dataset
+        while hasattr(ds, 'dataset'):
+            ds = ds.dataset
+        _seed_transform(ds.transform, seed)
+        return self.dataset[index]
+
+
+def build_loader(ds: Dataset, data: dict, train: bool, seed: int, rank: int = 0, world_size: int = 1) -> DataLoader:
+    """DataLoader of ``ds`` with the data section's ``batch_size`` and ``num_workers``, yielding ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
+
+    Training: :class:`ResumableSampler` over :class:`SeededDataset` (order and augmentation depend
+    only on seed, epoch and sample index: exact resume, any ``num_workers``), incomplete last batch
+    dropped; a shard stream orders itself (:mod:`tkvision.shards`). Evaluation: each rank takes
+    items ``rank::world_size`` (a stream: its own shards) so summed metrics count every item once.
+    Pinned memory on CUDA for non-blocking copies; workers persist across epochs for map-style data
+    (a stream's workers restart each epoch to learn the epoch).
+    """
+    workers = data['num_workers']
+    if isinstance(ds, IterableDataset):
+        return DataLoader(ds, batch_size=data['batch_size'], num_workers=workers, collate_fn=collate_skip_bad,
+                          drop_last=train, pin_memory=torch.cuda.is_available())
+    if train:
+        sampler, ds = ResumableSampler(ds, num_replicas=world_size, rank=rank, seed=seed), SeededDataset(ds)
+    else:
+        sampler, ds = None, Subset(ds, range(rank, len(ds), world_size))
+    return DataLoader(ds, batch_size=data['batch_size'], sampler=sampler, shuffle=False, drop_last=train,
+                      num_workers=workers, collate_fn=collate_skip_bad, persistent_workers=workers > 0,
+                      pin_memory=torch.cuda.is_available())
+
+
+def batches_per_epoch(loader: DataLoader) -> int:
+    """Training batches per rank in one epoch of a :func:`build_loader` loader."""
+    if isinstance(loader.dataset, IterableDataset):
+        return loader.dataset.batches_per_epoch
+    return loader.sampler.num_samples // loader.batch_size
+
+
+def set_loader_epoch(loader: DataLoader, epoch: int, start_batch: int = 0):
+    """Make ``loader`` yield epoch ``epoch`` from its batch ``start_batch`` on (a resumed run)."""
+    if isinstance(loader.dataset, IterableDataset):
+        loader.dataset.set_epoch(epoch, skip_batches=start_batch)
+    else:
+        loader.sampler.set_epoch(epoch, start=start_batch * loader.batch_size)

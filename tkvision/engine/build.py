@@ -1,0 +1,42 @@
+"""Building the model a config describes, from its ``model`` section (and ``mae`` section for
+``task: mae``)."""
+import timm
+import torch
+
+from ..models.mae import create_mae
+from .config import section
+
+__all__ = ['build_model', 'model_for_config', 'default_num_classes']
+
+
+def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch.nn.Module:
+    """``timm.create_model(model['model'], drop_path_rate=..., **model['model_kwargs'])``, or with an
+    ``mae`` section a :class:`tkvision.models.mae.MaskedAutoencoder` around that model as encoder
+    (``mask_ratio``, ``norm_pix_loss``, ``decoder``).
+
+    Args:
+        model: the config's model section. mae: its MAE section, for ``task: mae``; None otherwise.
+        num_classes: classifier outputs unless ``model_kwargs`` sets ``num_classes``.
+    """
+    kwargs = dict(model['model_kwargs'])
+    if model['drop_path_rate']:
+        kwargs['drop_path_rate'] = model['drop_path_rate']
+    if mae is not None:
+        d = mae['decoder']
+        return create_mae(model['model'], decoder=dict(embed_dim=d['embed_dim'], depth=d['depth'], num_heads=d['num_heads']),
+                          mask_ratio=mae['mask_ratio'], norm_pix_loss=mae['norm_pix_loss'],
+                          decoder_num_tokens=d['num_tokens'], decoder_kind=d['kind'], **kwargs)
+    kwargs.setdefault('num_classes', num_classes)
+    return timm.create_model(model['model'], **kwargs)
+
+
+def default_num_classes(cfg: dict) -> int:
+    """Classes of the config's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST, else 1000."""
+    return 10 if cfg['dataset'] == 'fashion_mnist' else 1000
+
+
+def model_for_config(cfg: dict, num_classes: int = None) -> torch.nn.Module:
+    """:func:`build_model` of a whole config: its model section, its MAE section when ``task`` is
+    ``mae``, and ``num_classes`` (default: :func:`default_num_classes`)."""
+    mae = section(cfg, 'mae') if cfg['task'] == 'mae' else None
+    return build_model(section(cfg, 'model'), mae, num_classes or default_num_classes(cfg))

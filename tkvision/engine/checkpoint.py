@@ -1,0 +1,251 @@
+"""Checkpoints: the one owner of what a run writes, under which name, and how it is read back.
+
+Files of a run directory (names: the constants below)::
+
+    config.yaml         the resolved config (flat keys, :mod:`tkvision.engine.config`)
+    last.pth            the training state (format: :func:`training_checkpoint`), every ``save_every``
+                        epochs, every ``checkpoint_every_steps`` updates, every ``checkpoint_every_minutes``
+                        and on SIGTERM / SIGUSR1
+    last.safetensors    the weights at the last epoch: the EMA weights when EMA is on (the metadata's
+                        ``source`` says which), loadable by ``timm.create_model(name, pretrained=True,
+                        pretrained_cfg_overlay=dict(file=...))``
+    best.safetensors    the weights of the best evaluation (:func:`keep_best`; ``source``, ``epoch``
+                        and the metric in the metadata)
+    metrics.csv, curves.png, reconstruction.png (MAE), tb/ (TensorBoard), .lock (:mod:`.rundir`)
+
+Every file is written atomically (:func:`tkvision.utils.files.atomic_write`): a crash leaves the old
+file or the new one. Reading never unpickles code: ``torch.load(weights_only=True)`` or safetensors.
+
+Every reader of a model's weights (resume, ``init_from``, validate, export, the MAE pictures, the
+attention-distance tool, growing a file) goes through :func:`load_fitting_weights`: adapt with the
+family's checkpoint filter, grow the model to the checkpoint's size if the run grew, check the fit
+(naming every tensor that differs), load.
+"""
+import csv
+import os
+
+import torch
+import yaml
+from safetensors.torch import save_file
+
+from ..growth import grow, grow_to_checkpoint, load_grown_state_dict, token_counts
+from ..models import adapt_state_dict, check_fit, load_state_dict_file
+from ..models.mae import encoder_weights, is_mae_state_dict
+from ..utils.files import atomic_write
+from .build import model_for_config
+from .config import migrate
+
+__all__ = ['CONFIG_FILE', 'LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'METRICS_FILE', 'CURVES_FILE',
+           'RECONSTRUCTION_FILE', 'FORMAT_VERSION', 'training_checkpoint', 'save_training_checkpoint',
+           'load_training_checkpoint', 'save_weights', 'save_yaml', 'save_rows', 'keep_best', 'read_weights',
+           'load_fitting_weights', 'model_for_checkpoint', 'load_init_weights', 'grow_weights_file']
+
+CONFIG_FILE = 'config.yaml'
+LAST_CHECKPOINT = 'last.pth'
+LAST_WEIGHTS = 'last.safetensors'
+BEST_WEIGHTS = 'best.safetensors'
+METRICS_FILE = 'metrics.csv'
+CURVES_FILE = 'curves.png'
+RECONSTRUCTION_FILE = 'reconstruction.png'
+
+#: Version of the ``last.pth`` format of :func:`training_checkpoint` (files without the key are version 1).
+FORMAT_VERSION = 1
+
+
+def training_checkpoint(state) -> dict:
+    """The ``last.pth`` format: everything a run needs to continue exactly, from a
+    :class:`~tkvision.engine.state.TrainState` ``state``.
+
+    Keys: ``model`` (state dict), ``optimizer``, ``scaler`` (GradScaler), ``model_ema`` (state dict or
+    None), ``epochs_done`` (completed epochs), ``batches_done`` (micro-batches of epoch ``epochs_done``
+    already trained, at an update boundary), ``num_updates`` (optimizer updates), ``best`` (the best
+    evaluation: ``dict(top1 | val_loss, epoch, source)``), ``token_counts`` (``growth.model_size``: the
+    size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums:
+    ``loss_sum``, ``seen``, ``skipped``, ``seconds``), ``format_version``. The scheduler is not saved:
+    it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
+    """
+    m = state.meter
+    return dict(model=state.model.state_dict(), optimizer=state.optimizer.state_dict(),
+                scaler=state.scaler.state_dict(), model_ema=state.ema.module.state_dict() if state.ema else None,
+                epochs_done=state.epochs_done, batches_done=state.batches_done, num_updates=state.num_updates,
+                best=state.best, token_counts=state.size(), config=state.cfg,
+                meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'], seconds=m['seconds']),
+                format_version=FORMAT_VERSION)
+
+
+def save_training_checkpoint(state, path: str):
+    """Write :func:`training_checkpoint` of ``state`` to ``path`` atomically (``torch.save``)."""
+    atomic_write(path, lambda tmp: torch.save(training_checkpoint(state), tmp))
+
+
+def load_training_checkpoint(path: str, map_location='cpu') -> dict:
+    """A ``last.pth`` (``weights_only=True``), its config migrated to today's keys
+    (:func:`tkvision.engine.config.migrate`).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'checkpoint not found: {path}')
+    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    ckpt['config'] = migrate(ckpt['config'])
+    return ckpt
+
+
+def save_weights(state_dict: dict, path: str, metadata: dict = None):
+    """Write a model state dict as ``.safetensors`` atomically (tensors made contiguous, on CPU);
+    ``metadata`` values are stored as strings."""
+    tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
+    meta = {k: str(v) for k, v in (metadata or {}).items()}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def save_yaml(obj, path: str):
+    """Write ``obj`` as YAML atomically (keys in their order)."""
+    atomic_write(path, lambda f: yaml.safe_dump(obj, f, sort_keys=False), text=True)
+
+
+def save_rows(rows: list, path: str):
+    """Write a list of dicts as CSV atomically; the columns are every key, in order of appearance."""
+    keys = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write(path, write, text=True)
+
+
+def keep_best(best: dict, candidates: list, metric: str, mode: str, path: str = None, metadata: dict = None) -> dict:
+    """The best evaluation so far, saving the winner's weights to ``path`` when it improves (timm's
+    ``CheckpointSaver`` keeps the top-k by one metric the same way).
+
+    Args:
+        best: the best so far, ``{metric: value, 'epoch': e, 'source': s}``.
+        candidates: ``[(source, value, model)]`` of this evaluation (``'model'``, ``'ema'``).
+        metric: the metric's name (``'top1'``, ``'val_loss'``). mode: ``'max'`` or ``'min'``.
+        path: where to save the winner's weights (None: do not save, e.g. on ranks other than 0).
+        metadata: stored with the weights, with the source, epoch and metric added.
+
+    Returns:
+        ``best`` updated (a new dict) when a candidate beats it, else ``best``.
+
+    Raises:
+        ValueError: ``mode`` is not ``'max'`` or ``'min'``.
+    """
+    if mode not in ('max', 'min'):
+        raise ValueError(f"mode must be 'max' or 'min', got {mode!r}")
+    pick = max if mode == 'max' else min
+    source, value, model = pick(candidates, key=lambda c: c[1])
+    if not (value > best[metric] if mode == 'max' else value < best[metric]):
+        return best
+    epoch = (metadata or {}).get('epoch', best.get('epoch'))
+    best = {metric: value, 'epoch': epoch, 'source': source}
+    if path is not None:
+        save_weights(model.state_dict(), path, metadata={**(metadata or {}), metric: value, 'source': source})
+    return best
+
+
+def read_weights(path: str, use_ema: bool = True) -> dict:
+    """The model weights in ``path``: a ``.safetensors``, a ``last.pth`` (its EMA weights when
+    ``use_ema`` and it has them) or another ``.pth`` state dict (timm's ``load_state_dict``).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+    """
+    return load_state_dict_file(path, use_ema)
+
+
+def load_fitting_weights(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoint') -> dict:
+    """Load ``state_dict`` into ``model``: adapt it with the family's checkpoint filter, grow the model
+    to the checkpoint's size when the run grew during training (:func:`tkvision.growth.grow_to_checkpoint`),
+    check the fit, load strictly.
+
+    Returns:
+        ``{kind: (old, new)}`` of what grew (``{}`` when nothing did).
+
+    Raises:
+        WeightsMismatchError: tensors that still differ, each named with both shapes; ``source`` (the
+            file) is named too.
+    """
+    weights = adapt_state_dict(model, state_dict)
+    grown = grow_to_checkpoint(model, weights)
+    check_fit(model, weights, source)
+    model.load_state_dict(weights)
+    return grown
+
+
+def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True):
+    """The model of ``cfg`` with the weights of ``path`` loaded (:func:`load_fitting_weights`). A
+    classifier gets the file's head size unless ``model_kwargs`` sets ``num_classes``.
+
+    Returns:
+        ``(model, grown)``: the model (on the CPU, train mode as built) and ``{kind: (old, new)}``.
+
+    Raises:
+        FileNotFoundError: no file. WeightsMismatchError: weights of another model (tensors named).
+    """
+    weights = read_weights(path, use_ema)
+    head = weights.get('head.weight')
+    model = model_for_config(cfg, None if head is None else head.shape[0])
+    return model, load_fitting_weights(model, weights, path)
+
+
+def load_init_weights(model: torch.nn.Module, path: str, task: str):
+    """``init_from``: start ``model`` from the weights at ``path``: an MAE checkpoint's encoder for a
+    classifier (:func:`tkvision.models.mae.encoder_weights`), else a same-size or smaller model's
+    weights; a smaller TokenFormer's tokens go into the first rows
+    (:func:`tkvision.growth.load_grown_state_dict`).
+
+    Returns:
+        ``(grown, report)``: ``{tensor name: (old rows, new rows)}`` and a line saying what was loaded.
+
+    Raises:
+        FileNotFoundError: no file. WeightsMismatchError: tensors that do not fit (named).
+    """
+    weights = read_weights(path)
+    if is_mae_state_dict(weights) and task != 'mae':
+        encoder = encoder_weights(model, weights)
+        grown = load_grown_state_dict(model, encoder['weights'])
+        report = (f"MAE encoder from {path}: loaded {len(encoder['loaded'])} tensors, dropped "
+                  f"{len(encoder['dropped'])} ({_names(encoder['dropped'])}), kept the init of "
+                  f"{_names(encoder['kept_init']) or 'nothing'}")
+        return grown, report
+    grown = load_grown_state_dict(model, weights)
+    return grown, f'init_from {path}' + (f', grown from init_from: {grown}' if grown else '')
+
+
+def _names(names, limit: int = 4) -> str:
+    """``a, b, c, d and 3 more`` (module-level prefixes merged: ``decoder.*``)."""
+    heads = []
+    for n in names:
+        parts = n.split('.')
+        head = '.'.join(parts[:2 if parts[0] == 'encoder' else 1]) + ('.*' if '.' in n else '')
+        if head not in heads:
+            heads.append(head)
+    return ', '.join(heads[:limit]) + (f' and {len(heads) - limit} more' if len(heads) > limit else '')
+
+
+def grow_weights_file(checkpoint: str, cfg: dict, out: str, to=None, add=None, key_init='zeros',
+                      value_init='normal') -> dict:
+    """Grow a weights file on disk: build the model of ``cfg`` (the checkpoint's architecture: ``model``,
+    ``model_kwargs``), load ``checkpoint`` (:func:`load_fitting_weights`), grow to ``to`` (variant name
+    or counts) or by ``add`` (``{kind: m}``), and write ``out`` as safetensors (atomic).
+
+    Returns:
+        ``{kind: (old, new)}``.
+
+    Raises:
+        FileExistsError: ``out`` is ``checkpoint``. FileNotFoundError, WeightsMismatchError: as
+            :func:`model_for_checkpoint`. ValueError: a target smaller than the model.
+    """
+    if os.path.abspath(out) == os.path.abspath(checkpoint):
+        raise FileExistsError(f'--out {out} is the input checkpoint; write the grown weights to another file')
+    net, _ = model_for_checkpoint(cfg, checkpoint)
+    before = token_counts(net)
+    grow(net, to=to, key_init=key_init, value_init=value_init, **(add or {}))
+    after = token_counts(net)
+    save_weights(net.state_dict(), out, metadata=dict(grown_from=checkpoint, token_counts=after))
+    return {k: (before[k], after[k]) for k in before}

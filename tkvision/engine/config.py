@@ -1,0 +1,295 @@
+"""Training configs: YAML files with one inheritance mechanism (``_base_``), CLI overrides, and the
+sections each builder receives.
+
+A config file is a YAML mapping of flat keys (``lr: 1e-3``, ``model_kwargs: {...}``). Its optional
+``_base_`` key names another YAML file (relative to the file that names it); the file's keys are
+merged over the base's, recursively for mappings. Every key must exist in :data:`DEFAULTS`; an
+unknown key is an error that names it and the file. Command-line overrides ``--key value``
+(``--growth.every_epochs 2`` for nested keys) are parsed with YAML rules (``1e-3`` is a float,
+``[0.9, 0.95]`` a list, ``null`` None). Keys renamed since an earlier release (:data:`RENAMED`) are
+read under their new name, in files, on the command line and in checkpoints.
+
+**Sections.** The keys are grouped as a reader meets them (:data:`SECTIONS`: ``run``, ``model``,
+``mae``, ``data``, ``optim``, ``growth``); each builder receives only its section
+(:func:`section`): ``build_dataset`` the data keys, ``build_optimizer`` the optimisation keys, and so
+on. Files stay flat, so every config of earlier releases reads unchanged.
+
+What each key allows is in :mod:`tkvision.engine.config_rules` (``tests/test_config.py`` holds the
+rules and the defaults to the same keys). Recipe values in ``configs/imagenet/`` come from the MAE
+paper, Appendix A.2 (table in ``shared/reference/README.md``, "Recipes").
+"""
+import copy
+import os
+import re
+
+import yaml
+
+from ..utils.errors import ConfigError
+from .config_rules import INTERPOLATIONS, SCHEDULERS, resolve_accum_steps, validate_config
+
+__all__ = ['SECTIONS', 'DEFAULTS', 'RENAMED', 'SCHEDULERS', 'INTERPOLATIONS', 'RESUME_MUTABLE', 'section',
+           'load_config', 'parse_overrides', 'merge', 'migrate', 'config_changes', 'resolve_lr',
+           'resolve_accum_steps', 'ConfigError']
+
+#: Every config key with its default, by section. Units: epochs are passes over the training set;
+#: lr values are per-step learning rates of the global batch; sizes are pixels.
+SECTIONS = {
+    'run': {
+        # 'classify' (supervised), 'mae' (masked-autoencoder pretraining, no labels read) or
+        # 'linprobe' (frozen encoder from init_from, BatchNorm + linear head: MAE's linear probing)
+        'task': 'classify',
+        'seed': 0,
+        'device': None,              # null: cuda if available else cpu
+        'threads': None,             # torch.set_num_threads on CPU
+        'amp': None,                 # null, 'bf16' or 'fp16'
+        'tf32': True,                # CUDA: TF32 matmuls and convolutions for float32 work
+        'output': 'runs/default',
+        'eval_every': 1,             # epochs
+        'save_every': 1,             # epochs
+        'checkpoint_every_steps': None,    # also write last.pth every N optimizer updates (mid-epoch)
+        'checkpoint_every_minutes': None,  # also write last.pth when this much time passed since the last one
+        'tensorboard': False,
+        'log_interval': 50,          # optimizer updates between progress updates, loss checks and signal checks
+        'progress': True,
+    },
+    'model': {
+        'model': 'tokenformer_vit_ti16',
+        'model_kwargs': {},          # passed to timm.create_model (img_size, patch_size, num_tokens, ...)
+        'drop_path_rate': 0.0,
+        'init_from': None,           # weights file to start from (.safetensors / .pth); grown to fit
+        'freeze_loaded_tokens': False,  # with init_from: train only the tokens appended to the loaded ones (+ head)
+        'grad_checkpointing': False,
+        'compile': False,
+    },
+    'mae': {                         # MAE pretraining (task: mae; tkvision.models.mae)
+        'mask_ratio': 0.75,          # fraction of patches masked per image
+        'norm_pix_loss': True,       # regress per-patch normalised pixels
+        'decoder': {                 # MAE's decoder: 512 wide, 8 blocks, 16 heads
+            'embed_dim': 512,
+            'depth': 8,
+            'num_heads': 16,
+            'num_tokens': None,      # TokenFormer decoder: parameter tokens per Pattention (null: embed_dim)
+            'kind': None,            # 'tokenformer' or 'vit' (null: TokenFormer for a TokenFormer encoder)
+        },
+        'recon_images': 8,           # validation images in the reconstruction.png written at the end
+    },
+    'data': {
+        'dataset': 'fashion_mnist',  # 'fashion_mnist', 'folder' (= 'imagenet': train/<class>/*, val/<class>/*),
+                                     # 'tar', 'wds/<name>' (WebDataset shards), 'hfds/<name>' (Hugging Face)
+        'data_dir': None,
+        'download': False,           # fashion_mnist only: torchvision download when the Debian package is absent
+        # null: from the model's pretrained_cfg (timm.data.resolve_data_config), or Fashion-MNIST's statistics
+        'img_size': None,
+        'mean': None,
+        'std': None,
+        'crop_pct': None,
+        'interpolation': None,       # one of INTERPOLATIONS; 'random' draws one per image (timm)
+        'rrc_scale': [0.08, 1.0],    # RandomResizedCrop area range; null: no crop
+        'crop_padding': 0,           # random translation: zero-pad each side by this many px, random crop back
+                                     # to img_size (torchvision RandomCrop(padding=...)); 0: off
+        'hflip': 0.5,
+        'auto_augment': None,        # timm RandAugment string, e.g. rand-m9-mstd0.5-inc1
+        'reprob': 0.0,               # random erasing probability (timm RandomErasing, mode 'pixel', on device)
+        'batch_size': 128,           # per process
+        'num_workers': 0,
+        'train_subset': None,        # use only the first N training images (tests, quick probes)
+        'val_subset': None,
+    },
+    'optim': {
+        'epochs': 10,
+        'accum_steps': 1,            # gradient accumulation: global batch = batch_size * accum_steps * world
+        'global_batch_size': None,   # if set, accum_steps = global_batch_size / (batch_size * world)
+        'opt': 'adamw',
+        'opt_betas': [0.9, 0.999],
+        'opt_eps': 1.0e-8,
+        'lr': None,                  # absolute lr; null: blr * global_batch / 256
+        'blr': 1.0e-3,
+        'sched': 'cosine',           # timm scheduler name (SCHEDULERS), stepped per optimizer update
+        'min_lr': 1.0e-6,            # the lr of the last update (cosine, tanh, poly)
+        'warmup_epochs': 1.0,        # linear warmup from warmup_lr to lr, then the schedule
+        'warmup_lr': 1.0e-6,
+        'decay_epochs': 90,          # step: decay interval; wsd / rsqrt: decay length (a fraction if < 1)
+        'decay_milestones': [90, 180, 270],  # multistep
+        'decay_rate': 0.1,           # step / multistep: factor per decay; poly: the power
+        'weight_decay': 0.05,
+        'layer_decay': None,         # layer-wise lr decay (fine-tuning), e.g. 0.65
+        'clip_grad': None,
+        'clip_mode': 'norm',         # timm dispatch_clip_grad: 'norm', 'value' or 'agc'
+        'smoothing': 0.1,
+        'mixup': 0.0,
+        'cutmix': 0.0,
+        'mixup_prob': 1.0,
+        'mixup_switch_prob': 0.5,
+        'model_ema': False,
+        'model_ema_decay': 0.9999,
+    },
+    'growth': {
+        'growth': {                  # growth during training (tkvision.growth)
+            'every_epochs': None,    # grow at the end of every k-th epoch
+            'add_tokens': {},        # per kind: {patch, qkv, proj, ffn}
+            'until_epoch': None,     # no growth at or after this epoch
+            'key_init': 'zeros',
+            'value_init': 'normal',
+            # a progressive recipe: grow to `to` before epoch `at_epoch` (a registered variant, or
+            # {kind: tokens}; {mlp_hidden: N} widens a timm ViT by Net2Net), each stage with its own
+            # schedule: re-warm for `warmup_epochs` to lr x `lr_scale`, decay to min_lr at the stage's
+            # end (tkvision.engine.optim). [{at_epoch: 100, to: tokenformer_vit_b16, warmup_epochs: 5}, ...]
+            'schedule': [],
+            'stage_lr': 'restart',       # 'restart': every stage its own warmup + decay to min_lr;
+                                         # 'continue': one schedule over the run, re-warmed briefly after each step
+            'optimizer_state': 'keep',   # at a schedule step: 'keep' the old rows' moments or 'reset' the optimizer
+            'freeze_old_tokens': False,  # after a schedule step: train only the new tokens (+ head), paper §5
+        },
+    },
+}
+
+#: Every key with its default (the sections merged; files and checkpoints hold this flat form).
+DEFAULTS = {key: value for keys in SECTIONS.values() for key, value in keys.items()}
+
+#: Keys renamed since an earlier release: ``{old name: new name}``; the old name still reads.
+RENAMED = {'freeze_old_tokens': 'freeze_loaded_tokens'}  # one name per concept: growth.freeze_old_tokens differs
+
+#: Keys a resumed run may change (the schedule is rebuilt at the current update); every other key
+#: must equal the checkpoint's, since it fixes the model, the data or the order of the samples.
+RESUME_MUTABLE = frozenset({
+    'epochs', 'lr', 'blr', 'min_lr', 'sched', 'warmup_epochs', 'warmup_lr', 'decay_epochs', 'decay_milestones',
+    'decay_rate', 'clip_grad', 'clip_mode', 'eval_every', 'save_every', 'checkpoint_every_steps',
+    'checkpoint_every_minutes', 'log_interval', 'progress', 'tensorboard', 'num_workers', 'threads', 'device',
+    'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from',
+    'recon_images'})
+
+
+def section(cfg: dict, name: str) -> dict:
+    """The keys of section ``name`` (:data:`SECTIONS`) of the flat config ``cfg``, as a new dict; for
+    ``'growth'`` the growth mapping itself (``every_epochs``, ``schedule``, ...).
+
+    Raises:
+        KeyError: an unknown section name.
+    """
+    if name == 'growth':
+        return dict(cfg['growth'])
+    return {key: cfg[key] for key in SECTIONS[name]}
+
+
+_SCI = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+')
+
+
+def _coerce(value):
+    """YAML 1.1 reads ``1e-3`` (no dot) as a string; treat such scientific literals as floats."""
+    return float(value) if isinstance(value, str) and _SCI.fullmatch(value) else value
+
+
+def merge(base: dict, over: dict, where: str = 'config', schema: dict = DEFAULTS) -> dict:
+    """Recursively merge ``over`` into a copy of ``base``, checking keys against ``schema``.
+
+    Mappings merge key by key (so a child config or ``--model_kwargs {score_norm: softmax}`` changes
+    one model kwarg and keeps the others); ``model_kwargs`` and ``growth.add_tokens`` are free
+    mappings whose keys are checked by the functions they are passed to.
+
+    Raises:
+        ConfigError: a key of ``over`` not in ``schema``, naming it and ``where``.
+    """
+    out = copy.deepcopy(base)
+    for key, value in over.items():
+        if schema is DEFAULTS and key in RENAMED:  # a key of an older release: its new name
+            key = RENAMED[key]
+        if key not in schema:
+            raise ConfigError(f'unknown config key {key!r} in {where}; known keys: {", ".join(sorted(schema))}')
+        if isinstance(schema[key], dict) and isinstance(value, dict):
+            # a free mapping (empty in the schema) merges key by key without checks
+            sub_schema = schema[key] or {**(out.get(key) or {}), **value}
+            out[key] = merge(out.get(key) or {}, value, f'{where}:{key}', sub_schema)
+        else:
+            out[key] = copy.deepcopy(_coerce(value))
+    return out
+
+
+def _read_yaml(path: str, seen=()) -> dict:
+    if path in seen:
+        raise ConfigError(f'_base_ cycle: {" -> ".join(seen + (path,))}')
+    if not os.path.isfile(path):
+        raise ConfigError(f'config file not found: {path}')
+    with open(path) as f:
+        data = yaml.safe_load(f) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f'{path}: a config must be a YAML mapping')
+    base = data.pop('_base_', None)
+    if base is None:
+        return merge(DEFAULTS, data, path)
+    base_cfg = _read_yaml(os.path.normpath(os.path.join(os.path.dirname(path), base)), seen + (path,))
+    return merge(base_cfg, data, path)
+
+
+def parse_overrides(args) -> dict:
+    """``['--lr', '1e-3', '--growth.every_epochs', '2']`` → ``{'lr': 1e-3, 'growth': {'every_epochs': 2}}``.
+
+    Also accepts ``--key=value``. Values are parsed as YAML.
+
+    Raises:
+        ConfigError: an argument that is not ``--key`` or a key without a value.
+    """
+    out, i = {}, 0
+    while i < len(args):
+        arg = args[i]
+        if not arg.startswith('--'):
+            raise ConfigError(f'expected --key value, got {arg!r}')
+        if '=' in arg:
+            key, raw = arg[2:].split('=', 1)
+            i += 1
+        else:
+            if i + 1 >= len(args):
+                raise ConfigError(f'override {arg} has no value')
+            key, raw = arg[2:], args[i + 1]
+            i += 2
+        key = key.replace('-', '_')
+        node = out
+        *parents, leaf = key.split('.')
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = _coerce(yaml.safe_load(raw))
+    return out
+
+
+def load_config(path=None, overrides=None) -> dict:
+    """Config from ``path`` (or the defaults) with ``overrides`` (a dict or ``--key value`` list).
+
+    Raises:
+        ConfigError: unknown key (named), missing file, ``_base_`` cycle, or a value of the wrong type
+            or range (:func:`~tkvision.engine.config_rules.validate_config`).
+    """
+    cfg = _read_yaml(path) if path else copy.deepcopy(DEFAULTS)
+    if overrides:
+        if not isinstance(overrides, dict):
+            overrides = parse_overrides(list(overrides))
+        cfg = merge(cfg, overrides, 'command line')
+    return validate_config(cfg)
+
+
+def resolve_lr(cfg: dict, world_size: int = 1) -> float:
+    """Peak lr: ``cfg['lr']`` if set, else ``blr * global_batch / 256`` (MAE's linear scaling rule)."""
+    if cfg['lr'] is not None:
+        return float(cfg['lr'])
+    return cfg['blr'] * cfg['batch_size'] * resolve_accum_steps(cfg, world_size) * world_size / 256
+
+
+def migrate(cfg: dict) -> dict:
+    """A config saved by an earlier release (a checkpoint's) with today's key names (:data:`RENAMED`)
+    and today's defaults for keys it did not have."""
+    return merge(DEFAULTS, cfg, 'checkpoint config')
+
+
+def config_changes(old: dict, new: dict):
+    """What differs between a checkpoint's config ``old`` and the config ``new`` of a resumed run.
+
+    Returns:
+        ``(allowed, forbidden)``: two lists of ``'key old -> new'`` strings; ``allowed`` holds the
+        keys of :data:`RESUME_MUTABLE`, ``forbidden`` every other changed key (``model_kwargs`` and
+        ``growth`` are compared as a whole under their top-level name).
+    """
+    allowed, forbidden = [], []
+    old = migrate(old)
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a != b:
+            (allowed if key in RESUME_MUTABLE else forbidden).append(f'{key} {a!r} -> {b!r}')
+    return allowed, forbidden

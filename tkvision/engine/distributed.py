@@ -1,0 +1,47 @@
+"""Processes and devices: what training, evaluation and the tools share about where they run.
+
+- :func:`init_distributed`: one process, ``torchrun``, or a SLURM launch (``srun`` sets
+  ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``), through timm's
+  ``init_distributed_device_so`` (NCCL on CUDA, gloo on CPU).
+- :func:`all_ranks_agree`: one collective that turns a failure on any rank into a failure on all,
+  so no rank waits forever in a collective its peer never reaches.
+- :func:`setup_threads`: the CPU threads of this process.
+"""
+import torch
+import torch.distributed as dist
+from timm.utils.distributed import init_distributed_device_so
+
+__all__ = ['init_distributed', 'setup_threads', 'all_ranks_agree']
+
+
+def setup_threads(run: dict):
+    """``torch.set_num_threads(run['threads'])`` of the config's run section, when set (1-2 threads measured fastest on small CPUs)."""
+    if run['threads']:
+        torch.set_num_threads(int(run['threads']))
+
+
+def init_distributed(run: dict):
+    """Start ``torch.distributed`` when launched by torchrun or SLURM, pick the device, set TF32.
+
+    ``run``: the config's run section. The device is ``run['device']``, else ``cuda:<local rank>`` when CUDA is available, else CPU.
+    TF32 matmuls and cuDNN convolutions follow ``run['tf32']`` (on by default: float32 work on
+    Ampere and later GPUs runs on the tensor cores at ~10 mantissa bits).
+
+    Returns:
+        ``(rank, world_size, device)``.
+    """
+    device = run['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    info = init_distributed_device_so(device=device)
+    if torch.cuda.is_available():
+        torch.backends.cuda.matmul.allow_tf32 = run['tf32']
+        torch.backends.cudnn.allow_tf32 = run['tf32']
+    return info['global_rank'], info['world_size'], torch.device(info['device'])
+
+
+def all_ranks_agree(ok: bool, device) -> bool:
+    """True when ``ok`` holds on every rank (one all-reduce under torch.distributed, else ``ok``)."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return ok
+    flag = torch.tensor([0.0 if ok else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return flag.item() == 0

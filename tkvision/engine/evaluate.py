@@ -1,0 +1,98 @@
+"""Evaluation: top-1 / top-5 accuracy, loss and throughput over a dataset, on one or many processes;
+the MAE reconstruction loss with fixed masks.
+
+``tools/validate.py`` / ``tkvision-validate`` (:mod:`tkvision.cli`) evaluate a weights file
+(``.safetensors`` or a training checkpoint) on an ImageNet-layout ``val`` folder or the
+Fashion-MNIST test set.
+"""
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from timm.utils import unwrap_model
+
+from ..utils.seeding import derive_seed
+
+__all__ = ['evaluate', 'evaluate_mae', 'mask_noise', 'AMP_DTYPES']
+
+#: ``amp`` config value -> autocast dtype (None: full precision).
+AMP_DTYPES = {None: None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+@torch.no_grad()
+def evaluate(model: torch.nn.Module, loader, device, preprocess, amp=None) -> dict:
+    """Top-1 / top-5 accuracy (%), mean cross-entropy and img/s of ``model`` over ``loader``.
+
+    ``loader`` yields ``(uint8 images [B, C, H, W], labels [B], bad_paths)``
+    (:func:`tkvision.data.collate_skip_bad`); ``preprocess`` (a :class:`tkvision.data.BatchPreprocessor`)
+    moves and normalises the images. Under ``torch.distributed`` the sums are reduced over ranks
+    (each rank sees its own shard). One host synchronisation at the end.
+
+    Returns:
+        ``dict(top1, top5, loss, count, img_per_s, skipped)``; ``skipped`` counts unreadable images.
+    """
+    model.eval()
+    totals = torch.zeros(5, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, count, skipped
+    start = time.perf_counter()
+    dtype = AMP_DTYPES[amp]
+    for images, labels, bad in loader:
+        totals[4] += len(bad)
+        if images is None:
+            continue
+        images, labels = preprocess(images), labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            logits = model(images)
+        logits = logits.float()
+        top5 = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hits = top5 == labels[:, None]
+        totals[0] += hits[:, 0].sum()
+        totals[1] += hits.any(dim=1).sum()
+        totals[2] += F.cross_entropy(logits, labels, reduction='sum')
+        totals[3] += len(labels)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals)
+    elapsed = time.perf_counter() - start
+    c1, c5, loss, n, skipped = totals.tolist()
+    n = max(n, 1)
+    return dict(top1=100 * c1 / n, top5=100 * c5 / n, loss=loss / n, count=int(n), img_per_s=n / elapsed,
+                skipped=int(skipped))
+
+
+def mask_noise(batch_index: int, batch_size: int, num_patches: int, seed: int = 0) -> torch.Tensor:
+    """The fixed masking noise ``[batch_size, num_patches]`` of validation batch ``batch_index`` (CPU
+    generator seeded from ``('mae_val', seed, batch_index)``), so every evaluation masks the same patches."""
+    g = torch.Generator().manual_seed(derive_seed('mae_val', seed, batch_index))
+    return torch.rand(batch_size, num_patches, generator=g)
+
+
+@torch.no_grad()
+def evaluate_mae(model: torch.nn.Module, loader, device, preprocess, amp=None, seed: int = 0) -> dict:
+    """Mean MAE reconstruction loss of ``model`` (a :class:`tkvision.models.mae.MaskedAutoencoder`,
+    possibly DDP / compiled) over ``loader``, with the same masks at every call (:func:`mask_noise`),
+    weighted by images and reduced over ranks.
+
+    Returns:
+        ``dict(loss, count, img_per_s, skipped)``.
+    """
+    inner = unwrap_model(model)
+    num_patches = inner.grid_size[0] * inner.grid_size[1]
+    model.eval()
+    totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss_sum, count, skipped
+    start = time.perf_counter()
+    dtype = AMP_DTYPES[amp]
+    for i, (images, _labels, bad) in enumerate(loader):
+        totals[2] += len(bad)
+        if images is None:
+            continue
+        images = preprocess(images)
+        noise = mask_noise(i, len(images), num_patches, seed).to(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = model(images, None, noise)[0]
+        totals[0] += loss.double() * len(images)
+        totals[1] += len(images)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(totals)
+    loss, n, skipped = totals.tolist()
+    return dict(loss=loss / max(n, 1), count=int(n), img_per_s=n / (time.perf_counter() - start),
+                skipped=int(skipped))

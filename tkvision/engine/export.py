@@ -1,0 +1,74 @@
+"""Share a trained model as timm users do: timm's ``save_for_hf`` folder, loadable with
+``timm.create_model('local-dir:PATH', pretrained=True)`` (after ``import tkvision``) or pushed to a hub.
+
+The folder holds ``model.safetensors`` and ``config.json`` (``architecture``, ``num_classes``,
+``pretrained_cfg`` and ``model_args``). ``model_args`` carries the model's current token counts
+(``num_tokens_patch / _qkv / _proj / _ffn``), so a model grown during or after training is rebuilt
+at its grown size; each Pattention's τ, fixed at its first size (Appendix B), comes back from the
+weights.
+"""
+import os
+
+import timm
+import torch
+
+from ..growth import token_counts
+from ..utils.errors import ConfigError
+from .checkpoint import load_training_checkpoint, model_for_checkpoint
+from .config import load_config
+
+__all__ = ['export_model', 'export_checkpoint']
+
+
+def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data_config: dict = None) -> str:
+    """Write ``model`` to ``out`` with timm's ``save_for_hf`` (safetensors); returns ``out``.
+
+    Args:
+        model_args: construction kwargs to record besides timm's own (TokenFormer token counts are
+            added here). data_config: preprocessing to record (``mean``, ``std``, ``crop_pct``, ...).
+
+    Raises:
+        FileExistsError: ``out`` already holds a ``config.json``.
+    """
+    if os.path.exists(os.path.join(out, 'config.json')):
+        raise FileExistsError(f'{out} already holds an exported model; export to another folder')
+    args = dict(model_args or {})
+    try:
+        args.update({f'num_tokens_{kind}': n for kind, n in token_counts(model).items()})
+    except ValueError:  # not a model with uniform token counts per kind (or no Pattention at all)
+        pass
+    timm.models.save_for_hf(model, out, model_args=args, safe_serialization=True, data_config=data_config)
+    return out
+
+
+def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: str = None, model_kwargs=None) -> dict:
+    """Export a training checkpoint (``last.pth``: its config names the model) or a weights file
+    (``.safetensors``, with ``model`` and ``model_kwargs``) as a ``save_for_hf`` folder; a run that
+    grew is exported at its grown size (:func:`tkvision.engine.checkpoint.model_for_checkpoint`).
+
+    Args:
+        use_ema: take the EMA weights of a ``.pth`` that has them (else the raw ones).
+
+    Returns:
+        ``dict(out, source, token_counts)``, ``source`` being ``'ema'`` or ``'model'``.
+
+    Raises:
+        FileNotFoundError: no checkpoint. ConfigError: a weights file without ``model``.
+        WeightsMismatchError: weights that do not fit the model (listed).
+    """
+    kwargs = dict(model_kwargs or {})
+    data_config, source = None, 'model'
+    if checkpoint.endswith('.pth'):
+        state = load_training_checkpoint(checkpoint)
+        cfg = state['config']
+        cfg = dict(cfg, model=model or cfg['model'], model_kwargs={**cfg['model_kwargs'], **kwargs}, drop_path_rate=0.0)
+        source = 'ema' if use_ema and state.get('model_ema') else 'model'
+        data_config = {k: cfg[k] for k in ('mean', 'std', 'crop_pct', 'interpolation') if cfg.get(k) is not None}
+    elif not model:
+        raise ConfigError('a weights file needs --model (and --model-kwargs for a non-default shape)')
+    else:
+        cfg = load_config(None, dict(model=model, model_kwargs=kwargs))
+    net, _ = model_for_checkpoint(cfg, checkpoint, use_ema=source == 'ema')
+    export_model(net.eval(), out, model_args={k: v for k, v in cfg['model_kwargs'].items() if k != 'pretrained_cfg_overlay'},
+                 data_config=data_config)
+    return dict(out=out, source=source, token_counts=token_counts(net))

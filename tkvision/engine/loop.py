@@ -1,0 +1,255 @@
+"""The epoch loop: batches, gradient accumulation, optimizer updates, and the sync points where a
+run checks its loss, agrees on a stop signal and writes its checkpoint.
+
+:class:`RunContext` is what a run uses but does not save (config, processes, data, loss, stop
+handling); :class:`~tkvision.engine.state.TrainState` is what it saves. :func:`train_one_epoch`
+receives both (MAE's ``engine_pretrain.train_one_epoch`` shape: the epoch function gets what it
+uses and returns a dict of averaged stats).
+
+Mixed precision is branch-free (nanoGPT's form): ``torch.autocast(enabled=amp is not None)`` and a
+``GradScaler`` that is a no-op unless fp16.
+"""
+import math
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+from timm.data import Mixup
+from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
+from timm.utils import dispatch_clip_grad, random_seed
+from tqdm import tqdm
+
+from ..data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size,
+                    set_loader_epoch)
+from ..utils.errors import ConfigError
+from ..utils.seeding import derive_seed
+from .checkpoint import LAST_CHECKPOINT, save_training_checkpoint
+from .config import resolve_accum_steps, section
+from .evaluate import AMP_DTYPES
+from .state import TrainState
+
+__all__ = ['RunContext', 'train_one_epoch', 'seed_step', 'NonFiniteLossError', 'Preempted', 'STOP_SIGNALS']
+
+#: What SLURM and torchrun send before stopping a job: the run checkpoints and exits.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the message gives the update range and, if one
+    exists, the last good checkpoint."""
+
+
+class Preempted(RuntimeError):
+    """The run was asked to stop (SIGTERM / SIGUSR1); its state was saved to ``last.pth``."""
+
+
+def _ignore_stop_signals(_worker_id):
+    """DataLoader workers leave SIGTERM / SIGUSR1 to the main process, which stops them itself after
+    checkpointing (SLURM signals every process of a job step)."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def seed_step(seed: int, epoch: int, batch: int, rank: int = 0):
+    """Seed Python, NumPy and torch (timm's ``random_seed``) for micro-batch ``batch`` of ``epoch`` on
+    ``rank``, from ``derive_seed('step', seed, epoch, batch)`` (31 bits: timm adds the rank)."""
+    random_seed(derive_seed('step', seed, epoch, batch, bits=31), rank)
+
+
+class RunContext:
+    """What a run uses but does not save: config, processes, data, loss, output and stop handling.
+
+    Raises:
+        ConfigError: a training set smaller than one global batch, or an epoch without a full batch.
+        FileNotFoundError, UsageError: missing data, splits with different classes (named).
+    """
+
+    def __init__(self, cfg: dict, rank: int, world: int, device):
+        self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
+        self.main = rank == 0
+        self.out = cfg['output']
+        self.checkpoint_path = os.path.join(self.out, LAST_CHECKPOINT)
+        self.accum = resolve_accum_steps(cfg, world)
+        self._build_data()
+        self.preprocess = BatchPreprocessor(cfg['mean'], cfg['std'], device, reprob=cfg['reprob'])
+        self.amp_dtype = AMP_DTYPES[cfg['amp']]
+        self.mixup = self.criterion = None  # set by set_loss once the model (and its num_classes) exists
+        self.stop_signal = None
+        self.last_save = time.monotonic()
+        self.checked_update = 0  # the loss is known finite up to this update
+        self.writer = None
+
+    def _build_data(self):
+        cfg, data, rank, world = self.cfg, section(self.cfg, 'data'), self.rank, self.world
+        self.train_ds = build_dataset(data, 'train', cfg['seed'], rank, world)
+        self.val_ds = build_dataset(data, 'val', cfg['seed'], rank, world, class_to_idx=dataset_classes(self.train_ds))
+        global_batch = cfg['batch_size'] * self.accum * world
+        if dataset_size(self.train_ds) < global_batch:
+            raise ConfigError(f'the training set has {dataset_size(self.train_ds)} images, fewer than one global batch '
+                              f"({global_batch} = batch_size {cfg['batch_size']} x accum_steps {self.accum} x "
+                              f'{world} processes): lower batch_size or raise train_subset')
+        self.train_loader = build_loader(self.train_ds, data, train=True, seed=cfg['seed'], rank=rank, world_size=world)
+        self.train_loader.worker_init_fn = _ignore_stop_signals
+        self.val_loader = build_loader(self.val_ds, data, train=False, seed=cfg['seed'], rank=rank, world_size=world)
+        self.batches_per_epoch = batches_per_epoch(self.train_loader)
+        if self.batches_per_epoch < 1:
+            raise ConfigError(f"one epoch holds no full batch of {cfg['batch_size']} per process and loader worker: "
+                              'lower batch_size or num_workers')
+        self.updates_per_epoch = math.ceil(self.batches_per_epoch / self.accum)
+
+    def set_loss(self, num_classes: int):
+        """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
+        with soft-target cross-entropy, label smoothing, or plain cross-entropy."""
+        cfg = self.cfg
+        if cfg['mixup'] > 0 or cfg['cutmix'] > 0:
+            self.mixup = Mixup(mixup_alpha=cfg['mixup'], cutmix_alpha=cfg['cutmix'], prob=cfg['mixup_prob'],
+                               switch_prob=cfg['mixup_switch_prob'], label_smoothing=cfg['smoothing'],
+                               num_classes=num_classes)
+            self.criterion = SoftTargetCrossEntropy()
+        elif cfg['smoothing'] > 0:
+            self.criterion = LabelSmoothingCrossEntropy(cfg['smoothing'])
+        else:
+            self.criterion = torch.nn.CrossEntropyLoss()
+
+    def on_signal(self, signum, _frame):
+        self.stop_signal = signal.Signals(signum).name
+
+    def save(self, state: TrainState):
+        """Write ``last.pth`` (rank 0, atomic) and restart the checkpoint clock."""
+        if self.main:
+            save_training_checkpoint(state, self.checkpoint_path)
+        self.last_save = time.monotonic()
+
+    def check(self, state: TrainState, force: bool = False) -> bool:
+        """At a sync point (every ``log_interval`` / ``checkpoint_every_steps`` updates, or ``force``):
+        one host synchronisation that checks the loss of the updates since the last check on every
+        rank, agrees on a stop signal and on a time-based checkpoint, and writes it if due.
+
+        Returns:
+            True when the run must stop (a stop signal on any rank); the checkpoint is then written.
+
+        Raises:
+            NonFiniteLossError: a NaN / inf loss since the last check (nothing is saved after it).
+        """
+        cfg, u = self.cfg, state.num_updates
+        every = cfg['checkpoint_every_steps']
+        step_due = bool(every) and u % every == 0
+        if not (force or step_due or u % cfg['log_interval'] == 0 or (self.world == 1 and self.stop_signal)):
+            return False
+        minutes = cfg['checkpoint_every_minutes']
+        time_due = bool(minutes) and time.monotonic() - self.last_save >= 60 * minutes
+        flags = torch.cat([state.meter['nonfinite'].float().view(1),
+                           torch.tensor([float(bool(self.stop_signal)), float(time_due)], device=self.device)])
+        if self.world > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        nonfinite, stop, time_due = (bool(v) for v in flags.tolist())
+        if nonfinite:
+            last = (f'the last good checkpoint is {self.checkpoint_path}' if os.path.isfile(self.checkpoint_path)
+                    else 'no checkpoint was written before it')
+            raise NonFiniteLossError(f'the training loss became NaN or infinite between updates {self.checked_update + 1} '
+                                     f'and {u} (epoch {state.epochs_done + 1}); stopping: {last}')
+        self.checked_update = u
+        if (step_due or time_due or stop) and not force:
+            self.save(state)
+        return stop
+
+
+def _window(i: int, n: int, accum: int) -> int:
+    """Micro-batches in the accumulation window of batch ``i`` of an ``n``-batch epoch: ``accum``, or
+    the remainder for the epoch's last window (windows never cross an epoch boundary)."""
+    return min(accum, n - (i // accum) * accum)
+
+
+def train_one_epoch(run: RunContext, state: TrainState, epoch: int) -> dict:
+    """Train epoch ``epoch`` from micro-batch ``state.batches_done`` to its end.
+
+    Each accumulation window of ``w`` micro-batches scales its losses by ``1 / w`` and ends in one
+    optimizer update, so the last, partial window of an epoch is a full-weight update of its own
+    batches. Host synchronisations happen only at :meth:`RunContext.check` points.
+
+    Returns:
+        ``dict(train_loss, img_per_s, epoch_time, lr, skipped)`` over the whole epoch (all ranks).
+
+    Raises:
+        Preempted: a stop signal arrived (the checkpoint is written first).
+        NonFiniteLossError: see :meth:`RunContext.check`.
+    """
+    cfg, n, accum, meter = run.cfg, run.batches_per_epoch, run.accum, state.meter
+    set_loader_epoch(run.train_loader, epoch, start_batch=state.batches_done)
+    state.optimizer.zero_grad(set_to_none=True)
+    state.net.train()
+    bar = tqdm(total=n, initial=state.batches_done, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
+               disable=not (run.main and cfg['progress']), dynamic_ncols=True)
+    t0 = time.perf_counter() - meter['seconds']
+    for i, (images, labels, bad) in enumerate(run.train_loader, start=state.batches_done):
+        seed_step(cfg['seed'], epoch, i, run.rank)
+        meter['skipped'] += len(bad)
+        update = (i + 1) % accum == 0 or i + 1 == n
+        if images is not None:
+            _forward_backward(run, state, images, labels, scale=1.0 / _window(i, n, accum), sync_grads=update)
+        bar.update(1)
+        if not update:
+            continue
+        _optimizer_step(run, state)
+        state.batches_done = i + 1
+        meter['seconds'] = time.perf_counter() - t0
+        if run.check(state):
+            raise Preempted(f'stopped by {run.stop_signal} at update {state.num_updates}; state saved to '
+                            f'{run.checkpoint_path}: continue with --resume')
+        if bar.n and state.num_updates % cfg['log_interval'] == 0 and not bar.disable:
+            bar.set_postfix(loss=f"{meter['loss_sum'].item() / max(meter['seen'], 1):.3f}",
+                            lr=f"{state.optimizer.param_groups[0]['lr']:.2e}",
+                            img_s=f"{meter['seen'] * run.world / max(meter['seconds'], 1e-9):.0f}")
+    bar.close()
+    run.check(state, force=True)
+    return _epoch_stats(run, state)
+
+
+def _epoch_stats(run: RunContext, state: TrainState) -> dict:
+    """The epoch's averages over every rank (one all-reduce)."""
+    meter = state.meter
+    stats = torch.tensor([meter['loss_sum'].item(), meter['seen'], meter['skipped']], dtype=torch.float64,
+                         device=run.device)
+    if run.world > 1:
+        dist.all_reduce(stats)
+    loss_sum, seen, skipped = stats.tolist()
+    return dict(train_loss=loss_sum / max(seen, 1), img_per_s=seen / max(meter['seconds'], 1e-9),
+                epoch_time=meter['seconds'], lr=state.optimizer.param_groups[0]['lr'], skipped=int(skipped))
+
+
+def _forward_backward(run: RunContext, state: TrainState, images, labels, scale: float, sync_grads: bool):
+    images = run.preprocess(images, train=True)
+    if run.cfg['task'] == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
+        with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
+            loss = state.net(images)[0]
+    else:
+        labels = labels.to(run.device, non_blocking=True)
+        if run.mixup is not None:
+            if len(images) % 2:  # timm's Mixup needs an even batch (a skipped image can make it odd)
+                images, labels = images[:-1], labels[:-1]
+            images, labels = run.mixup(images, labels)
+        with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
+            loss = run.criterion(state.net(images), labels)
+    state.meter['nonfinite'] |= ~torch.isfinite(loss.detach())
+    state.meter['loss_sum'] += loss.detach().double() * len(images)
+    state.meter['seen'] += len(images)
+    if run.world > 1 and not sync_grads:
+        with state.net.no_sync():
+            state.scaler.scale(loss * scale).backward()
+    else:
+        state.scaler.scale(loss * scale).backward()
+
+
+def _optimizer_step(run: RunContext, state: TrainState):
+    if run.cfg['clip_grad']:
+        state.scaler.unscale_(state.optimizer)
+        dispatch_clip_grad(state.model.parameters(), run.cfg['clip_grad'], mode=run.cfg['clip_mode'])
+    state.scaler.step(state.optimizer)
+    state.scaler.update()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.num_updates += 1
+    state.scheduler.step_update(state.num_updates)
+    if state.ema is not None:
+        state.ema.update(state.model, step=state.num_updates)

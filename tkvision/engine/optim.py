@@ -1,0 +1,138 @@
+"""Optimizer and learning-rate schedule of a run: timm's ``create_optimizer_v2`` and ``create_scheduler_v2``.
+
+The schedule is stepped once per optimizer update and counted in updates. With ``U`` updates in the
+run (``epochs x updates_per_epoch``) and ``W = round(warmup_epochs x updates_per_epoch)``, update
+``u`` (0-based) runs at
+
+    u < W:   warmup_lr + u (lr - warmup_lr) / W                               (linear warmup)
+    u >= W:  the schedule over the remaining updates, u - W = 0 .. U - 1 - W
+
+so the warmup lasts exactly ``warmup_epochs`` and, for the decaying schedules (cosine, tanh,
+poly), the last update runs at ``min_lr``: cosine gives
+``min_lr + (lr - min_lr) (1 + cos(pi (u - W) / (U - 1 - W))) / 2``. (timm's ``warmup_prefix``
+places the warmup before the schedule's ``t_initial`` steps; setting ``t_initial = U - 1 - W`` makes
+the last update the end of the cosine, where the first version of this trainer stopped ``W``
+updates before it.)
+
+With a growth schedule (``growth.schedule``, :mod:`tkvision.growth`), the run is cut into stages at
+the steps' ``at_epoch``. ``growth.stage_lr: restart`` (default): each stage gets the schedule above
+over its own updates, so every stage ends at ``min_lr`` (an annealed model of that size, as each
+model of the paper's Fig. 3 chain); stage 0 warms up for ``warmup_epochs`` to ``lr``, the stage after
+a step re-warms for the step's ``warmup_epochs`` to ``lr x lr_scale``. ``growth.stage_lr: continue``:
+one schedule over the whole run, as without growth; after a step the scheduled lr is multiplied by
+``lr_scale x (t + 1) / (W + 1)`` for the stage's first ``W = warmup_epochs x updates_per_epoch``
+updates (``t = 0 .. W - 1``, a short linear re-warm) and by ``lr_scale`` after them.
+"""
+import torch
+from timm.optim import create_optimizer_v2
+from timm.scheduler import create_scheduler_v2
+
+__all__ = ['build_optimizer', 'build_scheduler', 'StagedScheduler', 'RewarmScheduler', 'growth_stages']
+
+
+def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.optim.Optimizer:
+    """timm's ``create_optimizer_v2`` of the config's optim section: ``opt`` at peak ``lr``, no weight decay on 1-d parameters,
+    the class token and the position embedding (the model's ``no_weight_decay``), layer-wise lr decay
+    with ``layer_decay`` (the model's ``group_matcher``)."""
+    return create_optimizer_v2(model, opt=optim['opt'], lr=lr, weight_decay=optim['weight_decay'],
+                               betas=tuple(optim['opt_betas']), eps=optim['opt_eps'], layer_decay=optim['layer_decay'])
+
+
+def growth_stages(optim: dict, growth: dict) -> list:
+    """``[(start_epoch, end_epoch, warmup_epochs, lr_scale)]``: the stages of the growth section's
+    schedule over the optim section's epochs (one stage, the whole run, without one)."""
+    steps = growth.get('schedule') or []
+    bounds = [0] + [s['at_epoch'] for s in steps] + [optim['epochs']]
+    warm = [optim['warmup_epochs']] + [s.get('warmup_epochs', 0) for s in steps]
+    scale = [1.0] + [s.get('lr_scale', 1.0) for s in steps]
+    return [(bounds[i], bounds[i + 1], warm[i], scale[i]) for i in range(len(steps) + 1)]
+
+
+class StagedScheduler:
+    """One timm scheduler per growth stage; ``step_update(u)`` runs the stage that holds update ``u``
+    at ``u`` minus the stage's first update (see the module docstring).
+
+    Args:
+        schedulers: ``[(first update of the stage, timm scheduler)]`` in order.
+    """
+
+    def __init__(self, schedulers: list):
+        self.schedulers = schedulers
+
+    def step_update(self, num_updates: int, metric=None):
+        start, sched = [s for s in self.schedulers if s[0] <= num_updates][-1]
+        sched.step_update(num_updates - start, metric)
+
+
+class RewarmScheduler:
+    """``growth.stage_lr: continue``: one timm schedule over the run; after each growth step its lr is
+    scaled by the step's ``lr_scale`` and ramped up linearly over the step's warmup (module docstring).
+
+    Args:
+        base: the run's timm scheduler. optimizer: the optimizer it drives.
+        steps: ``[(first update of the stage, warmup updates W, lr_scale)]`` in order.
+    """
+
+    def __init__(self, base, optimizer, steps: list):
+        self.base, self.optimizer, self.steps = base, optimizer, steps
+
+    def step_update(self, num_updates: int, metric=None):
+        self.base.step_update(num_updates, metric)
+        past = [s for s in self.steps if s[0] <= num_updates]
+        if past:
+            start, warm, scale = past[-1]
+            t = num_updates - start
+            factor = scale * ((t + 1) / (warm + 1) if t < warm else 1.0)
+            for group in self.optimizer.param_groups:
+                group['lr'] *= factor
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, optim: dict, growth: dict, lr: float, updates_per_epoch: int):
+    """The lr schedule of the optim section (``sched``, ``epochs``, ``warmup_epochs``, ``min_lr``, ...) in updates;
+    with ``growth.schedule``, a :class:`StagedScheduler` of one such schedule per stage
+    (``growth.stage_lr: restart``) or a :class:`RewarmScheduler` (``continue``).
+
+    Sets every param group's peak (``initial_lr``) to ``lr`` first, so a resumed run with a new
+    ``lr`` schedules from the new peak; layer-wise decay's ``lr_scale`` is applied by timm. After
+    building, the optimizer's lr is that of update 0; call ``scheduler.step_update(u)`` to move to
+    update ``u``.
+
+    Returns:
+        a timm scheduler or :class:`StagedScheduler` (``step_update(num_updates)``).
+    """
+    stages = growth_stages(optim, growth)
+    if len(stages) > 1 and growth.get('stage_lr', 'restart') == 'continue':
+        base = _stage_scheduler(optimizer, optim, lr, optim['epochs'] * updates_per_epoch,
+                                optim['warmup_epochs'] * updates_per_epoch, updates_per_epoch)
+        rewarm = RewarmScheduler(base, optimizer, [(start * updates_per_epoch, round(warm * updates_per_epoch), scale)
+                                                   for start, _, warm, scale in stages[1:]])
+        rewarm.step_update(0)
+        return rewarm
+    if len(stages) == 1:
+        return _stage_scheduler(optimizer, optim, lr, optim['epochs'] * updates_per_epoch,
+                                optim['warmup_epochs'] * updates_per_epoch, updates_per_epoch)
+    scheds = [(start * updates_per_epoch,
+               _stage_scheduler(optimizer, optim, lr * scale, (end - start) * updates_per_epoch,
+                                warm * updates_per_epoch, updates_per_epoch))
+              for start, end, warm, scale in stages]
+    staged = StagedScheduler(scheds)
+    staged.step_update(0)
+    return staged
+
+
+def _stage_scheduler(optimizer, optim, lr, total, warmup, updates_per_epoch):
+    """A timm scheduler of ``total`` updates, ``warmup`` of them linear warmup to ``lr``."""
+    warmup = min(round(warmup), total - 1)
+    for group in optimizer.param_groups:
+        group['initial_lr'] = lr
+        group['lr'] = lr
+    decay = optim['decay_epochs']
+    decay = decay if (optim['sched'] in ('wsd', 'rsqrt') and decay < 1) else decay * updates_per_epoch
+    # Everything in updates (updates_per_epoch=1): integral warmup and lengths, no float rounding.
+    scheduler, _ = create_scheduler_v2(
+        optimizer, sched=optim['sched'], num_epochs=max(total - 1 - warmup, 1), warmup_epochs=warmup,
+        warmup_lr=optim['warmup_lr'], warmup_prefix=True, min_lr=optim['min_lr'], decay_epochs=decay,
+        decay_milestones=[m * updates_per_epoch for m in optim['decay_milestones']], decay_rate=optim['decay_rate'],
+        step_on_epochs=False, updates_per_epoch=1)
+    scheduler.step_update(0)
+    return scheduler

@@ -1,0 +1,169 @@
+"""The state of a training run: everything that is saved and restored (timm's ``CheckpointSaver``
+saves the same set together; STYLE.md, "One object owns the run's state").
+
+:class:`TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best
+evaluation; its ``state_dict`` is the ``last.pth`` format of
+:func:`tkvision.engine.checkpoint.training_checkpoint`. It also applies growth steps, so that the
+model, the optimizer's moments, the EMA and the frozen rows always move together.
+"""
+import math
+
+import torch
+from timm.utils import ModelEmaV3
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .. import growth
+from ..models.mae import linear_probe
+from ..utils.errors import ConfigError, RunError
+from .build import model_for_config
+from .checkpoint import load_init_weights, training_checkpoint
+from .config import resolve_lr, section
+from .optim import build_optimizer, build_scheduler
+
+__all__ = ['TrainState']
+
+
+class TrainState:
+    """Everything a run needs to continue exactly, with :meth:`state_dict` / :meth:`load_state_dict`.
+
+    Args:
+        cfg: the run's (validated, data-resolved) config. device: where the model lives.
+        world: number of processes. updates_per_epoch: optimizer updates per epoch (for the schedule).
+
+    Attributes:
+        model, optimizer, scheduler, scaler (a no-op unless fp16), ema (``ModelEmaV3`` or None).
+        net: the model as the forward pass runs it (compiled and/or DDP-wrapped: :meth:`wrap`).
+        epochs_done: completed epochs. batches_done: micro-batches of epoch ``epochs_done`` already
+            trained (always at an optimizer-update boundary). num_updates: optimizer updates so far.
+        best: ``dict(top1 | val_loss, epoch, source)`` of the best evaluation (highest top-1, or for
+            ``task: mae`` the lowest validation reconstruction loss). meter: the running epoch's sums.
+
+    Raises:
+        ConfigError: ``growth.freeze_old_tokens`` on a model without parameter tokens.
+        FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
+    """
+
+    def __init__(self, cfg: dict, device, world: int, updates_per_epoch: int):
+        self.cfg, self.device, self.world, self.updates_per_epoch = cfg, device, world, updates_per_epoch
+        self.model = model_for_config(cfg).to(device)
+        self.grown_from, self.init_report = {}, ''
+        self.freeze_handles = []  # growth.freeze_old_tokens: hooks of the current stage
+        if cfg['growth']['freeze_old_tokens'] and not growth.pattention_layers(self.model):
+            raise ConfigError(f"growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); "
+                              f"{cfg['model']} has none")
+        if cfg['init_from']:
+            self.grown_from, self.init_report = load_init_weights(self.model, cfg['init_from'], cfg['task'])
+        if cfg['task'] == 'linprobe':
+            linear_probe(self.model)
+        if cfg['grad_checkpointing']:
+            self.model.set_grad_checkpointing(True)
+        self.lr = resolve_lr(cfg, world)
+        self.optimizer = self._make_optimizer()
+        self.scheduler = self._make_scheduler()
+        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg['amp'] == 'fp16')
+        self.ema = ModelEmaV3(self.model, decay=cfg['model_ema_decay']) if cfg['model_ema'] else None
+        self.epochs_done = self.batches_done = self.num_updates = 0
+        self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if cfg['task'] == 'mae'
+                     else dict(top1=-1.0, epoch=-1, source='model'))
+        self.reset_meter()
+        self.wrap()
+
+    def _make_optimizer(self):
+        """The optimizer of the optim section; with ``freeze_loaded_tokens``, the rows loaded by
+        ``init_from`` (and everything but the head) frozen."""
+        opt = build_optimizer(self.model, section(self.cfg, 'optim'), self.lr)
+        if self.cfg['freeze_loaded_tokens']:
+            layers = growth.pattention_layers(self.model)
+            frozen = {layers[k.rsplit('.', 1)[0]][0]: old for k, (old, _) in self.grown_from.items()}
+            growth.freeze_old_tokens(self.model, frozen, opt)
+        return opt
+
+    def _make_scheduler(self):
+        """The lr schedule at update ``num_updates`` (0 when building the state)."""
+        scheduler = build_scheduler(self.optimizer, section(self.cfg, 'optim'), section(self.cfg, 'growth'), self.lr,
+                                    self.updates_per_epoch)
+        scheduler.step_update(getattr(self, 'num_updates', 0))
+        return scheduler
+
+    def size(self) -> dict:
+        """:func:`tkvision.growth.model_size` of the live model (what a growth step changes)."""
+        return growth.model_size(self.model)
+
+    def reset_meter(self, loss_sum=0.0, seen=0, skipped=0, seconds=0.0):
+        """The running epoch's sums: loss (on the device, no host sync per step), images, skipped images."""
+        self.meter = dict(loss_sum=torch.tensor(float(loss_sum), device=self.device, dtype=torch.float64),
+                          nonfinite=torch.zeros((), device=self.device, dtype=torch.bool),
+                          seen=seen, skipped=skipped, seconds=seconds)
+
+    def wrap(self):
+        """(Re)build the compiled / DDP forward (``self.net``) over the current parameters."""
+        net = torch.compile(self.model) if self.cfg['compile'] else self.model
+        if self.world > 1:
+            net = DDP(net, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
+        self.net = net
+
+    def grow(self, due: dict, seed: int):
+        """Grow model, optimizer state and EMA as ``due`` says (``{'add': {kind: n}}`` or a
+        ``growth.schedule`` step), the same new tokens on every rank (``seed``); rewrap.
+
+        After a schedule step the optimizer is rebuilt if ``growth.optimizer_state`` is ``'reset'``,
+        the old tokens are frozen if ``growth.freeze_old_tokens``, and the staged lr schedule moves
+        on to the new stage (:mod:`tkvision.engine.optim`). Returns :meth:`size`.
+        """
+        torch.manual_seed(seed)
+        g = self.cfg['growth']
+        before = self.size()
+        counts = growth.grow_training_state(self.model, self.optimizer, self.ema.module if self.ema else None,
+                                            key_init=g['key_init'], value_init=g['value_init'], to=due.get('to'),
+                                            **due.get('add', {}))
+        if 'at_epoch' in due:
+            if g['optimizer_state'] == 'reset':
+                self.optimizer = self._make_optimizer()
+            self._freeze_stage(before)
+            self.scheduler = self._make_scheduler()
+        self.wrap()
+        return counts
+
+    def _freeze_stage(self, old_size: dict):
+        """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
+        if not self.cfg['growth']['freeze_old_tokens']:
+            return
+        for h in self.freeze_handles:
+            h.remove()
+        self.freeze_handles = growth.freeze_old_tokens(self.model, old_size, self.optimizer)
+
+    def state_dict(self) -> dict:
+        """The ``last.pth`` dict (:func:`tkvision.engine.checkpoint.training_checkpoint`)."""
+        return training_checkpoint(self)
+
+    def load_state_dict(self, state: dict):
+        """Restore from :meth:`state_dict`; the schedule is rebuilt from the current config at the
+        saved update, so changed schedule keys take effect from here on.
+
+        Raises:
+            RunError: the checkpoint's token counts differ from the model's and no growth during
+                training explains it.
+        """
+        counts, g = self.size(), self.cfg['growth']
+        if counts != state['token_counts']:
+            if not (g['every_epochs'] or g['schedule']):
+                raise RunError(f"checkpoint token counts {state['token_counts']} differ from the model's {counts}, "
+                               'and the config grows nothing during training')
+            growth.grow_to(self.model, state['token_counts'])
+            if self.ema is not None:
+                growth.grow_to(self.ema.module, state['token_counts'])
+        self.model.load_state_dict(state['model'])
+        self.optimizer = self._make_optimizer()
+        # the stages reached so far; the current one freezes the size of the one before
+        sizes = growth.schedule_sizes(counts, [s for s in g['schedule'] if s['at_epoch'] <= state['epochs_done']])
+        if len(sizes) > 1:
+            self._freeze_stage(sizes[-2])
+        self.optimizer.load_state_dict(state['optimizer'])
+        self.scaler.load_state_dict(state['scaler'])
+        if self.ema is not None and state['model_ema']:
+            self.ema.module.load_state_dict(state['model_ema'])
+        self.epochs_done, self.batches_done = state['epochs_done'], state['batches_done']
+        self.num_updates, self.best = state['num_updates'], state['best']
+        self.reset_meter(**state['meter'])
+        self.scheduler = self._make_scheduler()
+        self.wrap()

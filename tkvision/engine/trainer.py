@@ -1,0 +1,278 @@
+"""Training: the MAE supervised recipe, MAE pretraining and fine-tuning, linear probing (and small
+real-data recipes) on one process or many.
+
+``task`` selects what is trained: ``classify`` (a classifier on labels), ``mae`` (a
+:class:`~tkvision.models.mae.MaskedAutoencoder` around ``model``; the loss is the reconstruction
+error, labels are not used, evaluation reports the validation reconstruction loss with fixed masks,
+and ``reconstruction.png`` is written at the end) or ``linprobe`` (the ``init_from`` encoder frozen,
+MAE's BatchNorm + linear head trained). ``init_from`` an MAE checkpoint loads its encoder
+(:func:`tkvision.engine.checkpoint.load_init_weights`, reporting what was loaded and dropped).
+
+Glue over timm and PyTorch: ``timm.create_model``, ``create_optimizer_v2`` and ``create_scheduler_v2``
+(:mod:`.optim`), ``timm.data.Mixup``, timm's label-smoothing / soft-target losses,
+``timm.utils.ModelEmaV3``, ``dispatch_clip_grad``, ``torch.autocast``, ``DistributedDataParallel``
+under ``torchrun`` or SLURM, tqdm and TensorBoard.
+
+:func:`train` strings together three pieces around one state object: :func:`~.loop.train_one_epoch`,
+:func:`evaluate_and_keep_best` and :func:`log_epoch`; :class:`~.state.TrainState` holds everything
+that is saved. What a pre-empted or killed run does, and which files it writes, is decided by
+:mod:`.checkpoint`: ``--resume`` continues at the exact update with the same data order and random
+draws, so the result is bit-identical to an uninterrupted run for any ``num_workers``.
+"""
+import csv
+import os
+import signal
+
+from timm.utils import random_seed
+from tqdm import tqdm
+
+from .. import growth
+from ..data import dataset_size, resolve_data_cfg
+from ..utils.errors import ConfigError, RunError
+from ..utils.seeding import derive_seed
+from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_WEIGHTS, METRICS_FILE, RECONSTRUCTION_FILE,
+                         keep_best, load_training_checkpoint, save_rows, save_weights, save_yaml)
+from .config import config_changes, section
+from .config_rules import validate_config
+from .distributed import all_ranks_agree, init_distributed, setup_threads
+from .evaluate import evaluate, evaluate_mae
+from .loop import STOP_SIGNALS, NonFiniteLossError, Preempted, RunContext, train_one_epoch
+from .plotting import plot_curves
+from .reconstruction import save_reconstructions
+from .rundir import claim_output_dir
+from .state import TrainState
+
+__all__ = ['train', 'resolve_run_config', 'evaluate_and_keep_best', 'log_epoch', 'growth_due', 'TrainState',
+           'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
+
+#: Exit status after a checkpoint written on SIGTERM / SIGUSR1 (sysexits' EX_TEMPFAIL: "try again").
+EXIT_PREEMPTED = 75
+
+
+def resolve_run_config(cfg: dict) -> dict:
+    """``cfg`` validated, with its null data keys filled from the model (:func:`tkvision.data.resolve_data_cfg`)."""
+    cfg = validate_config(cfg)
+    return {**cfg, **resolve_data_cfg(section(cfg, 'data'), cfg['model'], cfg['model_kwargs'])}
+
+
+def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> dict:
+    """Evaluate the model (and the EMA model); save ``best.safetensors`` when either beats the best
+    (:func:`tkvision.engine.checkpoint.keep_best`: highest top-1, or lowest MAE validation loss).
+
+    Returns:
+        ``dict(top1, top5, val_loss, val_skipped[, ema_top1, ema_top5])``; for ``task: mae``
+        ``dict(val_loss, val_skipped[, ema_val_loss])`` (reconstruction loss, the same masks every time).
+    """
+    mae = run.cfg['task'] == 'mae'
+    models = [('model', state.net, state.model)] + ([('ema', state.ema.module, state.ema.module)] if state.ema else [])
+    results = {}
+    for source, net, _ in models:
+        if mae:
+            results[source] = evaluate_mae(net, run.val_loader, run.device, run.preprocess, run.cfg['amp'], run.cfg['seed'])
+        else:
+            results[source] = evaluate(net, run.val_loader, run.device, run.preprocess, run.cfg['amp'])
+    metric, mode = ('val_loss', 'min') if mae else ('top1', 'max')
+    candidates = [(source, results[source]['loss' if mae else 'top1'], model) for source, _, model in models]
+    metadata = dict(model=run.cfg['model'], epoch=epoch, **(dict(task='mae') if mae else {}))
+    state.best = keep_best(state.best, candidates, metric, mode,
+                           os.path.join(run.out, BEST_WEIGHTS) if run.main else None, metadata)
+    main = results['model']
+    out = (dict(val_loss=main['loss'], val_skipped=main['skipped']) if mae else
+           dict(top1=main['top1'], top5=main['top5'], val_loss=main['loss'], val_skipped=main['skipped']))
+    if 'ema' in results:
+        out.update(dict(ema_val_loss=results['ema']['loss']) if mae else
+                   dict(ema_top1=results['ema']['top1'], ema_top5=results['ema']['top5']))
+    return out
+
+
+def growth_due(cfg: dict, epoch: int) -> dict:
+    """What grows after ``epoch``: the ``growth.schedule`` step at ``epoch + 1``, ``{'add': ...}`` of
+    ``growth.every_epochs``, or ``{}``."""
+    g = cfg['growth']
+    for step in g['schedule']:
+        if step['at_epoch'] == epoch + 1:
+            return step
+    k = g['every_epochs']
+    if not k or not g['add_tokens'] or (epoch + 1) % k or epoch + 1 >= cfg['epochs']:
+        return {}
+    if g['until_epoch'] is not None and epoch + 1 >= g['until_epoch']:
+        return {}
+    return dict(add=dict(g['add_tokens']))
+
+
+def log_epoch(run: RunContext, history: list, res: dict):
+    """Append ``res`` to ``metrics.csv`` (atomically rewritten), TensorBoard and one printed line (rank 0)."""
+    if not run.main:
+        return
+    history.append(res)
+    save_rows(history, os.path.join(run.out, METRICS_FILE))
+    if run.writer is not None:
+        for k, v in res.items():
+            if isinstance(v, (int, float)):
+                run.writer.add_scalar(k, v, res['epoch'] + 1)
+    skipped = res['skipped'] + res.get('val_skipped', 0)
+    tqdm.write(f"epoch {res['epoch'] + 1}/{run.cfg['epochs']}  train loss {res['train_loss']:.4f}  "
+               + (f"val top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  " if 'top1' in res else '')
+               + (f"val loss {res['val_loss']:.4f}  " if 'top1' not in res and 'val_loss' in res else '')
+               + (f"ema top-1 {res['ema_top1']:.2f}%  " if 'ema_top1' in res else '')
+               + f"{res['img_per_s']:.0f} img/s  {res['epoch_time']:.1f}s"
+               + (f'  skipped {skipped} unreadable images' if skipped else '')
+               + (f"  grew to {res['grown']}" if 'grown' in res else ''))
+
+
+def _resume(run: RunContext, state: TrainState, resume) -> list:
+    """Load the checkpoint into ``state``; check and report config changes; return the metrics history."""
+    path = run.checkpoint_path if resume is True else resume
+    if not os.path.isfile(path):
+        raise RunError(f'nothing to resume: no checkpoint at {path}')
+    ckpt = load_training_checkpoint(path)
+    allowed, forbidden = config_changes(ckpt['config'], run.cfg)
+    if forbidden:
+        raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
+                          'order; start a new run with another --output instead): ' + '; '.join(forbidden))
+    state.load_state_dict(ckpt)
+    if run.main:
+        print(f'resumed from {path} at epoch {state.epochs_done + 1}, batch {state.batches_done}, update '
+              f'{state.num_updates}' + ('; changed: ' + '; '.join(allowed) if allowed else ''))
+    metrics = os.path.join(run.out, METRICS_FILE)
+    if not (run.main and os.path.exists(metrics)):
+        return []
+    with open(metrics) as f:
+        return [r for r in csv.DictReader(f) if int(r['epoch']) < state.epochs_done]
+
+
+def _claim_output(cfg: dict, rank: int, device, resume):
+    """Rank 0 locks the output directory; every rank fails if it could not."""
+    lock, error = None, None
+    if rank == 0:
+        try:
+            lock = claim_output_dir(cfg['output'], resume=bool(resume))
+        except RunError as e:
+            error = e
+    if not all_ranks_agree(error is None, device):
+        raise error or RunError('rank 0 could not claim the output directory (see its message)')
+    return lock
+
+
+def _start(cfg: dict, resume):
+    """Processes, output directory (locked, rank 0), data and state; every rank fails if one does."""
+    cfg = resolve_run_config(cfg)
+    setup_threads(section(cfg, 'run'))
+    rank, world, device = init_distributed(section(cfg, 'run'))
+    lock = _claim_output(cfg, rank, device, resume)
+    try:
+        random_seed(cfg['seed'])  # the same initial weights on every rank
+        run = RunContext(cfg, rank, world, device)
+        state = TrainState(cfg, device, world, run.updates_per_epoch)
+        if cfg['task'] != 'mae':
+            run.set_loss(state.model.num_classes)
+        history = _resume(run, state, resume) if resume else []
+        run.checked_update = state.num_updates
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    if run.main:
+        _announce(cfg, run, state, world, device)
+    return cfg, run, state, history, lock
+
+
+def _announce(cfg, run: RunContext, state: TrainState, world: int, device):
+    """Write ``config.yaml``, open TensorBoard, print the run's one-line summary (rank 0)."""
+    save_yaml(cfg, os.path.join(run.out, CONFIG_FILE))
+    if cfg['tensorboard']:
+        from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
+        run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
+    n_params = sum(p.numel() for p in state.model.parameters())
+    print(f"{cfg['model']}: {n_params / 1e6:.2f}M params, {dataset_size(run.train_ds)} train / "
+          f"{dataset_size(run.val_ds)} val images, "
+          f"{world} process(es) on {device}, global batch {cfg['batch_size'] * run.accum * world}, "
+          f"{run.updates_per_epoch} updates/epoch, lr {state.lr:.3g}, task {cfg['task']}"
+          + (f'\n{state.init_report}' if state.init_report else ''))
+
+
+def _train_epochs(cfg: dict, run: RunContext, state: TrainState, history: list):
+    """Every epoch left: train, evaluate, grow, log, checkpoint; stop after a checkpoint on a signal."""
+    for epoch in range(state.epochs_done, cfg['epochs']):
+        res = dict(epoch=epoch, **train_one_epoch(run, state, epoch))
+        last_epoch = epoch + 1 == cfg['epochs']
+        if (epoch + 1) % cfg['eval_every'] == 0 or last_epoch:
+            res.update(evaluate_and_keep_best(run, state, epoch))
+        res['tokens'] = sum(growth.model_size(state.model).values())
+        due = growth_due(cfg, epoch)
+        if due:
+            # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
+            res['grown'] = str(state.grow(due, seed=derive_seed('growth', cfg['seed'], epoch + 1, bits=31)))
+        state.epochs_done, state.batches_done = epoch + 1, 0
+        state.reset_meter()
+        log_epoch(run, history, res)
+        stop = run.check(state, force=True)  # all ranks agree on a signal that came during evaluation
+        if (epoch + 1) % cfg['save_every'] == 0 or last_epoch or stop:
+            run.save(state)
+            if run.main:
+                source = 'ema' if state.ema else 'model'
+                save_weights((state.ema.module if state.ema else state.model).state_dict(),
+                             os.path.join(run.out, LAST_WEIGHTS), metadata=dict(model=cfg['model'], epoch=epoch,
+                                                                                source=source))
+        if stop:
+            raise Preempted(f'stopped by {run.stop_signal} after epoch {epoch + 1}; state saved to '
+                            f'{run.checkpoint_path}: continue with --resume')
+
+
+def _finish(cfg: dict, run: RunContext, state: TrainState, history: list):
+    """The pictures at the end of a run (rank 0): loss and accuracy curves; an MAE's reconstructions."""
+    if not run.main:
+        return
+    if history:
+        plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f"{cfg['model']} ({cfg['task']})")
+    if cfg['task'] == 'mae' and cfg['recon_images']:
+        save_reconstructions(state.ema.module if state.ema else state.model, run.val_ds, cfg['mean'], cfg['std'],
+                             os.path.join(run.out, RECONSTRUCTION_FILE), cfg['recon_images'], cfg['mask_ratio'],
+                             run.device)
+
+
+def train(cfg: dict, resume=None) -> dict:
+    """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, epochs, output, model, history)``.
+
+    Args:
+        cfg: a config from :func:`tkvision.engine.config.load_config` (checked again here).
+        resume: a ``last.pth`` path, ``True`` for ``<output>/last.pth``, or None. The run continues at
+            the saved update (mid-epoch included) with the same data order and random draws, so the
+            result equals an uninterrupted run's. Keys of :data:`tkvision.engine.config.RESUME_MUTABLE`
+            may differ from the checkpoint's (reported); any other difference is an error.
+
+    Raises:
+        ConfigError: a bad setting, or a key that cannot change on resume (named).
+        RunError: the output directory holds another run or is locked by a running one.
+        NonFiniteLossError: NaN/inf loss (update range named; the last checkpoint is left intact).
+        Preempted: SIGTERM / SIGUSR1 arrived; ``last.pth`` was written first.
+        FileNotFoundError: missing data (naming the path and how to get it).
+    """
+    cfg, run, state, history, lock = _start(cfg, resume)
+    previous = {s: signal.signal(s, run.on_signal) for s in STOP_SIGNALS}
+    try:
+        if state.epochs_done >= cfg['epochs'] and run.main:
+            print(f"nothing to train: {run.checkpoint_path} has finished all {cfg['epochs']} epochs "
+                  f"(best {_best_words(state.best)}); pass --epochs N with N > {cfg['epochs']} to continue")
+        _train_epochs(cfg, run, state, history)
+        _finish(cfg, run, state, history)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        if run.writer is not None:
+            run.writer.close()
+        if lock is not None:
+            lock.release()
+    last = history[-1] if history else {}
+    return dict(top1=_number(last.get('top1')), top5=_number(last.get('top5')), best_top1=state.best.get('top1'),
+                val_loss=_number(last.get('val_loss')), epochs=cfg['epochs'], output=run.out, model=state.model,
+                history=history)
+
+
+def _number(v):
+    return None if v in (None, '') else float(v)
+
+
+def _best_words(best: dict) -> str:
+    return f"top-1 {best['top1']:.2f}%" if 'top1' in best else f"val loss {best['val_loss']:.4f}"
+

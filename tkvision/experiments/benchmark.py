@@ -1,0 +1,378 @@
+"""Benchmarks: TokenFormer against timm's ViT, Pattention against the layers it replaces, and data loading.
+
+``python tools/benchmark.py --models tokenformer_vit_b16_matched vit_base_patch16_224 --mode infer train
+--batch-size 64 [--amp bf16] [--compile] [--device cuda] [--out docs/bench]``
+
+Method: every model is built and warmed up, then the models are timed interleaved (A B A B ...),
+``--repeats`` rounds of ``--steps`` steps each; the figure is the median round. Each TokenFormer is
+reported as a ratio to its timm counterpart from the same run (:data:`COUNTERPARTS`). FLOPs per
+image come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul-class ops and attention; a
+multiply-add is 2 FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: the CUDA allocator's peak on GPU;
+on CPU the peak RSS of a fresh child process running the same steps (RSS cannot be reset in-process).
+"""
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+
+import timm
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
+
+from ..layers import Pattention
+from ..utils.files import atomic_write
+from .data_benchmark import benchmark_data
+
+__all__ = ['COUNTERPARTS', 'parse_model_spec', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
+           'benchmark_pattention', 'machine_info', 'run_benchmark']
+
+#: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
+COUNTERPARTS = {
+    'tokenformer_vit_ti16': 'vit_tiny_patch16_224', 'tokenformer_vit_s16': 'vit_small_patch16_224',
+    'tokenformer_vit_b16': 'vit_base_patch16_224', 'tokenformer_vit_b16_matched': 'vit_base_patch16_224',
+    'tokenformer_vit_l16': 'vit_large_patch16_224', 'tokenformer_vit_l16_matched': 'vit_large_patch16_224',
+}
+
+
+def _cpu_sdpa(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _cpu_sdpa_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs):
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def flop_counter() -> FlopCounterMode:
+    """``FlopCounterMode`` that also counts SDPA's CPU flash kernels (torch counts only the CUDA ones),
+    so CPU and GPU FLOPs per image agree."""
+    aten = torch.ops.aten
+    return FlopCounterMode(display=False, custom_mapping={
+        aten._scaled_dot_product_flash_attention_for_cpu: _cpu_sdpa,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward})
+
+
+def machine_info(device: torch.device) -> str:
+    """One line naming the machine: CPU model and cores (or GPU name), torch version, threads."""
+    if device.type == 'cuda':
+        return f'{torch.cuda.get_device_name(device)}, torch {torch.__version__}'
+    cpu = platform.processor() or 'cpu'
+    try:
+        with open('/proc/cpuinfo') as f:
+            cpu = next(line.split(':', 1)[1].strip() for line in f if line.startswith('model name'))
+    except (OSError, StopIteration):
+        pass
+    return f'{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads'
+
+
+def _sync(device):
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def parse_model_spec(spec: str):
+    """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
+    benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@fused_qkv=true``."""
+    import yaml
+    name, *opts = spec.split('@')
+    kwargs = {}
+    for opt in opts:
+        key, sep, value = opt.partition('=')
+        if not sep:
+            raise ValueError(f'model option {opt!r} of {spec!r} is not key=value')
+        kwargs[key] = yaml.safe_load(value)
+    return name, kwargs
+
+
+class _Step:
+    """One timed unit of work for a model: an inference forward or a full training step."""
+
+    def __init__(self, name, mode, batch_size, device, amp, compile_):
+        self.name, self.mode, self.device = name, mode, device
+        base, kwargs = parse_model_spec(name)
+        self.model = timm.create_model(base, **kwargs).to(device)
+        self.params = sum(p.numel() for p in self.model.parameters())
+        size = self.model.pretrained_cfg['input_size']
+        self.x = torch.randn(batch_size, *size, device=device)
+        self.y = torch.randint(0, 1000, (batch_size,), device=device)
+        self.amp = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
+        self.fn = torch.compile(self.model) if compile_ else self.model
+        if mode == 'train':
+            self.model.train()
+            self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-4)
+        else:
+            self.model.eval()
+
+    def __call__(self):
+        with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+            if self.mode == 'infer':
+                with torch.inference_mode():
+                    return self.fn(self.x)
+            loss = F.cross_entropy(self.fn(self.x), self.y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad(set_to_none=True)
+
+    def flops_per_image(self) -> float:
+        with flop_counter() as counter:
+            with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
+                if self.mode == 'infer':
+                    with torch.no_grad():
+                        self.model(self.x)
+                else:
+                    F.cross_entropy(self.model(self.x), self.y).backward()
+        self.model.zero_grad(set_to_none=True)
+        return counter.get_total_flops() / len(self.x)
+
+
+def saved_activation_mib(model: torch.nn.Module, x: torch.Tensor, amp=None) -> float:
+    """MiB that autograd keeps for backward in one forward of ``model`` on ``x``, parameters excluded
+    (unique storages, counted through ``torch.autograd.graph.saved_tensors_hooks``): the activation
+    memory of a training step, independent of the allocator."""
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen = {}
+
+    def pack(t):
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in params:
+            seen[ptr] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+            model(x)
+    return sum(seen.values()) / 2 ** 20
+
+
+def _peak_rss_child(name, mode, batch_size, steps) -> float:
+    """Peak RSS (MiB) of a fresh process that builds ``name`` and runs ``steps`` steps of ``mode`` on CPU."""
+    code = (f'import resource, torch, tkvision.experiments.benchmark as b; torch.set_num_threads({torch.get_num_threads()}); '
+            f's = b._Step({name!r}, {mode!r}, {batch_size}, torch.device("cpu"), None, False)\n'
+            f'for _ in range({steps}): s()\n'
+            'print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)')
+    out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cpu', amp=None, compile_=False,
+                     warmup=2, steps=2, repeats=5, memory=True, log=print) -> list:
+    """Interleaved throughput of ``models`` per mode; returns one dict per (model, mode).
+
+    Each dict: ``model, mode, batch_size, img_per_s, step_ms, params, gflops_per_img, tflops_per_s,
+    peak_mem_mib`` and, for models with a timm counterpart in the run, ``ratio`` (img/s over the
+    counterpart's) and ``mem_ratio``.
+    """
+    device = torch.device(device)
+    rows = []
+    for mode in modes:
+        runners = [_Step(m, mode, batch_size, device, amp, compile_) for m in models]
+        flops = {r.name: r.flops_per_image() for r in runners}
+        for r in runners:
+            for _ in range(warmup):
+                r()
+        _sync(device)
+        times = {r.name: [] for r in runners}
+        for rep in range(repeats):
+            for r in runners:  # interleaved: A B A B ...
+                _sync(device)
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    r()
+                _sync(device)
+                times[r.name].append((time.perf_counter() - t0) / steps)
+        for r in runners:
+            step = statistics.median(times[r.name])
+            if device.type == 'cuda':
+                torch.cuda.reset_peak_memory_stats(device)
+                r()
+                _sync(device)
+                mem = torch.cuda.max_memory_allocated(device) / 2 ** 20
+            else:
+                mem = _peak_rss_child(r.name, mode, batch_size, 2) if memory else float('nan')
+            saved = saved_activation_mib(r.model.train(), r.x, r.amp) if mode == 'train' else float('nan')
+            row = dict(model=r.name, mode=mode, batch_size=batch_size, img_per_s=batch_size / step, saved_mib=saved,
+                       step_ms=1000 * step, params=r.params, gflops_per_img=flops[r.name] / 1e9,
+                       tflops_per_s=flops[r.name] * batch_size / step / 1e12, peak_mem_mib=mem,
+                       spread=(max(times[r.name]) - min(times[r.name])) / step)
+            rows.append(row)
+            log(f"{mode:5s} {r.name:32s} {row['img_per_s']:8.1f} img/s  {row['step_ms']:8.1f} ms/step  "
+                f"{row['tflops_per_s'] * 1000:7.1f} GFLOP/s  {mem:8.0f} MiB")
+        del runners
+    by_key = {(r['model'], r['mode']): r for r in rows}
+    for r in rows:
+        base = by_key.get((COUNTERPARTS.get(parse_model_spec(r['model'])[0]), r['mode']))
+        if base:
+            r['ratio'] = r['img_per_s'] / base['img_per_s']
+            r['mem_ratio'] = r['peak_mem_mib'] / base['peak_mem_mib']
+            r['saved_ratio'] = r['saved_mib'] / base['saved_mib']
+    return rows
+
+
+#: Profiler op-name categories for :func:`profile_breakdown` (first match wins; the rest is 'other').
+PROFILE_CATEGORIES = (
+    ('matmul', ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::linear', 'aten::matmul')),
+    ('attention (SDPA)', ('scaled_dot_product',)),
+    ('optimizer (AdamW)', ('aten::_foreach', 'aten::lerp', 'aten::addcdiv', 'aten::addcmul', 'aten::sqrt',
+                           'aten::mul_', 'aten::add_', 'aten::div_')),
+    ('score normalisation / GELU', ('aten::gelu', 'aten::linalg_vector_norm', 'aten::norm', 'aten::clamp',
+                                    'aten::masked_fill', 'aten::div', 'aten::mul', 'aten::erf', 'aten::exp',
+                                    'aten::where', 'aten::sum', 'aten::reciprocal')),
+    ('layer norm', ('layer_norm',)),
+)
+
+
+def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3) -> list:
+    """Self time of a training step per op category (``PROFILE_CATEGORIES``), per model, summed over
+    ``steps`` profiled steps after one warm-up step (several steps smooth out OS noise).
+
+    Returns rows ``model, category, ms, share`` (``ms``: per step; share of the steps' total self time).
+    """
+    from torch.profiler import ProfilerActivity, profile
+    device = torch.device(device)
+    rows = []
+    for name in models:
+        step = _Step(name, 'train', batch_size, device, None, False)
+        step()
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+        with profile(activities=acts) as prof:
+            for _ in range(steps):
+                step()
+            _sync(device)
+        totals = {}
+        for ev in prof.key_averages():
+            cat = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
+            us = ev.self_device_time_total if device.type == 'cuda' else ev.self_cpu_time_total
+            totals[cat] = totals.get(cat, 0.0) + us / 1000 / steps
+        total = sum(totals.values())
+        for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
+            rows.append(dict(model=name, category=cat, ms=ms, share=ms / total))
+            log(f'{name:32s} {cat:28s} {ms:9.1f} ms  {100 * ms / total:5.1f}%')
+        del step
+    return rows
+
+
+def _time(fn, steps, repeats):
+    fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        out.append((time.perf_counter() - t0) / steps)
+    return statistics.median(out)
+
+
+def benchmark_pattention(tokens=64 * 197, dim=768, num_tokens=576, mlp_ratio=4, steps=3, repeats=5, log=print):
+    """One Pattention (d -> d, ``num_tokens``) vs the ``Linear(d, d)`` it replaces in attention and the
+    ``Linear -> GELU -> Linear`` MLP (d -> 4d -> d) that an FFN Pattention with 4x tokens replaces,
+    at ViT-B shapes (``tokens`` = batch 64 x 197), fp32, forward and forward+backward.
+
+    Returns rows ``layer, pass, ms, gflops, gflop_per_s``.
+    """
+    x = torch.randn(tokens, dim, requires_grad=True)
+    layers = {
+        f'Linear({dim},{dim})': torch.nn.Linear(dim, dim),
+        f'Pattention({dim},{dim},n={num_tokens})': Pattention(dim, dim, num_tokens),
+        f'MLP({dim},{mlp_ratio * dim},{dim})': torch.nn.Sequential(torch.nn.Linear(dim, mlp_ratio * dim), torch.nn.GELU(),
+                                                             torch.nn.Linear(mlp_ratio * dim, dim)),
+        f'Pattention({dim},{dim},n={mlp_ratio * num_tokens})': Pattention(dim, dim, mlp_ratio * num_tokens),
+    }
+    rows = []
+    for name, layer in layers.items():
+        for kind in ('forward', 'forward+backward'):
+            def fn():
+                if kind == 'forward':
+                    with torch.no_grad():
+                        layer(x)
+                else:
+                    layer(x).sum().backward()
+            with flop_counter() as fc:
+                fn()
+            t = _time(fn, steps, repeats)
+            rows.append(dict(layer=name, **{'pass': kind}, ms=1000 * t, gflops=fc.get_total_flops() / 1e9,
+                             gflop_per_s=fc.get_total_flops() / t / 1e9))
+            log(f'{name:34s} {kind:17s} {1000 * t:8.2f} ms  {rows[-1]["gflop_per_s"]:7.1f} GFLOP/s')
+    return rows
+
+
+def _markdown(rows, cols):
+    def fmt(v):
+        return f'{v:.3g}' if isinstance(v, float) else str(v)
+    lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
+    lines += ['| ' + ' | '.join(fmt(r.get(c, '')) for c in cols) + ' |' for r in rows]
+    return '\n'.join(lines)
+
+
+def _save_results(out: str, md: list, results: dict, header: dict):
+    """``<out>.md``, ``<out>.json`` and (with models) ``<out>.csv``, atomically: written after every
+    part, so a later failure loses nothing measured."""
+    atomic_write(out + '.md', lambda f: f.write('\n'.join(md)), text=True)
+    atomic_write(out + '.json', lambda f: json.dump(dict(**header, **results), f, indent=1), text=True)
+    if 'models' in results:
+        def write(f):
+            w = csv.DictWriter(f, fieldnames=sorted({k for r in results['models'] for k in r}))
+            w.writeheader()
+            w.writerows(results['models'])
+        atomic_write(out + '.csv', write, text=True)
+
+
+def _models_part(args) -> tuple:
+    rows = benchmark_models(args.models, args.mode, args.batch_size, args.device, args.amp, args.compile,
+                            steps=args.steps, repeats=args.repeats, memory=not args.no_memory)
+    for r in rows:
+        if 'ratio' in r:
+            print(f"HEADLINE {r['mode']:5s} {r['model']} / {COUNTERPARTS[parse_model_spec(r['model'])[0]]}: "
+                  f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory, "
+                  f"{r['saved_ratio']:.2f}x activations saved for backward")
+    return rows, ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', 'step_ms',
+                                                  'params', 'gflops_per_img', 'tflops_per_s', 'peak_mem_mib',
+                                                  'mem_ratio', 'saved_mib', 'saved_ratio', 'spread']), '']
+
+
+def _pattention_part(args) -> tuple:
+    rows = benchmark_pattention()
+    return rows, ['### Pattention vs the layers it replaces (ViT-B shapes, fp32)',
+                  _markdown(rows, ['layer', 'pass', 'ms', 'gflops', 'gflop_per_s']), '']
+
+
+def _profile_part(args) -> tuple:
+    rows = profile_breakdown(args.models, args.profile_batch_size, args.device)
+    return rows, [f'### Where a training step goes (torch.profiler self time, batch {args.profile_batch_size})',
+                  _markdown(rows, ['model', 'category', 'ms', 'share']), '']
+
+
+def _data_part(args) -> tuple:
+    tables = benchmark_data(args.data_root, args.data_images, tuple(args.workers))
+    return tables, ['### JPEG decoding, one thread', _markdown(tables['decode'], ['decoder', 'img_per_s']), '',
+                    '### Training augmentation at 224 px, one thread',
+                    _markdown(tables['augment'], ['pipeline', 'img_per_s']), '',
+                    '### DataLoader: decode + augmentation + uint8 batches',
+                    _markdown(tables['loader'], ['source', 'workers', 'img_per_s', 'img_per_s_per_worker']), '']
+
+
+#: The parts of a benchmark run, in the order they run.
+PARTS = {'models': _models_part, 'pattention': _pattention_part, 'profile': _profile_part, 'data': _data_part}
+
+
+def run_benchmark(args, command: str) -> dict:
+    """Run the parts ``args.parts`` (:data:`PARTS`) with the options of ``tools/benchmark.py`` (its
+    parsed arguments ``args``), writing ``<args.out>.md / .csv / .json`` with the machine, the date
+    and ``command`` after each part. Returns ``{part: rows}``."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    info = machine_info(torch.device(args.device))
+    stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
+    print(f'{info}\n{stamp}\n{command}')
+    md = [f'Machine: {info}  \nDate: {stamp}  \nCommand: `{command}`\n']
+    results = {}
+    for name, part in PARTS.items():
+        if name in args.parts:
+            results[name], lines = part(args)
+            md += lines
+            _save_results(args.out, md, results, dict(machine=info, date=stamp, command=command))
+    print(f'wrote {args.out}.md / .csv / .json')
+    return results

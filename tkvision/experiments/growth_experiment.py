@@ -1,0 +1,326 @@
+"""Does growth pay? The paper's Fig. 3 chain at Fashion-MNIST scale, with a Net2Net-grown ViT beside it.
+
+    python tools/growth_experiment.py --out runs/growth_chain --seeds 0 1 2                  # chains + scratch
+    python tools/growth_experiment.py --out runs/growth_chain --plan ablations --seeds 0 1   # what makes a step work
+    python tools/growth_experiment.py --out runs/growth_chain --report                       # tables and plot only
+
+A *chain* is one trainer run of a progressive recipe (``growth.schedule``, :mod:`tkvision.train`): the
+TokenFormer chain ``configs/fashion_mnist/growth_chain.yaml`` appends parameter tokens at every step
+(paper §3.3); the ViT chain ``configs/fashion_mnist/growth_chain_vit.yaml`` widens a timm ViT's MLP by
+Net2Net (:func:`tkvision.growth.net2net_widen`, paper §4.3). Against each chain, every size it passes
+through is trained *from scratch* for the chain's whole length (``--scratch-epochs`` to change it),
+as in Fig. 3. The ``ablations`` plan reruns the TokenFormer chain with one growth setting changed
+from a fixed first recipe (:data:`ABLATION_BASE`, :data:`ABLATIONS`), and the ViT chain with that
+recipe.
+
+Compute is counted as before: training FLOPs per image of the model at the size of that epoch
+(``torch.utils.flop_counter``: forward + backward) times the training images, cumulated per epoch.
+Every run is a trainer run in ``<out>/<run>/seed<k>`` (``result.json`` when finished), so an
+interrupted experiment continues where it stopped and ``--part i/n`` splits the runs over processes
+(one per core). The report (``report.md``, ``results.json``, ``accuracy_vs_compute.png``) opens with
+the fraction of the largest model's from-scratch compute at which the chain reaches that model's
+accuracy.
+"""
+import copy
+import json
+import math
+import os
+import statistics
+
+import torch
+import torch.nn.functional as F
+
+from ..engine.build import model_for_config
+from ..engine.checkpoint import LAST_CHECKPOINT
+from ..engine.config import load_config
+from ..engine.config_rules import validate_config
+from ..engine.plotting import plt
+from ..engine.trainer import train
+from ..growth import model_size, schedule_sizes
+from ..utils.files import atomic_write
+from .benchmark import flop_counter
+
+__all__ = ['FAMILIES', 'ABLATION_BASE', 'ABLATIONS', 'SHAPES', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
+           'run_all', 'report']
+
+#: The chain recipe of each family.
+FAMILIES = {'tokenformer': 'configs/fashion_mnist/growth_chain.yaml',
+            'vit': 'configs/fashion_mnist/growth_chain_vit.yaml'}
+
+#: The growth settings every ablation starts from (the first recipe: each stage restarts its schedule,
+#: re-warming for a quarter epoch to half the peak lr; zero keys, moments kept, all tokens trained), so
+#: the ablations do not move when the chain recipe changes: (growth overrides, step overrides).
+ABLATION_BASE = ({'stage_lr': 'restart', 'key_init': 'zeros', 'optimizer_state': 'keep', 'freeze_old_tokens': False},
+                 {'warmup_epochs': 0.25, 'lr_scale': 0.5})
+
+#: What makes a growth step work (issue 18, item 2): name -> (what changes, growth overrides, step overrides)
+#: on top of :data:`ABLATION_BASE` (``base``: nothing changed; the ViT chain runs ``base`` only).
+ABLATIONS = {
+    'base': ('the first recipe: restart per stage, re-warm 0.25 epoch to x0.5 peak', {}, {}),
+    'keys_normal': ('new keys N(0, 0.02²) instead of zeros', {'key_init': 'normal'}, {}),
+    'moments_reset': ('optimizer reset at every step (student report)', {'optimizer_state': 'reset'}, {}),
+    'freeze_old': ('only the new tokens (+ head) trained after a step', {'freeze_old_tokens': True}, {}),
+    'no_rewarm': ('no re-warmup after a step', {}, {'warmup_epochs': 0}),
+    'long_rewarm': ('re-warmup of 1 epoch', {}, {'warmup_epochs': 1.0}),
+    'peak_full': ('re-warm to the full peak lr (x1.0)', {}, {'lr_scale': 1.0}),
+    'peak_quarter': ('re-warm to a quarter of the peak lr (x0.25)', {}, {'lr_scale': 0.25}),
+    'continue': ('one cosine over the chain, re-warm 0.25 epoch, no restart', {'stage_lr': 'continue'},
+                 {'lr_scale': 1.0}),
+    'continue_no_rewarm': ('one cosine over the chain, no re-warm', {'stage_lr': 'continue'},
+                           {'lr_scale': 1.0, 'warmup_epochs': 0}),
+}
+
+#: Chain shapes (``--plan shapes``): name -> (what, config overrides, growth step epochs), on the chain
+#: recipe of the config file; measured against the same from-scratch runs.
+SHAPES = {
+    'late': ('stages of 1-1-1-3 epochs (6 in all)', {'epochs': 6}, [1, 2, 3]),
+}
+
+
+def train_flops_per_image(cfg: dict) -> float:
+    """Forward + backward FLOPs of one training image for ``cfg``'s model (``FlopCounterMode``)."""
+    model = model_for_config(cfg)
+    size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
+    x = torch.randn(2, cfg['model_kwargs'].get('in_chans', 3), size, size)
+    with flop_counter() as fc:
+        F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long)).backward()
+    return fc.get_total_flops() / 2
+
+
+def stage_sizes(cfg: dict) -> list:
+    """:func:`~tkvision.growth.model_size` of every stage of ``cfg``'s growth schedule, first to last."""
+    with torch.device('meta'):
+        return schedule_sizes(model_size(model_for_config(cfg)), cfg['growth']['schedule'])
+
+
+def size_kwargs(model_kwargs: dict, size: dict) -> dict:
+    """``model_kwargs`` for a model built at ``size`` (``num_tokens_<kind>``, or ``mlp_ratio`` from
+    ``mlp_hidden`` for a ViT)."""
+    if 'mlp_hidden' in size:
+        return dict(model_kwargs, mlp_ratio=size['mlp_hidden'] / model_kwargs['embed_dim'])
+    return dict(model_kwargs, **{f'num_tokens_{k}': v for k, v in size.items()})
+
+
+def _size_name(size: dict) -> str:
+    return '-'.join(str(size[k]) for k in ('qkv', 'ffn') if k in size) or str(size.get('mlp_hidden'))
+
+
+def plan_runs(plan: str, seeds, overrides=(), scratch_epochs=None, families=FAMILIES) -> list:
+    """``[(run name, seed, config)]`` of ``plan``: ``'chain'`` (each family's chain and every stage size
+    from scratch), ``'ablations'`` (the TokenFormer chain with each of :data:`ABLATIONS`) or ``'shapes'``
+    (each family's chain with its steps moved, :data:`SHAPES`)."""
+    runs = []
+    for family, path in families.items():
+        chain = load_config(path, list(overrides))
+        if plan == 'shapes':
+            for name, (_, over, at) in SHAPES.items():
+                cfg = dict(copy.deepcopy(chain), **over)
+                cfg['growth']['schedule'] = [dict(step, at_epoch=a) for step, a in zip(cfg['growth']['schedule'], at)]
+                runs += [(f'{family}_chain_{name}', seed, cfg) for seed in seeds]
+            continue
+        if plan == 'ablations':
+            variants = {name: ({**ABLATION_BASE[0], **g}, {**ABLATION_BASE[1], **s})
+                        for name, (_, g, s) in ABLATIONS.items() if family == 'tokenformer' or name == 'base'}
+        else:
+            variants = {'': ({}, {})}
+        for name, (g_over, s_over) in variants.items():
+            cfg = copy.deepcopy(chain)
+            cfg['growth'].update(g_over)
+            cfg['growth']['schedule'] = [dict(step, **s_over) for step in cfg['growth']['schedule']]
+            runs += [(f'{family}_chain' + (f'_{name}' if name else ''), seed, cfg) for seed in seeds]
+        if plan == 'ablations':
+            continue
+        for size in stage_sizes(chain):
+            cfg = copy.deepcopy(chain)
+            cfg['growth']['schedule'] = []
+            cfg['model_kwargs'] = size_kwargs(cfg['model_kwargs'], size)
+            cfg['epochs'] = scratch_epochs or chain['epochs']
+            runs += [(f'{family}_scratch_{_size_name(size)}', seed, cfg) for seed in seeds]
+    return runs
+
+
+def _run_dir(out, name, seed):
+    return os.path.join(out, name, f'seed{seed}')
+
+
+def run_all(runs, out: str, part=(0, 1), log=print) -> int:
+    """Train every run of ``runs`` whose index is ``part[0]`` mod ``part[1]``; skip finished ones
+    (``result.json``), resume interrupted ones (``last.pth``). Returns the number trained."""
+    n = 0
+    for i, (name, seed, cfg) in enumerate(runs):
+        if i % part[1] != part[0]:
+            continue
+        rd = _run_dir(out, name, seed)
+        if os.path.isfile(os.path.join(rd, 'result.json')):
+            log(f'[skip] {name} seed {seed}: finished')
+            continue
+        cfg = validate_config(dict(copy.deepcopy(cfg), seed=seed, output=rd, progress=False))
+        log(f'[run] {name} seed {seed} -> {rd}')
+        res = train(cfg, resume=True if os.path.isfile(os.path.join(rd, LAST_CHECKPOINT)) else None)
+        sizes = stage_sizes(cfg)
+        flops = [train_flops_per_image(dict(cfg, model_kwargs=size_kwargs(cfg['model_kwargs'], s))) for s in sizes]
+        bounds = [s['at_epoch'] for s in cfg['growth']['schedule']]
+        n_train = cfg['train_subset'] or 60000
+        total, points = 0.0, []
+        for row in res['history']:
+            stage = sum(int(row['epoch']) >= b for b in bounds)
+            total += flops[stage] * n_train
+            points.append((total, float(row['top1'])))
+        result = dict(name=name, seed=seed, top1=res['top1'], compute=total, points=points,
+                      stage_ends=[b - 1 for b in bounds] + [cfg['epochs'] - 1], sizes=sizes,
+                      flops_per_image=flops, schedule=cfg['growth']['schedule'],
+                      growth={k: v for k, v in cfg['growth'].items() if k != 'schedule'})
+        atomic_write(os.path.join(rd, 'result.json'), lambda f: json.dump(result, f, indent=1), text=True)
+        n += 1
+    return n
+
+
+def _load_results(out: str) -> dict:
+    """``{run name: [result of each seed]}`` of the finished runs under ``out``."""
+    results = {}
+    for name in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        for seed_dir in sorted(os.listdir(os.path.join(out, name))) if os.path.isdir(os.path.join(out, name)) else []:
+            path = os.path.join(out, name, seed_dir, 'result.json')
+            if os.path.isfile(path):
+                with open(path) as f:
+                    results.setdefault(name, []).append(json.load(f))
+    return results
+
+
+def _mean_curve(seed_results):
+    """Per-epoch (compute, mean top-1, min, max) over seeds (compute is the same for every seed)."""
+    n = min(len(r['points']) for r in seed_results)
+    return [(seed_results[0]['points'][e][0], statistics.mean(r['points'][e][1] for r in seed_results),
+             min(r['points'][e][1] for r in seed_results), max(r['points'][e][1] for r in seed_results))
+            for e in range(n)]
+
+
+def _mean_std(xs):
+    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def answer(results: dict, family: str, chain: str = 'chain') -> dict:
+    """How the ``family`` chain compares with its largest size from scratch (means over seeds).
+
+    Returns ``dict(target, chain_final, chain_compute, scratch_compute, reach_fraction,
+    scratch_fraction_for_chain)``: ``reach_fraction`` is the compute fraction (of the largest model's
+    from-scratch run) at the first epoch where the chain's mean top-1 reaches the scratch model's final
+    mean, None if it never does; ``scratch_fraction_for_chain`` the fraction at which the scratch run's
+    mean curve first reaches the chain's final mean (None if never). ``chain``: the run name after the
+    family (``chain_late`` for a :data:`SHAPES` chain)."""
+    chain = results.get(f'{family}_{chain}')
+    scratch_names = [n for n in results if n.startswith(f'{family}_scratch_')]
+    if not chain or not scratch_names:
+        return {}
+    largest = max(scratch_names, key=lambda n: results[n][0]['flops_per_image'][0])
+    sc, ch = _mean_curve(results[largest]), _mean_curve(chain)
+    target, full = sc[-1][1], sc[-1][0]
+    reach = next((c / full for c, m, _, _ in ch if m >= target), None)
+    back = next((c / full for c, m, _, _ in sc if m >= ch[-1][1]), None)
+    return dict(largest=largest, target=target, chain_final=ch[-1][1], chain_compute=ch[-1][0], scratch_compute=full,
+                reach_fraction=reach, scratch_fraction_for_chain=back, seeds=len(chain))
+
+
+def _sentence(a: dict, family: str) -> str:
+    if not a:
+        return f'{family}: no finished runs'
+    pct = lambda x: f'{100 * x:.0f}%'  # noqa: E731
+    head = (f"{family}: from scratch the largest size ({a['largest'].split('_scratch_')[1]}) reaches "
+            f"{a['target']:.2f}%; the chain ends at {a['chain_final']:.2f}% after {pct(a['chain_compute'] / a['scratch_compute'])} "
+            f"of that compute (means of {a['seeds']} seeds)")
+    if a['reach_fraction'] is not None:
+        return head + f"; it first reaches {a['target']:.2f}% at **{pct(a['reach_fraction'])}** of the from-scratch compute."
+    tail = (f"; it does **not** reach {a['target']:.2f}%" +
+            (f" (from scratch passes the chain's final accuracy at {pct(a['scratch_fraction_for_chain'])} of its compute)."
+             if a['scratch_fraction_for_chain'] is not None else '.'))
+    return head + tail
+
+
+def report(out: str) -> str:
+    """Write ``report.md``, ``results.json`` and ``accuracy_vs_compute.png`` from the finished runs
+    under ``out``; returns the report's text."""
+    results = _load_results(out)
+    lines = ['## Answer', '']
+    for family in FAMILIES:
+        lines.append('- ' + _sentence(answer(results, family), family))
+        for name, (what, _, _) in SHAPES.items():
+            if f'{family}_chain_{name}' in results:
+                lines.append('- ' + _sentence(answer(results, family, f'chain_{name}'), f'{family}, chain {what}'))
+    lines += ['', '## Runs (test top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
+              '| run | seeds | top-1 at each stage end | final top-1 | compute |', '|---|---|---|---|---|']
+    order = sorted(results, key=lambda n: (n.split('_')[0], '_scratch_' in n, results[n][0]['flops_per_image'][0], n))
+    for name in order:
+        rs = results[name]
+        ends = rs[0]['stage_ends']
+        stage = ' → '.join(f'{statistics.mean(r["points"][e][1] for r in rs):.2f}' for e in ends)
+        m, s = _mean_std([r['top1'] for r in rs])
+        lines.append(f"| {name} | {len(rs)} | {stage} | {m:.2f} ± {s:.2f} | {rs[0]['compute'] / 1e12:.1f} |")
+    lines += ['', '## What makes a growth step work (TokenFormer chain, one setting changed from the first recipe)', '',
+              '| setting | seeds | final top-1 | Δ vs the first recipe (same seeds) |', '|---|---|---|---|']
+    base = {r['seed']: r['top1'] for r in results.get('tokenformer_chain_base', [])}
+    for name, (what, _, _) in ABLATIONS.items():
+        rs = results.get(f'tokenformer_chain_{name}')
+        if not rs:
+            continue
+        m, s = _mean_std([r['top1'] for r in rs])
+        d = [r['top1'] - base[r['seed']] for r in rs if r['seed'] in base]
+        dm, ds = _mean_std(d) if d else (math.nan, math.nan)
+        lines.append(f'| {what} | {len(rs)} | {m:.2f} ± {s:.2f} | {dm:+.2f} ± {ds:.2f} |')
+    text = '\n'.join(lines) + '\n'
+    with open(os.path.join(out, 'report.md'), 'w') as f:
+        f.write(text)
+    with open(os.path.join(out, 'results.json'), 'w') as f:
+        answers = {f'{k}_{c}': answer(results, k, c) for k in FAMILIES for c in ['chain'] + [f'chain_{n}' for n in SHAPES]}
+        json.dump(dict(results=results, answers=answers), f, indent=1)
+    _plot(results, os.path.join(out, 'accuracy_vs_compute.png'))
+    return text
+
+
+def _plot(results: dict, path: str):
+    fig, axes = plt.subplots(1, 3, figsize=(18, 4.8), sharey=True)
+    for ax, family in zip(axes, FAMILIES):
+        names = [n for n in results if n.startswith(f'{family}_scratch_')]
+        names.sort(key=lambda n: results[n][0]['flops_per_image'][0])
+        cmap = plt.get_cmap('Blues')
+        for i, name in enumerate(names):
+            curve = _mean_curve(results[name])
+            ax.plot([c / 1e12 for c, *_ in curve], [m for _, m, _, _ in curve], color=cmap(0.35 + 0.65 * i / max(len(names) - 1, 1)),
+                    marker='.', label=f"from scratch, {name.split('_scratch_')[1]}")
+        chain = results.get(f'{family}_chain')
+        if chain:
+            curve = _mean_curve(chain)
+            xs = [c / 1e12 for c, *_ in curve]
+            ax.plot(xs, [m for _, m, _, _ in curve], color='tab:red', lw=2, marker='o', ms=3,
+                    label='grown chain' + (' (Net2Net)' if family == 'vit' else ' (new tokens)'))
+            ax.fill_between(xs, [lo for *_, lo, _ in curve], [hi for *_, hi in curve], color='tab:red', alpha=.2)
+            for e in chain[0]['stage_ends'][:-1]:
+                ax.axvline(xs[e], color='tab:red', ls=':', lw=.8)
+        for name, (what, _, _) in SHAPES.items():
+            late = results.get(f'{family}_chain_{name}')
+            if late:
+                curve = _mean_curve(late)
+                ax.plot([c / 1e12 for c, *_ in curve], [m for _, m, _, _ in curve], color='tab:orange', ls='--',
+                        marker='o', ms=3, label=f'grown chain, {what}')
+        ax.set(xlabel='cumulative training compute (TFLOPs)', title=f'{family}: chain vs from scratch (Fashion-MNIST)')
+        ax.grid(alpha=.3)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=8, loc='lower right')
+    ax = axes[2]  # both families on one axis: each chain against its largest size from scratch
+    for family, color in zip(FAMILIES, ('tab:red', 'tab:green')):
+        a = answer(results, family)
+        if not a:
+            continue
+        for name, ls, label in ((f'{family}_chain', '-', 'grown chain'), (a['largest'], ':', 'largest from scratch')):
+            curve = _mean_curve(results[name])
+            ax.plot([c / 1e12 for c, *_ in curve], [m for _, m, _, _ in curve], color=color, ls=ls, marker='o', ms=3,
+                    label=f'{family}: {label}')
+    ax.set(xlabel='cumulative training compute (TFLOPs)', title='both: chain vs largest size from scratch')
+    ax.grid(alpha=.3)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc='lower right')
+    axes[0].set_ylabel('test top-1 (%)')
+    lo = min((m for rs in results.values() for _, m, _, _ in _mean_curve(rs)[1:]), default=80)
+    axes[0].set_ylim(max(lo - 1, 0), None)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

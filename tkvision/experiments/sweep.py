@@ -1,0 +1,171 @@
+"""Ablation sweeps: run configs x seeds, resumably, and tabulate the results (paper Tables 4-5 style).
+
+``python tools/sweep.py configs/ablations/fashion_mnist/*.yaml --seeds 0 1 2 --out runs/ablations``
+
+Each (config, seed) point trains into ``<out>/<config name>/seed<k>/`` with the training code of
+:mod:`tkvision.engine.trainer`; a point whose ``result.json`` exists is skipped (resumable), a point that
+fails is recorded with its error and the sweep goes on. ``--launcher torchrun --nproc-per-node 8``
+runs each point as its own ``torchrun`` job; ``--print-commands`` only prints the commands (for a
+cluster scheduler). The table (``results.md``, ``results.csv``) has mean ± std top-1 over seeds,
+parameters, img/s and time per point; ``results.png`` is a bar chart with the spread.
+"""
+import csv
+import glob
+import json
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+from ..engine.checkpoint import LAST_CHECKPOINT
+from ..engine.config import load_config
+from ..engine.plotting import plt
+from ..engine.trainer import train
+from ..utils.files import atomic_write
+
+__all__ = ['run_sweep', 'summarize', 'expand_configs']
+
+
+def _point_dir(out, config, seed):
+    return os.path.join(out, os.path.splitext(os.path.basename(config))[0], f'seed{seed}')
+
+
+def _prepare_point_dir(run_dir) -> list:
+    """``['--resume']`` when an interrupted point left a checkpoint to continue from; a point that
+    failed before its first checkpoint is started again from an empty folder (the trainer never
+    writes into a folder that holds another run)."""
+    if os.path.isfile(os.path.join(run_dir, LAST_CHECKPOINT)):
+        return ['--resume']
+    if os.path.isdir(run_dir):
+        shutil.rmtree(run_dir)
+    return []
+
+
+def _command(config, seed, run_dir, launcher, nproc, extra):
+    args = ['tools/train.py', '--config', config, '--seed', str(seed), '--output', run_dir, '--progress', 'false',
+            *extra]
+    if launcher == 'torchrun':
+        return ['torchrun', f'--nproc_per_node={nproc}', *args]
+    return [sys.executable, *args]
+
+
+def _run_point(config, seed, run_dir, extra):
+    """Train one point in this process; returns the result record."""
+    cfg = load_config(config, ['--seed', str(seed), '--output', run_dir, '--progress', 'false', *extra])
+    t0 = time.perf_counter()
+    res = train(cfg, resume=bool(_prepare_point_dir(run_dir)))
+    hist = res['history']
+    return dict(top1=res['top1'], best_top1=res['best_top1'], params=sum(p.numel() for p in res['model'].parameters()),
+                img_per_s=statistics.mean(float(h['img_per_s']) for h in hist), minutes=(time.perf_counter() - t0) / 60,
+                threads=torch.get_num_threads())
+
+
+def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=False, extra=(), log=print) -> list:
+    """Run every (config, seed) not yet finished; returns all records (finished, new, failed).
+
+    A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, params, img_per_s, minutes,
+    error``. ``result.json`` in the point's folder marks it finished.
+    """
+    records = []
+    for config in configs:
+        for seed in seeds:
+            run_dir = _point_dir(out, config, seed)
+            done = os.path.join(run_dir, 'result.json')
+            name = os.path.splitext(os.path.basename(config))[0]
+            if os.path.exists(done):
+                with open(done) as f:
+                    records.append(json.load(f))
+                log(f'[skip] {name} seed {seed}: finished')
+                continue
+            cmd = _command(config, seed, run_dir, launcher, nproc, list(extra))
+            if print_commands:
+                print(shlex.join(cmd))
+                continue
+            log(f'[run ] {name} seed {seed} -> {run_dir}')
+            rec = dict(config=name, seed=seed)
+            try:
+                if launcher == 'local':
+                    rec.update(_run_point(config, seed, run_dir, list(extra)))
+                else:
+                    subprocess.run(cmd + _prepare_point_dir(run_dir), check=True)
+                    with open(os.path.join(run_dir, 'metrics.csv')) as f:
+                        rows = list(csv.DictReader(f))
+                    rec.update(top1=float(rows[-1]['top1']), best_top1=max(float(r['top1']) for r in rows if r.get('top1')),
+                               img_per_s=statistics.mean(float(r['img_per_s']) for r in rows),
+                               minutes=sum(float(r['epoch_time']) for r in rows) / 60)
+                rec['status'] = 'ok'
+                atomic_write(done, lambda f: json.dump(rec, f), text=True)
+            except Exception as e:  # a failed point is reported, not fatal
+                rec.update(status='failed', error=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
+                log(f'[fail] {name} seed {seed}: {rec["error"]}')
+                traceback.print_exc()
+            records.append(rec)
+    return records
+
+
+def summarize(records, out, title='Ablation sweep') -> list:
+    """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
+    parameters) in ``out``; returns one row per config:
+    ``config, seeds, top1_mean, top1_std, params, img_per_s, minutes, failed``."""
+
+    rows = []
+    for config in dict.fromkeys(r['config'] for r in records):
+        ok = [r for r in records if r['config'] == config and r.get('status') == 'ok']
+        failed = [r for r in records if r['config'] == config and r.get('status') != 'ok']
+        top1 = [r['top1'] for r in ok]
+        rows.append(dict(config=config, seeds=' '.join(str(r['seed']) for r in ok),
+                         top1_mean=statistics.mean(top1) if top1 else float('nan'),
+                         top1_std=statistics.stdev(top1) if len(top1) > 1 else 0.0,
+                         params=ok[0]['params'] if ok and 'params' in ok[0] else '',
+                         img_per_s=statistics.mean(r['img_per_s'] for r in ok) if ok else float('nan'),
+                         minutes=statistics.mean(r['minutes'] for r in ok) if ok else float('nan'),
+                         failed='; '.join(f"seed {r['seed']}: {r.get('error', '?')}" for r in failed)))
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
+        w.writeheader()
+        w.writerows(rows)
+    lines = ['| config | top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |', '|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['top1_mean']:.2f} ± {r['top1_std']:.2f} | {r['seeds']} | {r['params']} | "
+                     f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
+    with open(os.path.join(out, 'results.md'), 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
+    ax.bar(range(len(rows)), [r['top1_mean'] for r in rows], yerr=[r['top1_std'] for r in rows], capsize=4,
+           color='tab:blue')
+    ax.set_xticks(range(len(rows)), [r['config'] for r in rows], rotation=30, ha='right')
+    finite = [r['top1_mean'] for r in rows if r['top1_mean'] == r['top1_mean']]
+    if finite:
+        ax.set_ylim(min(finite) - 2, max(finite) + 1)
+    ax.set(ylabel='test top-1 (%)', title=title)
+    ax.grid(axis='y', alpha=.3)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out, 'results.png'), dpi=100)
+    plt.close(fig)
+    points = [r for r in rows if r['params'] != '' and r['top1_mean'] == r['top1_mean']]
+    if points:  # accuracy against size: the parameter-efficiency view (RingFormer's Tables 2-3)
+        fig, ax = plt.subplots(figsize=(6.5, 4.5))
+        for r in points:
+            ax.errorbar(r['params'] / 1e3, r['top1_mean'], yerr=r['top1_std'], fmt='o', capsize=4)
+            ax.annotate(r['config'], (r['params'] / 1e3, r['top1_mean']), textcoords='offset points', xytext=(5, 4),
+                        fontsize=8)
+        ax.set(xscale='log', xlabel='parameters (thousands, log scale)', ylabel='test top-1 (%), mean ± std', title=title)
+        ax.grid(alpha=.3)
+        fig.tight_layout()
+        fig.savefig(os.path.join(out, 'results_params.png'), dpi=100)
+        plt.close(fig)
+    return rows
+
+
+def expand_configs(patterns) -> list:
+    """Config files of the sweep: each pattern's glob matches (sorted), or the pattern itself; shared
+    bases (``_base_*.yaml``, names starting with ``_``) are not points."""
+    configs = [c for pattern in patterns for c in sorted(glob.glob(pattern)) or [pattern]]
+    return [c for c in configs if not os.path.basename(c).startswith('_')]

@@ -1,0 +1,17 @@
+"""Growth: progressive scaling of TokenFormers by parameter tokens (paper §3.3, Eq. 12-13), Net2Net
+widening of timm ViTs as the baseline, and growing the training state with the model.
+
+- :mod:`.tokens`: kinds and sizes of a model, :func:`grow` (in memory), loading a smaller model's weights;
+- :mod:`.net2net`: :func:`net2net_widen`;
+- :mod:`.training`: optimizer moments, EMA and frozen rows across a growth step.
+
+Growing a weights *file* is :func:`tkvision.engine.checkpoint.grow_weights_file` (``tools/grow.py``).
+"""
+from .net2net import mlps, net2net_widen
+from .tokens import (checkpoint_size, grow, grow_to, grow_to_checkpoint, load_grown_state_dict, model_size,
+                     pattention_layers, schedule_sizes, target_counts, target_size, token_counts)
+from .training import freeze_old_tokens, grow_optimizer_state, grow_training_state
+
+__all__ = ['pattention_layers', 'token_counts', 'target_counts', 'grow', 'model_size', 'target_size',
+           'schedule_sizes', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'load_grown_state_dict',
+           'mlps', 'net2net_widen', 'grow_optimizer_state', 'grow_training_state', 'freeze_old_tokens']

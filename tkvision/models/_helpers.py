@@ -1,0 +1,56 @@
+"""Weights in and out of a model, as timm's ``models/_helpers.py``: read a weights file without
+unpickling code, adapt it with the model family's checkpoint filter, check that it fits.
+
+Growth (:mod:`tkvision.growth`) and the run-checkpoint owner (:mod:`tkvision.engine.checkpoint`)
+build on these; the models use them to read a local file's head size.
+"""
+import os
+
+import torch
+from timm.models import load_state_dict as timm_load_state_dict
+
+from ..utils.errors import WeightsMismatchError
+
+__all__ = ['load_state_dict_file', 'adapt_state_dict', 'check_fit']
+
+
+def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
+    """Model weights from ``.safetensors`` or a ``.pth``, through timm's ``load_state_dict``
+    (``weights_only=True``: nothing is unpickled but tensors and plain containers; a training
+    checkpoint's EMA weights win when ``use_ema``; ``module.`` prefixes removed).
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+    """
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f'weights file not found: {path}')
+    return timm_load_state_dict(path, use_ema=use_ema, weights_only=True)
+
+
+def adapt_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
+    """``state_dict`` through ``model.checkpoint_filter`` (the family's ``checkpoint_filter_fn``:
+    earlier layouts, position-embedding size, input channels), as timm's ``pretrained=True`` path
+    applies it; a copy of ``state_dict`` for models without that method (timm's own)."""
+    model = getattr(model, '_orig_mod', model)
+    adapt = getattr(model, 'checkpoint_filter', None)
+    return adapt(dict(state_dict)) if adapt is not None else dict(state_dict)
+
+
+def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoint'):
+    """Raise :class:`~tkvision.utils.errors.WeightsMismatchError` unless ``state_dict`` has exactly
+    the model's tensors and shapes; the message names every missing, unexpected and mis-shaped
+    tensor (with both shapes) and ``source`` (the file)."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    shapes = [f'{k}: checkpoint {tuple(state_dict[k].shape)} vs model {tuple(own[k].shape)}'
+              for k in sorted(set(own) & set(state_dict)) if own[k].shape != state_dict[k].shape]
+    if missing or unexpected or shapes:
+        parts = []
+        if shapes:
+            parts.append('shape differs:\n  ' + '\n  '.join(shapes))
+        if missing:
+            parts.append('missing from the checkpoint:\n  ' + '\n  '.join(missing))
+        if unexpected:
+            parts.append('not in the model:\n  ' + '\n  '.join(unexpected))
+        raise WeightsMismatchError(f'{source} does not fit the model:\n' + '\n'.join(parts))

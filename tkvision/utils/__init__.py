@@ -1,0 +1,9 @@
+"""What every room of tkvision shares and that depends on nothing else in it: the exceptions a user
+sees as one-line errors (:mod:`.errors`), the one seed-derivation helper (:mod:`.seeding`) and the one
+atomic file write (:mod:`.files`)."""
+from .errors import USER_ERRORS, ConfigError, RunError, UsageError, WeightsMismatchError
+from .files import atomic_write
+from .seeding import derive_seed
+
+__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'atomic_write',
+           'derive_seed']

@@ -1,0 +1,26 @@
+"""The exceptions tkvision raises for input a user can fix: each message names the key, path or
+tensor and what to do. Command-line tools print them as one line (:mod:`tkvision.cli`, exit 2).
+
+A leaf module: every room may import it, it imports nothing of tkvision.
+"""
+__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS']
+
+
+class ConfigError(ValueError):
+    """A config file or override that cannot be used (unknown key, bad value, missing base)."""
+
+
+class RunError(RuntimeError):
+    """A run that cannot start or continue as asked (output directory in use, nothing to resume, ...)."""
+
+
+class UsageError(ValueError):
+    """Data or arguments that cannot be used as given (splits with different classes, too few shards, ...)."""
+
+
+class WeightsMismatchError(ValueError):
+    """Weights that do not fit a model; the message lists missing, unexpected and mis-shaped tensors."""
+
+
+#: Errors caused by the user's input: printed as one line by the command-line tools.
+USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, WeightsMismatchError, RunError, UsageError)
