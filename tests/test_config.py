@@ -62,3 +62,41 @@ def test_every_shipped_config_loads(path):
         return
     cfg = load_config(path)
     assert cfg['model'] and cfg['epochs'] > 0
+
+
+def _leaf_keys(mapping, prefix=''):
+    """Dotted keys of a config's leaves (free mappings, empty in the defaults, are leaves)."""
+    out = set()
+    for key, value in mapping.items():
+        if isinstance(value, dict) and value:
+            out |= _leaf_keys(value, f'{prefix}{key}.')
+        else:
+            out.add(prefix + key)
+    return out
+
+
+def test_the_rules_and_the_defaults_name_the_same_keys():
+    from tkvision.engine.config import DEFAULTS
+    from tkvision.engine.config_rules import RULES
+    assert set(RULES) == _leaf_keys(DEFAULTS)
+
+
+def test_the_sections_partition_the_keys_and_each_builder_gets_its_own():
+    from tkvision.engine.config import DEFAULTS, SECTIONS, section
+    keys = [k for keys in SECTIONS.values() for k in keys]
+    assert len(keys) == len(set(keys)) and set(keys) == set(DEFAULTS)
+    cfg = load_config(None, dict(lr=3e-3, batch_size=32, growth=dict(every_epochs=2)))
+    assert section(cfg, 'optim')['lr'] == 3e-3 and 'batch_size' not in section(cfg, 'optim')
+    assert section(cfg, 'data')['batch_size'] == 32 and section(cfg, 'growth')['every_epochs'] == 2
+
+
+def test_a_renamed_key_still_reads_in_files_overrides_and_checkpoints(tmp_path):
+    """``freeze_old_tokens`` (top level) is ``freeze_loaded_tokens`` now: one name per concept."""
+    from tkvision.engine.config import config_changes
+    path = tmp_path / 'old.yaml'
+    path.write_text('init_from: w.safetensors\nfreeze_old_tokens: true\n')
+    assert load_config(str(path))['freeze_loaded_tokens'] is True
+    assert load_config(None, ['--init_from', 'w.safetensors', '--freeze_old_tokens', 'true'])['freeze_loaded_tokens']
+    old = {k: v for k, v in load_config(None).items() if k != 'freeze_loaded_tokens'}
+    old['freeze_old_tokens'] = False  # a checkpoint's config of the earlier release
+    assert config_changes(old, load_config(None)) == ([], [])

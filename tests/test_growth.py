@@ -9,6 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from tkvision import growth
+from tkvision.layers import SCORE_NORMS
 from tkvision.engine import trainer as train_mod
 from tkvision.engine.checkpoint import save_weights
 from tkvision.utils.errors import WeightsMismatchError
@@ -22,7 +23,7 @@ def tiny(score_norm='l2_norm_gelu', **kw):
     return timm.create_model('tokenformer_vit_ti16', score_norm=score_norm, **dict(args, **kw)).eval()
 
 
-@pytest.mark.parametrize('score_norm', ['l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm'])
+@pytest.mark.parametrize('score_norm', [n for n, entry in SCORE_NORMS.items() if entry.zero_key_exact])
 def test_grown_model_computes_the_same_function(score_norm):
     m = tiny(score_norm)
     x = torch.randn(4, 3, 32, 32)
@@ -187,3 +188,45 @@ def test_grow_training_state_remaps_optimizer_and_ema(tiny_kwargs):
     assert torch.equal(ema_q.value_param_tokens[16:], q.value_param_tokens[16:])
     model(torch.randn(2, 3, 32, 32)).sum().backward()  # and the grown model keeps training
     opt.step()
+
+
+def test_growth_reads_each_pattentions_kind_not_its_module_name():
+    """A family whose modules have other names (here ``stem``, ``mix``, ``mlp``) grows by the kinds its
+    builder set; a Pattention without a kind is named in the error."""
+    from tkvision.layers import Pattention
+
+    class Odd(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.stem = Pattention(8, 8, 4, kind='patch')
+            self.mix = torch.nn.ModuleList([Pattention(8, 8, 4, kind='qkv') for _ in range(3)])
+            self.mlp = Pattention(8, 8, 16, kind='ffn')
+
+        def forward(self, x):
+            x = self.stem(x)
+            return self.mlp(sum(m(x) for m in self.mix))
+
+    torch.manual_seed(0)
+    m = Odd().eval()
+    x = torch.randn(3, 8)
+    before = m(x)
+    growth.grow(m, qkv=4, ffn=8)
+    assert growth.token_counts(m) == dict(patch=4, qkv=8, ffn=24)
+    assert (m(x) - before).abs().max().item() <= 1e-6
+    m.extra = Pattention(8, 8, 4)
+    with pytest.raises(ValueError, match='Pattention extra has no kind'):
+        growth.token_counts(m)
+
+
+def test_the_checkpoint_filter_is_found_by_the_models_attribute():
+    """adapt_state_dict applies ``model.checkpoint_filter`` of any model that has one (not by module
+    lookup), and leaves other models' weights as they are."""
+    from tkvision.models import adapt_state_dict
+
+    class Renamed(torch.nn.Linear):
+        def checkpoint_filter(self, state_dict):
+            return {k.replace('old_', ''): v for k, v in state_dict.items()}
+
+    w = dict(old_weight=torch.ones(2, 2), old_bias=torch.zeros(2))
+    assert set(adapt_state_dict(Renamed(2, 2), w)) == {'weight', 'bias'}
+    assert set(adapt_state_dict(torch.nn.Linear(2, 2), w)) == {'old_weight', 'old_bias'}

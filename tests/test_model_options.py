@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tkvision import growth
+from tkvision.layers import SCORE_NORMS
 
 BASE = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_tokens=16, num_classes=5)
 
@@ -113,7 +114,7 @@ def test_growth_stays_exact_with_every_option_on():
     assert (m(x) - before).abs().max().item() <= 1e-6
 
 
-@pytest.mark.parametrize('score_norm', ['l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm', 'softmax'])
+@pytest.mark.parametrize('score_norm', SCORE_NORMS)
 def test_fused_qkv_equals_the_three_pattentions_in_value_and_gradient(score_norm):
     """Issue 19's lever: one score GEMM for Q/K/V; the separate Pattentions stay the reference."""
     torch.manual_seed(0)

@@ -1,10 +1,19 @@
 """Pattention (paper Eq. 4-5) against a direct float64 implementation, and its invariants."""
 import math
+import re
 
 import pytest
+import timm
 import torch
+import torch.nn.functional as F
 
-from tkvision.layers import SCORE_NORMS, Pattention, default_tau
+import tkvision.layers.pattention as pattention_module
+from tkvision import growth
+from tkvision.layers import SCORE_NORMS, Normalize, Pattention, default_tau, register_score_norm
+
+#: Normalisations whose zero-initialised new keys leave the output unchanged (from the registry).
+ZERO_KEY_EXACT = [name for name, entry in SCORE_NORMS.items() if entry.zero_key_exact]
+NOT_EXACT = [name for name, entry in SCORE_NORMS.items() if not entry.zero_key_exact]
 
 
 def gelu_erf(z):
@@ -22,9 +31,11 @@ def reference(x, K, V, score_norm, tau):
     elif score_norm == 'gelu_l2_norm':
         G = gelu_erf(A)
         S = G * tau / torch.sqrt((G ** 2).sum(-1, keepdim=True))
-    else:
+    elif score_norm == 'softmax':
         E = torch.exp(A)
         S = E / E.sum(-1, keepdim=True) * tau
+    else:  # a newly registered normalisation needs its own reference here
+        raise NotImplementedError(f'write the float64 reference of score_norm {score_norm!r}')
     return torch.einsum('...n,nd->...d', S, V)
 
 
@@ -61,7 +72,7 @@ def test_tau_recorded_in_state_dict_and_restored():
     torch.testing.assert_close(a(x), b(x))
 
 
-@pytest.mark.parametrize('score_norm', ['l2_norm_gelu', 'l1_norm_gelu', 'gelu_l2_norm'])
+@pytest.mark.parametrize('score_norm', ZERO_KEY_EXACT)
 def test_zero_keys_preserve_output_with_fixed_tau(score_norm):
     torch.manual_seed(0)
     layer = Pattention(16, 8, num_tokens=32, score_norm=score_norm).eval()
@@ -84,12 +95,13 @@ def test_recomputing_tau_would_break_preservation():
     assert (layer(x) - before).abs().max().item() > 1e-3
 
 
-def test_softmax_growth_warns_and_changes_output():
+@pytest.mark.parametrize('score_norm', NOT_EXACT)
+def test_softmax_growth_warns_and_changes_output(score_norm):
     torch.manual_seed(0)
-    layer = Pattention(8, 8, num_tokens=8, score_norm='softmax')
+    layer = Pattention(8, 8, num_tokens=8, score_norm=score_norm)
     x = torch.randn(3, 8)
     before = layer(x)
-    with pytest.warns(UserWarning, match='softmax'):
+    with pytest.warns(UserWarning, match=score_norm):
         layer.grow(8)
     assert (layer(x) - before).abs().max().item() > 1e-4
 
@@ -180,3 +192,46 @@ def test_lean_backward_under_autocast_matches_reference():
     for a, b in zip(*outs):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_the_docstring_table_is_the_registry():
+    """Every row of Pattention's table (name, default tau, exactness) is a registry entry and back."""
+    rows = re.findall(r'^``(\w+)``\s+.*?\s{2,}(√n|n)\s+(yes|no)\s*$', pattention_module.__doc__, re.M)
+    table = {name: (tau, exact) for name, tau, exact in rows}
+    assert set(table) == set(SCORE_NORMS)
+    for name, (tau, exact) in table.items():
+        assert default_tau(name, 64) == (8.0 if tau == '√n' else 64.0), name
+        assert SCORE_NORMS[name].zero_key_exact == (exact == 'yes'), name
+
+
+@pytest.mark.parametrize('tau', [None, 2.0])
+def test_an_unknown_score_norm_is_refused_at_construction_whatever_tau(tau):
+    with pytest.raises(ValueError, match="unknown score_norm 'typo'; choose one of " + ', '.join(SCORE_NORMS)):
+        Pattention(4, 4, num_tokens=8, score_norm='typo', tau=tau)
+    with pytest.raises(ValueError, match='unknown Pattention kind'):
+        Pattention(4, 4, num_tokens=8, kind='mlp')
+
+
+def test_a_registered_normalisation_works_in_every_model_path(monkeypatch):
+    """Adding a normalisation is one registration in layers/ (a throw-away example: L2 + ReLU): the
+    models build with it, TorchScript scripts it, growth is exact as its flag says, tests see it."""
+    monkeypatch.setattr(pattention_module, 'SCORE_NORMS', dict(SCORE_NORMS))
+    monkeypatch.setattr('tkvision.layers.SCORE_NORMS', pattention_module.SCORE_NORMS)
+
+    @register_score_norm('l2_norm_relu', default_tau=math.sqrt, zero_key_exact=True)
+    class L2NormReLU(Normalize):
+        def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+            return F.relu(a * (tau / torch.linalg.vector_norm(a, dim=-1, keepdim=True).clamp_min(eps)))
+
+    assert 'l2_norm_relu' in pattention_module.SCORE_NORMS and default_tau('l2_norm_relu', 49) == 7.0
+    with pytest.raises(ValueError, match='already registered'):
+        register_score_norm('l2_norm_relu', default_tau=float, zero_key_exact=False)(L2NormReLU)
+    torch.manual_seed(0)
+    m = timm.create_model('tokenformer_vit_ti16', img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                          num_tokens=16, score_norm='l2_norm_relu', fused_qkv=True).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        before = m(x)
+        torch.testing.assert_close(torch.jit.script(m)(x), before)
+        growth.grow(m, qkv=8, ffn=16)
+        assert (m(x) - before).abs().max().item() <= 1e-6

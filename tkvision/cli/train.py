@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
 from ..engine.checkpoint import (BEST_WEIGHTS, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
-                                 RECONSTRUCTION_FILE, model_for_checkpoint)
+                                 RECONSTRUCTION_FILE, load_training_checkpoint, model_for_checkpoint)
 from ..engine.config import load_config, section
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
@@ -72,14 +72,15 @@ def _validate(argv) -> int:
     ap = argparse.ArgumentParser(description='Evaluate a TokenFormer (or any timm) model on a val set.')
     ap.add_argument('--model', help='timm model name (default: the config\'s)')
     ap.add_argument('--checkpoint', required=True, help='.safetensors weights or a training .pth checkpoint')
-    ap.add_argument('--config', help='training config (data, img_size, mean/std, model_kwargs)')
+    ap.add_argument('--config', help="training config (data, img_size, mean/std, model_kwargs; default: a last.pth's own)")
     ap.add_argument('--data-dir', help='ImageNet folder with val/, or Fashion-MNIST files')
     ap.add_argument('--no-ema', action='store_true', help='use the model weights, not EMA, of a .pth checkpoint')
     args, rest = ap.parse_known_args(argv)
     overrides = list(rest) + (['--data_dir', args.data_dir] if args.data_dir else [])
     if args.model:
         overrides += ['--model', args.model]
-    cfg = resolve_run_config(load_config(args.config, overrides))
+    base = load_training_checkpoint(args.checkpoint)['config'] if args.checkpoint.endswith('.pth') else None
+    cfg = resolve_run_config(load_config(args.config, overrides, base=None if args.config else base))
     setup_threads(section(cfg, 'run'))
     rank, world, device = init_distributed(section(cfg, 'run'))
     data = section(cfg, 'data')

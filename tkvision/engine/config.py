@@ -250,14 +250,15 @@ def parse_overrides(args) -> dict:
     return out
 
 
-def load_config(path=None, overrides=None) -> dict:
-    """Config from ``path`` (or the defaults) with ``overrides`` (a dict or ``--key value`` list).
+def load_config(path=None, overrides=None, base: dict = None) -> dict:
+    """Config from ``path`` (or ``base``, a config such as a checkpoint's, or the defaults) with
+    ``overrides`` (a dict or ``--key value`` list).
 
     Raises:
         ConfigError: unknown key (named), missing file, ``_base_`` cycle, or a value of the wrong type
             or range (:func:`~tkvision.engine.config_rules.validate_config`).
     """
-    cfg = _read_yaml(path) if path else copy.deepcopy(DEFAULTS)
+    cfg = _read_yaml(path) if path else merge(DEFAULTS, base or {}, 'base config')
     if overrides:
         if not isinstance(overrides, dict):
             overrides = parse_overrides(list(overrides))

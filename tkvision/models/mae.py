@@ -37,7 +37,7 @@ from timm.models._manipulate import checkpoint_seq
 from timm.models.vision_transformer import Block as ViTBlock
 
 from ..layers import Pattention
-from .tokenformer_vit import Block as TokenFormerBlock
+from ..layers import Block as TokenFormerBlock
 
 __all__ = ['MaskedAutoencoder', 'MAEDecoder', 'random_masking', 'patchify', 'unpatchify', 'patch_targets',
            'create_mae', 'is_mae_state_dict', 'encoder_weights', 'linear_probe', 'DECODER_PRESETS', 'mae_tokenformer_vit_b16',

@@ -13,180 +13,30 @@ Differences from the paper, all documented in the README ("Model family"):
     - Token counts follow the paper's scheme (n_ffn = 4 n_qkv); the B/16 count is 115.35M where the
       paper reports 109M, which no simple token choice reproduces.
 
-Layout follows timm's model files: layers, model class, checkpoint filter, cfgs, entrypoints.
+Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypoints; the layers
+(:class:`~tkvision.layers.PatchEmbed`, :class:`~tkvision.layers.Block`) live in :mod:`tkvision.layers`,
+where the recurrent families and the MAE decoder reuse them.
 """
 import math
 import os
-from functools import partial
 from typing import List, Optional, Tuple, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.layers import DropPath, LayerScale, resample_abs_pos_embed, trunc_normal_
+from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models._features import feature_take_indices
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
 
-from ..layers import Pattention
+from ..layers import Block, PatchEmbed
 from ._helpers import load_state_dict_file
 
 __all__ = ['TokenFormerViT', 'checkpoint_filter_fn']
-
-
-class PatchPattention(Pattention):
-    """The patch embedding's Pattention, its key tokens stored as a conv filter bank.
-
-    ``[B, C, H, W] -> [B, H/p * W/p, out_features]``. The scores of Eq. 4 for the flattened
-    ``p x p`` patches, ``A = X K_Pᵀ``, are one stride-``p`` convolution of the image with the key
-    tokens viewed as ``n`` filters: ``weight`` ``[n, C, p, p]`` is K_P. This makes the stem what timm
-    expects of a ViT's ``first_conv`` (``patch_embed.proj.weight``): ``adapt_input_conv`` changes its
-    input channels when a checkpoint is loaded with another ``in_chans``, and growth appends filters.
-    Θ and V_P are the base class's.
-    """
-
-    key_name = 'weight'
-
-    def __init__(self, in_chans, patch_size, out_features, num_tokens, score_norm='l2_norm_gelu', **kwargs):
-        kwargs.setdefault('kind', 'patch')
-        super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
-        self.patch_size = patch_size
-        self.weight = nn.Parameter(self.weight.detach().view(num_tokens, in_chans, patch_size, patch_size))
-
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """A for every patch: ``[B, C, H, W] -> [B, H/p * W/p, n]``."""
-        return F.conv2d(x, self.weight, stride=self.patch_size).flatten(2).transpose(1, 2)
-
-
-class PatchEmbed(nn.Module):
-    """Image to patch tokens with a Pattention: ``[B, C, H, W] -> [B, H/p * W/p, embed_dim]``
-    (:class:`PatchPattention`, ``num_tokens`` key/value tokens over the ``C x p x p`` patches).
-
-    Raises:
-        ValueError (at construction): ``img_size`` not divisible by ``patch_size``.
-        AssertionError (in forward): input size differs from ``img_size`` while ``strict_img_size``,
-            or is not a multiple of ``patch_size``.
-    """
-
-    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, num_tokens=768,
-                 score_norm='l2_norm_gelu', strict_img_size=True):
-        super().__init__()
-        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
-        self.patch_size = (patch_size, patch_size)
-        if any(s % patch_size for s in self.img_size):
-            raise ValueError(f'img_size {self.img_size} must be divisible by patch_size {patch_size}')
-        self.grid_size = tuple(s // patch_size for s in self.img_size)
-        self.num_patches = self.grid_size[0] * self.grid_size[1]
-        self.in_chans, self.strict_img_size = in_chans, strict_img_size
-        self.proj = PatchPattention(in_chans, patch_size, embed_dim, num_tokens, score_norm=score_norm)
-
-    def dynamic_feat_size(self, img_size: List[int]) -> Tuple[int, int]:
-        """Patch grid ``(H/p, W/p)`` of an image of ``img_size = (H, W)`` pixels."""
-        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
-
-    def forward(self, x):
-        _, _, H, W = x.shape
-        p = self.patch_size[0]
-        if self.strict_img_size:
-            torch._assert((H == self.img_size[0]) & (W == self.img_size[1]),
-                          f'Input size ({H}x{W}) does not match the model ({self.img_size[0]}x{self.img_size[1]}); '
-                          'create the model with img_size=... or dynamic_img_size=True')
-        else:
-            torch._assert((H % p == 0) & (W % p == 0), f'Input size ({H}x{W}) must be divisible by patch size {p}')
-        return self.proj(x)
-
-
-class Attention(nn.Module):
-    """Multi-head self-attention with Pattention projections (Eq. 8-10).
-
-    Q, K, V = Pattention_q/k/v(x) (token-parameter attention, each ``num_tokens_qkv`` tokens),
-    softmax token-token attention per head through ``F.scaled_dot_product_attention`` (scale
-    1/√head_dim, Eq. 9), output projection Pattention_o (``num_tokens_proj`` tokens).
-    ``qk_norm``: a LayerNorm over each head's channels of q and k before the dot product.
-    ``fused_qkv``: compute the three score matrices with one GEMM (:meth:`qkv_fused`; same
-    parameters and checkpoints, same outputs as the three Pattentions, which stay the reference).
-    ``[B, N, dim] -> [B, N, dim]``.
-    """
-
-    def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm='l2_norm_gelu',
-                 value_std=0.02, qk_norm=False, attn_drop=0., proj_drop=0., fused_qkv=False):
-        super().__init__()
-        self.fused_qkv = fused_qkv
-        if dim % num_heads:
-            raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
-        pattn = partial(Pattention, dim, dim, score_norm=score_norm, value_std=value_std)
-        self.q, self.k, self.v = (pattn(num_tokens_qkv, kind='qkv') for _ in range(3))
-        # qk_norm (timm, x-transformers): LayerNorm of q and k over each head's channels
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.attn_drop = attn_drop
-        self.proj = pattn(num_tokens_proj, kind='proj')
-        self.proj_drop = nn.Dropout(proj_drop)
-
-    def qkv_fused(self, x) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Q, K, V with one score GEMM: ``x [B, N, d]`` against the concatenated key tokens ``[3n, d]``,
-        each third normalised over its own n tokens with its own τ (Eq. 5), then one batched matmul with
-        the stacked value tokens ``[3, n, d]``. Equals ``(self.q(x), self.k(x), self.v(x))``
-        (``tests/test_pattention.py``); needs equal token counts (growth grows the three together)."""
-        q, k, v = self.q, self.k, self.v
-        n = q.key_param_tokens.shape[0]
-        scores = F.linear(x, torch.cat([q.key_param_tokens, k.key_param_tokens, v.key_param_tokens]))
-        tau = torch.stack([q.tau, k.tau, v.tau]).view(3, 1)
-        s = self.q.score_normalization(scores.unflatten(-1, (3, n)), tau, q.eps)  # [B, N, 3, n]
-        values = torch.stack([q.value_param_tokens, k.value_param_tokens, v.value_param_tokens])  # [3, n, d]
-        out = s.transpose(-3, -2) @ values  # [B, 3, N, d]
-        return out[:, 0], out[:, 1], out[:, 2]
-
-    def forward(self, x):
-        B, N, C = x.shape
-        if self.fused_qkv:
-            q, k, v = self.qkv_fused(x)
-        else:
-            q, k, v = self.q(x), self.k(x), self.v(x)
-        q = self.q_norm(q.view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(k.view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        v = v.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
-        x = x.transpose(1, 2).reshape(B, N, C)
-        return self.proj_drop(self.proj(x))
-
-
-class Block(nn.Module):
-    """Pre-norm TokenFormer block (Eq. 6-7, 11): ``x + Attn(LN(x))``, then ``h + FFN(LN(h))``.
-
-    The FFN is a single Pattention with ``num_tokens_ffn`` tokens: its GELU-normalised scores are
-    the only nonlinearity. Block LayerNorms are non-parametric unless ``norm_weight`` /
-    ``norm_bias`` (paper Table 5). ``init_values``: LayerScale (Touvron et al. 2021, timm's
-    ``LayerScale``), each branch multiplied by a learned per-channel ``gamma`` initialised to it.
-    """
-
-    def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, num_tokens_ffn,
-                 score_norm='l2_norm_gelu', value_std=0.02, norm_weight=False, norm_bias=False, qk_norm=False,
-                 init_values=None, proj_drop=0., attn_drop=0., drop_path=0., fused_qkv=False):
-        super().__init__()
-        if norm_bias and not norm_weight:
-            raise ValueError('block_norm_bias=True needs block_norm_weight=True (Table 5 has no bias-only row)')
-        norm = partial(nn.LayerNorm, dim, eps=1e-5, elementwise_affine=norm_weight, bias=norm_bias)
-        self.norm1 = norm()
-        self.attn = Attention(dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm, value_std,
-                              qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop, fused_qkv=fused_qkv)
-        self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
-        self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-        self.norm2 = norm()
-        self.ffn = Pattention(dim, dim, num_tokens_ffn, score_norm=score_norm, value_std=value_std, kind='ffn')
-        self.ffn_drop = nn.Dropout(proj_drop)
-        self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
-        self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
-
-    def forward(self, x):
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
-        return x + self.drop_path2(self.ls2(self.ffn_drop(self.ffn(self.norm2(x)))))
 
 
 class TokenFormerViT(nn.Module):

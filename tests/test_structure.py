@@ -1,0 +1,133 @@
+"""The shape of the house (DEVELOPERS.md, "Layout"), as tested claims: no import cycle, imports written
+inside functions included; the library never imports the experiment drivers or the command lines;
+functions a reader can hold in their head; modules of a readable size."""
+import ast
+import os
+
+import pytest
+
+from .helpers import ROOT
+
+PACKAGE = os.path.join(ROOT, 'tkvision')
+#: The edge of the package: experiment drivers and command lines. The library never imports them.
+EDGE = ('tkvision.experiments', 'tkvision.cli')
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 450
+
+
+def _modules() -> dict:
+    """``{dotted module name: path}`` of every module of the package (``__init__`` as the package)."""
+    out = {}
+    for folder, _, files in os.walk(PACKAGE):
+        for f in files:
+            if f.endswith('.py'):
+                rel = os.path.relpath(os.path.join(folder, f), ROOT)[:-3].split(os.sep)
+                name = '.'.join(rel[:-1] if rel[-1] == '__init__' else rel)
+                out[name] = os.path.join(folder, f)
+    return out
+
+
+def _imports(name: str, path: str, modules: dict) -> set:
+    """The package's modules that ``name`` imports anywhere in its file (module level or inside
+    functions); ``from P import x`` counts as importing ``P.x`` when that is a module, else ``P``."""
+    is_package = path.endswith('__init__.py')
+    found = set()
+    for node in ast.walk(ast.parse(open(path).read())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ''
+            if node.level:
+                parts = name.split('.')
+                anchor = parts if is_package else parts[:-1]
+                anchor = anchor[:len(anchor) - (node.level - 1)]
+                base = '.'.join(anchor + ([base] if base else []))
+            targets = [f'{base}.{alias.name}' if f'{base}.{alias.name}' in modules else base for alias in node.names]
+        for t in targets:
+            while t and t not in modules:  # `import tkvision.a.b.c` of an attribute: its module
+                t = t.rpartition('.')[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict:
+    modules = _modules()
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _cycles(graph: dict) -> list:
+    """Strongly connected components with more than one module (Tarjan)."""
+    index, low, stack, on, out, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def _is_package_edge(importer: str, imported: str) -> bool:
+    """A package's ``__init__`` re-exporting its own submodule, and that submodule importing a
+    sibling through the package: the parent-child edges Python itself creates, not a design cycle."""
+    return imported.startswith(importer + '.') or importer.startswith(imported + '.')
+
+
+def test_the_import_graph_has_no_cycle_counting_imports_inside_functions():
+    graph = {m: {t for t in targets if not _is_package_edge(m, t)} for m, targets in _graph().items()}
+    assert _cycles(graph) == []
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    """The checker itself: a two-module and a three-module cycle are found, a chain is not."""
+    assert _cycles({'a': {'b'}, 'b': {'a'}, 'c': set()}) == [['a', 'b']]
+    assert _cycles({'a': {'b'}, 'b': {'c'}, 'c': {'a'}}) == [['a', 'b', 'c']]
+    assert _cycles({'a': {'b'}, 'b': {'c'}, 'c': set()}) == []
+
+
+def test_the_library_never_imports_the_experiments_or_the_command_lines():
+    offenders = {m: sorted(t for t in targets if t.startswith(EDGE))
+                 for m, targets in _graph().items() if m != 'tkvision' and not m.startswith(EDGE)}
+    assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_the_import_parser_sees_imports_inside_functions(tmp_path):
+    """``_imports`` reads an import written inside a function (how the earlier cycles were hidden)."""
+    path = tmp_path / 'mod.py'
+    path.write_text('def f():\n    from ..data import loader\n    from .checkpoint import x\n')
+    modules = {'tkvision.engine.mod': str(path), 'tkvision.data': '', 'tkvision.data.loader': '',
+               'tkvision.engine.checkpoint': ''}
+    assert _imports('tkvision.engine.mod', str(path), modules) == {'tkvision.data.loader', 'tkvision.engine.checkpoint'}
+
+
+@pytest.mark.parametrize('name', sorted(_modules()))
+def test_functions_and_modules_are_a_readable_size(name):
+    path = _modules()[name]
+    source = open(path).read()
+    assert len(source.splitlines()) <= MAX_MODULE_LINES, f'{path}: split it by concern'
+    long = [(node.name, node.end_lineno - node.lineno + 1) for node in ast.walk(ast.parse(source))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
+    assert long == [], f'{path}: functions over {MAX_FUNCTION_LINES} lines'

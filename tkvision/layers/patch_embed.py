@@ -1,0 +1,76 @@
+"""The TokenFormer stem: a Pattention over image patches whose key tokens are a conv filter bank.
+
+Design choice where the paper is silent (``shared/reference/README.md``, "Vision model"): the patch
+embedding is a Pattention over flattened ``p x p`` patches with ``num_tokens`` tokens.
+"""
+from typing import List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .pattention import Pattention
+
+__all__ = ['PatchPattention', 'PatchEmbed']
+
+
+class PatchPattention(Pattention):
+    """The patch embedding's Pattention, its key tokens stored as a conv filter bank.
+
+    ``[B, C, H, W] -> [B, H/p * W/p, out_features]``. The scores of Eq. 4 for the flattened
+    ``p x p`` patches, ``A = X K_Pᵀ``, are one stride-``p`` convolution of the image with the key
+    tokens viewed as ``n`` filters: ``weight`` ``[n, C, p, p]`` is K_P. This makes the stem what timm
+    expects of a ViT's ``first_conv`` (``patch_embed.proj.weight``): ``adapt_input_conv`` changes its
+    input channels when a checkpoint is loaded with another ``in_chans``, and growth appends filters.
+    Θ and V_P are the base class's.
+    """
+
+    key_name = 'weight'
+
+    def __init__(self, in_chans, patch_size, out_features, num_tokens, score_norm='l2_norm_gelu', **kwargs):
+        kwargs.setdefault('kind', 'patch')
+        super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
+        self.patch_size = patch_size
+        self.weight = nn.Parameter(self.weight.detach().view(num_tokens, in_chans, patch_size, patch_size))
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """A for every patch: ``[B, C, H, W] -> [B, H/p * W/p, n]``."""
+        return F.conv2d(x, self.weight, stride=self.patch_size).flatten(2).transpose(1, 2)
+
+
+class PatchEmbed(nn.Module):
+    """Image to patch tokens with a Pattention: ``[B, C, H, W] -> [B, H/p * W/p, embed_dim]``
+    (:class:`PatchPattention`, ``num_tokens`` key/value tokens over the ``C x p x p`` patches).
+
+    Raises:
+        ValueError (at construction): ``img_size`` not divisible by ``patch_size``.
+        AssertionError (in forward): input size differs from ``img_size`` while ``strict_img_size``,
+            or is not a multiple of ``patch_size``.
+    """
+
+    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, num_tokens=768,
+                 score_norm='l2_norm_gelu', strict_img_size=True):
+        super().__init__()
+        self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
+        self.patch_size = (patch_size, patch_size)
+        if any(s % patch_size for s in self.img_size):
+            raise ValueError(f'img_size {self.img_size} must be divisible by patch_size {patch_size}')
+        self.grid_size = tuple(s // patch_size for s in self.img_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
+        self.in_chans, self.strict_img_size = in_chans, strict_img_size
+        self.proj = PatchPattention(in_chans, patch_size, embed_dim, num_tokens, score_norm=score_norm)
+
+    def dynamic_feat_size(self, img_size: List[int]) -> Tuple[int, int]:
+        """Patch grid ``(H/p, W/p)`` of an image of ``img_size = (H, W)`` pixels."""
+        return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
+
+    def forward(self, x):
+        _, _, H, W = x.shape
+        p = self.patch_size[0]
+        if self.strict_img_size:
+            torch._assert((H == self.img_size[0]) & (W == self.img_size[1]),
+                          f'Input size ({H}x{W}) does not match the model ({self.img_size[0]}x{self.img_size[1]}); '
+                          'create the model with img_size=... or dynamic_img_size=True')
+        else:
+            torch._assert((H % p == 0) & (W % p == 0), f'Input size ({H}x{W}) must be divisible by patch size {p}')
+        return self.proj(x)
