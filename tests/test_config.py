@@ -100,3 +100,16 @@ def test_a_renamed_key_still_reads_in_files_overrides_and_checkpoints(tmp_path):
     old = {k: v for k, v in load_config(None).items() if k != 'freeze_loaded_tokens'}
     old['freeze_old_tokens'] = False  # a checkpoint's config of the earlier release
     assert config_changes(old, load_config(None)) == ([], [])
+
+
+def test_derive_seed_is_the_one_seed_derivation():
+    """Seeds depend on what they name only, stay in range, and neighbours are unrelated (not seed + i)."""
+    from tkvision.utils.seeding import derive_seed
+    seeds = [derive_seed(0, 0, i) for i in range(1000)]
+    assert seeds == [derive_seed(0, 0, i) for i in range(1000)] and all(0 <= s < 2 ** 32 for s in seeds)
+    assert len(set(seeds)) == 1000 and sum(b - a == 1 for a, b in zip(seeds, seeds[1:])) == 0
+    assert all(0 <= derive_seed('step', 0, 1, i, bits=31) < 2 ** 31 for i in range(100))
+    assert derive_seed('growth', 0, 2) != derive_seed('growth', 1, 2) != derive_seed('growth', 0, 3)
+    for bits in (0, 33):
+        with pytest.raises(ValueError, match='bits'):
+            derive_seed(0, bits=bits)

@@ -9,8 +9,8 @@ from ..utils.errors import USER_ERRORS
 __all__ = ['run_cli']
 
 
-def run_cli(fn, argv=None) -> int:
-    """Run ``fn(argv)`` for a command-line tool: errors from :data:`~tkvision.utils.errors.USER_ERRORS`
+def run_cli(tool, argv=None) -> int:
+    """Run ``tool(argv)`` for a command-line tool: errors from :data:`~tkvision.utils.errors.USER_ERRORS`
     print one line ``error: ...`` on stderr and return 2; other errors propagate with their
     traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
     left open (a torchrun launch) is destroyed on the way out."""
@@ -19,7 +19,7 @@ def run_cli(fn, argv=None) -> int:
     if debug:
         argv.remove('--debug')
     try:
-        return fn(argv)
+        return tool(argv)
     except USER_ERRORS as e:
         if debug:
             traceback.print_exc()

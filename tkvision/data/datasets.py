@@ -20,15 +20,15 @@ from .transforms import build_transform
 __all__ = ['build_dataset', 'train_class_map', 'dataset_size', 'dataset_classes']
 
 
-def dataset_classes(ds) -> dict:
+def dataset_classes(dataset) -> dict:
     """``{class name: index}`` of a dataset built by :func:`build_dataset` (None for Fashion-MNIST)."""
-    while isinstance(ds, (Subset, SeededDataset)):
-        ds = ds.dataset
-    if isinstance(ds, ReaderDataset):
-        reader = ds.reader
+    while isinstance(dataset, (Subset, SeededDataset)):
+        dataset = dataset.dataset
+    if isinstance(dataset, ReaderDataset):
+        reader = dataset.reader
         return getattr(reader, 'class_to_idx', None) or getattr(reader, 'class_name_to_idx', None)
-    if getattr(ds, 'classes', None):
-        return {c: i for i, c in enumerate(ds.classes)}
+    if getattr(dataset, 'classes', None):
+        return {c: i for i, c in enumerate(dataset.classes)}
     return None
 
 
@@ -80,6 +80,6 @@ def train_class_map(data: dict):
     return None
 
 
-def dataset_size(ds) -> int:
-    """Images in one epoch of ``ds`` over all ranks (a stream's ``num_samples``)."""
-    return getattr(ds, 'num_samples', None) or len(ds)
+def dataset_size(dataset) -> int:
+    """Images in one epoch of ``dataset`` over all ranks (a stream's ``num_samples``)."""
+    return getattr(dataset, 'num_samples', None) or len(dataset)

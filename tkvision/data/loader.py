@@ -75,8 +75,8 @@ class SeededDataset(Dataset):
         return self.dataset[index]
 
 
-def build_loader(ds: Dataset, data: dict, train: bool, seed: int, rank: int = 0, world_size: int = 1) -> DataLoader:
-    """DataLoader of ``ds`` with the data section's ``batch_size`` and ``num_workers``, yielding ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
+def build_loader(dataset: Dataset, data: dict, train: bool, seed: int, rank: int = 0, world_size: int = 1) -> DataLoader:
+    """DataLoader of ``dataset`` with the data section's ``batch_size`` and ``num_workers``, yielding ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
 
     Training: :class:`ResumableSampler` over :class:`SeededDataset` (order and augmentation depend
     only on seed, epoch and sample index: exact resume, any ``num_workers``), incomplete last batch
@@ -86,14 +86,14 @@ def build_loader(ds: Dataset, data: dict, train: bool, seed: int, rank: int = 0,
     (a stream's workers restart each epoch to learn the epoch).
     """
     workers = data['num_workers']
-    if isinstance(ds, IterableDataset):
-        return DataLoader(ds, batch_size=data['batch_size'], num_workers=workers, collate_fn=collate_skip_bad,
+    if isinstance(dataset, IterableDataset):
+        return DataLoader(dataset, batch_size=data['batch_size'], num_workers=workers, collate_fn=collate_skip_bad,
                           drop_last=train, pin_memory=torch.cuda.is_available())
     if train:
-        sampler, ds = ResumableSampler(ds, num_replicas=world_size, rank=rank, seed=seed), SeededDataset(ds)
+        sampler, dataset = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed), SeededDataset(dataset)
     else:
-        sampler, ds = None, Subset(ds, range(rank, len(ds), world_size))
-    return DataLoader(ds, batch_size=data['batch_size'], sampler=sampler, shuffle=False, drop_last=train,
+        sampler, dataset = None, Subset(dataset, range(rank, len(dataset), world_size))
+    return DataLoader(dataset, batch_size=data['batch_size'], sampler=sampler, shuffle=False, drop_last=train,
                       num_workers=workers, collate_fn=collate_skip_bad, persistent_workers=workers > 0,
                       pin_memory=torch.cuda.is_available())
 

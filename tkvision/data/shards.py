@@ -32,6 +32,7 @@ from torch.utils.data import IterableDataset, get_worker_info
 
 from ..utils.errors import UsageError
 from ..utils.files import atomic_write
+from ..utils.seeding import derive_seed
 from .loader import seed_sample
 from .readers import BAD_IMAGE, decode_image
 
@@ -123,13 +124,13 @@ class ShardStream(IterableDataset):
         logical, workers = self._worker()
         shards = list(self.shards)
         if self.train:
-            random.Random(f'{self.seed}/{self.epoch}/shards').shuffle(shards)
+            random.Random(derive_seed('shards', self.seed, self.epoch)).shuffle(shards)
         mine = shards[self.rank::self.world][logical::workers]
         if not mine:
             return
         samples = wds.tariterators.tarfile_samples(self._urls(mine))
         if self.train:
-            rng = random.Random(f'{self.seed}/{self.epoch}/{self.rank}/{logical}')
+            rng = random.Random(derive_seed('shuffle', self.seed, self.epoch, self.rank, logical))
             samples = wds.filters.shuffle(bufsize=1000, initial=100, rng=rng)(samples)
             skip = self.skip_batches // workers + (logical < self.skip_batches % workers)
             total = self.batches_per_worker * self.batch_size

@@ -100,24 +100,24 @@ def growth_due(cfg: dict, epoch: int) -> dict:
     return dict(add=dict(g['add_tokens']))
 
 
-def log_epoch(run: RunContext, history: list, res: dict):
-    """Append ``res`` to ``metrics.csv`` (atomically rewritten), TensorBoard and one printed line (rank 0)."""
+def log_epoch(run: RunContext, history: list, row: dict):
+    """Append ``row`` to ``metrics.csv`` (atomically rewritten), TensorBoard and one printed line (rank 0)."""
     if not run.main:
         return
-    history.append(res)
+    history.append(row)
     save_rows(history, os.path.join(run.out, METRICS_FILE))
     if run.writer is not None:
-        for k, v in res.items():
+        for k, v in row.items():
             if isinstance(v, (int, float)):
-                run.writer.add_scalar(k, v, res['epoch'] + 1)
-    skipped = res['skipped'] + res.get('val_skipped', 0)
-    tqdm.write(f"epoch {res['epoch'] + 1}/{run.cfg['epochs']}  train loss {res['train_loss']:.4f}  "
-               + (f"val top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  " if 'top1' in res else '')
-               + (f"val loss {res['val_loss']:.4f}  " if 'top1' not in res and 'val_loss' in res else '')
-               + (f"ema top-1 {res['ema_top1']:.2f}%  " if 'ema_top1' in res else '')
-               + f"{res['img_per_s']:.0f} img/s  {res['epoch_time']:.1f}s"
+                run.writer.add_scalar(k, v, row['epoch'] + 1)
+    skipped = row['skipped'] + row.get('val_skipped', 0)
+    tqdm.write(f"epoch {row['epoch'] + 1}/{run.cfg['epochs']}  train loss {row['train_loss']:.4f}  "
+               + (f"val top-1 {row['top1']:.2f}%  top-5 {row['top5']:.2f}%  " if 'top1' in row else '')
+               + (f"val loss {row['val_loss']:.4f}  " if 'top1' not in row and 'val_loss' in row else '')
+               + (f"ema top-1 {row['ema_top1']:.2f}%  " if 'ema_top1' in row else '')
+               + f"{row['img_per_s']:.0f} img/s  {row['epoch_time']:.1f}s"
                + (f'  skipped {skipped} unreadable images' if skipped else '')
-               + (f"  grew to {res['grown']}" if 'grown' in res else ''))
+               + (f"  grew to {row['grown']}" if 'grown' in row else ''))
 
 
 def _resume(run: RunContext, state: TrainState, resume) -> list:
@@ -194,18 +194,18 @@ def _announce(cfg, run: RunContext, state: TrainState, world: int, device):
 def _train_epochs(cfg: dict, run: RunContext, state: TrainState, history: list):
     """Every epoch left: train, evaluate, grow, log, checkpoint; stop after a checkpoint on a signal."""
     for epoch in range(state.epochs_done, cfg['epochs']):
-        res = dict(epoch=epoch, **train_one_epoch(run, state, epoch))
+        row = dict(epoch=epoch, **train_one_epoch(run, state, epoch))
         last_epoch = epoch + 1 == cfg['epochs']
         if (epoch + 1) % cfg['eval_every'] == 0 or last_epoch:
-            res.update(evaluate_and_keep_best(run, state, epoch))
-        res['tokens'] = sum(growth.model_size(state.model).values())
+            row.update(evaluate_and_keep_best(run, state, epoch))
+        row['tokens'] = sum(growth.model_size(state.model).values())
         due = growth_due(cfg, epoch)
         if due:
             # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
-            res['grown'] = str(state.grow(due, seed=derive_seed('growth', cfg['seed'], epoch + 1, bits=31)))
+            row['grown'] = str(state.grow(due, seed=derive_seed('growth', cfg['seed'], epoch + 1, bits=31)))
         state.epochs_done, state.batches_done = epoch + 1, 0
         state.reset_meter()
-        log_epoch(run, history, res)
+        log_epoch(run, history, row)
         stop = run.check(state, force=True)  # all ranks agree on a signal that came during evaluation
         if (epoch + 1) % cfg['save_every'] == 0 or last_epoch or stop:
             run.save(state)

@@ -23,7 +23,7 @@ import traceback
 
 import torch
 
-from ..engine.checkpoint import LAST_CHECKPOINT
+from ..engine.checkpoint import LAST_CHECKPOINT, METRICS_FILE
 from ..engine.config import load_config
 from ..engine.plotting import plt
 from ..engine.trainer import train
@@ -94,7 +94,7 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
                     rec.update(_run_point(config, seed, run_dir, list(extra)))
                 else:
                     subprocess.run(cmd + _prepare_point_dir(run_dir), check=True)
-                    with open(os.path.join(run_dir, 'metrics.csv')) as f:
+                    with open(os.path.join(run_dir, METRICS_FILE)) as f:
                         rows = list(csv.DictReader(f))
                     rec.update(top1=float(rows[-1]['top1']), best_top1=max(float(r['top1']) for r in rows if r.get('top1')),
                                img_per_s=statistics.mean(float(r['img_per_s']) for r in rows),

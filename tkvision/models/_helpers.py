@@ -8,6 +8,7 @@ import os
 
 import torch
 from timm.models import load_state_dict as timm_load_state_dict
+from timm.utils import unwrap_model
 
 from ..utils.errors import WeightsMismatchError
 
@@ -31,7 +32,7 @@ def adapt_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
     """``state_dict`` through ``model.checkpoint_filter`` (the family's ``checkpoint_filter_fn``:
     earlier layouts, position-embedding size, input channels), as timm's ``pretrained=True`` path
     applies it; a copy of ``state_dict`` for models without that method (timm's own)."""
-    model = getattr(model, '_orig_mod', model)
+    model = unwrap_model(model)
     adapt = getattr(model, 'checkpoint_filter', None)
     return adapt(dict(state_dict)) if adapt is not None else dict(state_dict)
 

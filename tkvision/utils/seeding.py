@@ -4,7 +4,9 @@ interruptions or the order of earlier draws is seeded from a hash of what identi
 - a training sample's augmentation: ``derive_seed(seed, epoch, sample_index)`` (``tkvision.data``);
 - the main process's draws of one micro-batch (drop path, mixup, erasing, MAE masks):
   ``derive_seed('step', seed, epoch, batch)`` (``tkvision.engine``);
-- the new parameter tokens of a growth step: ``derive_seed('growth', seed, epoch)``.
+- the new parameter tokens of a growth step: ``derive_seed('growth', seed, epoch)``;
+- a shard stream's order: ``derive_seed('shards', seed, epoch)``, and each worker's shuffle buffer;
+- the MAE validation masks: ``derive_seed('mae_val', seed, batch)``.
 
 The hash (BLAKE2b) makes seeds of neighbouring indices unrelated, unlike ``seed + index``, whose
 streams overlap for generators seeded with consecutive integers.
