@@ -1,4 +1,5 @@
 """What every tool shares: one-line errors (:func:`run_cli`)."""
+import errno
 import sys
 import traceback
 
@@ -8,11 +9,14 @@ from ..utils.errors import USER_ERRORS
 
 __all__ = ['run_cli']
 
+#: Errors of the machine a user can fix (disk full, quota, read-only or forbidden path): one line too.
+_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EISDIR, errno.ENOTDIR)
+
 
 def run_cli(tool, argv=None) -> int:
     """Run ``tool(argv)`` for a command-line tool: errors from :data:`~tkvision.utils.errors.USER_ERRORS`
-    print one line ``error: ...`` on stderr and return 2; other errors propagate with their
-    traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
+    and the machine's errors a user fixes (disk full, read-only or forbidden path) print one line
+    ``error: ...`` on stderr and return 2; other errors propagate with their traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
     left open (a torchrun launch) is destroyed on the way out."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv
@@ -20,7 +24,9 @@ def run_cli(tool, argv=None) -> int:
         argv.remove('--debug')
     try:
         return tool(argv)
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, OSError) as e:
+        if not isinstance(e, USER_ERRORS) and e.errno not in _ENVIRONMENT_ERRNOS:
+            raise
         if debug:
             traceback.print_exc()
         print(f'error: {e}  (--debug shows the traceback)', file=sys.stderr)

@@ -58,9 +58,10 @@ def _export(argv) -> int:
     ap.add_argument('--no-ema', action='store_true', help='export the raw weights of a .pth, not its EMA')
     ap.add_argument('--model', help='architecture (needed for .safetensors)')
     ap.add_argument('--model-kwargs', default='{}', help="YAML mapping, e.g. '{img_size: 28, in_chans: 1}'")
+    ap.add_argument('--force', action='store_true', help='replace an --out folder that already holds files')
     a = ap.parse_args(argv)
     res = export_checkpoint(a.checkpoint, a.out, use_ema=not a.no_ema, model=a.model,
-                            model_kwargs=yaml.safe_load(a.model_kwargs))
+                            model_kwargs=yaml.safe_load(a.model_kwargs), force=a.force)
     print(f"exported the {res['source']} weights ({res['token_counts']}) to {res['out']}: "
           f"timm.create_model('local-dir:{res['out']}', pretrained=True) after import tkvision")
     return 0

@@ -27,6 +27,7 @@ Streaming (``dataset: wds/<name>``, ``data_dir`` = the shard folder) with the ``
 import json
 import os
 import random
+import tarfile
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -36,7 +37,7 @@ from ..utils.seeding import derive_seed
 from .loader import seed_sample
 from .readers import BAD_IMAGE, decode_image
 
-__all__ = ['INFO_NAME', 'read_info', 'ShardStream', 'make_shards']
+__all__ = ['INFO_NAME', 'read_info', 'check_shard', 'ShardStream', 'make_shards']
 
 INFO_NAME = '_info.json'
 _IMAGE_EXTS = ('jpg', 'jpeg', 'png', 'webp', 'bmp', 'ppm', 'tif', 'tiff')
@@ -55,6 +56,37 @@ def read_info(root: str) -> dict:
                                 '(tools/make_shards.py) and pass that folder as --data-dir')
     with open(path) as f:
         return json.load(f)
+
+
+def _with_markers(samples, errors: list):
+    """``samples`` with a ``{'__bad_shard__': error}`` item for each error recorded upstream, placed
+    after the sample whose pull recorded it (and at the end of an evaluation stream)."""
+    for sample in samples:
+        while errors:
+            yield {'__bad_shard__': errors.pop(0)}
+        yield sample
+    while errors:
+        yield {'__bad_shard__': errors.pop(0)}
+
+
+def check_shard(path: str):
+    """Refuse a shard that cannot be streamed, before any training: missing, empty (0 bytes), not a tar,
+    or a tar without a sample. (A shard damaged further in is skipped and counted while streaming.)
+
+    Raises:
+        UsageError: naming the shard and what is wrong with it.
+    """
+    if not os.path.isfile(path):
+        raise UsageError(f'{path} is listed in {INFO_NAME} but missing: rewrite the shards with make_shards')
+    if os.path.getsize(path) == 0:
+        raise UsageError(f'{path} is empty (0 bytes): rewrite the shards with make_shards')
+    try:
+        with tarfile.open(path, 'r|*') as tar:
+            first = tar.next()
+    except tarfile.TarError as e:
+        raise UsageError(f'{path} is not a readable tar ({e}): rewrite the shards with make_shards') from None
+    if first is None:
+        raise UsageError(f'{path} holds no sample: rewrite the shards with make_shards')
 
 
 def _wds():
@@ -77,6 +109,8 @@ class ShardStream(IterableDataset):
 
     Raises:
         FileNotFoundError: no ``_info.json`` or no such split in it (the splits present are named).
+        UsageError: fewer shards than processes x workers, or a shard that cannot be streamed
+            (:func:`check_shard`, naming it).
     """
 
     def __init__(self, root, split, transform, train, batch_size, num_workers=0, rank=0, world=1, seed=0,
@@ -96,6 +130,8 @@ class ShardStream(IterableDataset):
         if train and len(self.shards) < world * workers:
             raise UsageError(f'{len(self.shards)} {split} shards in {root} cannot feed {world} process(es) x '
                              f'{workers} loader worker(s) one shard each: write smaller shards or use fewer workers')
+        for shard in self.shards:
+            check_shard(shard)
         self.epoch, self.skip_batches = 0, 0
 
     @property
@@ -128,24 +164,50 @@ class ShardStream(IterableDataset):
         mine = shards[self.rank::self.world][logical::workers]
         if not mine:
             return
-        samples = wds.tariterators.tarfile_samples(self._urls(mine))
+        errors = []  # shards that broke part-way: each becomes one skipped item after the shuffle
+        samples = self._samples(mine, errors)
         if self.train:
             rng = random.Random(derive_seed('shuffle', self.seed, self.epoch, self.rank, logical))
             samples = wds.filters.shuffle(bufsize=1000, initial=100, rng=rng)(samples)
+        samples = _with_markers(samples, errors)
+        if self.train:  # the quota counts markers as it counts bad images: the batches per epoch stay fixed
             skip = self.skip_batches // workers + (logical < self.skip_batches % workers)
             total = self.batches_per_worker * self.batch_size
             samples = (s for i, s in zip(range(total), samples) if i >= skip * self.batch_size)
         for sample in samples:
             yield self._decode(sample)
 
-    def _urls(self, shards):
-        while True:  # training cycles through this worker's shards until its quota; evaluation reads once
-            for url in shards:
-                yield dict(url=url)
-            if not self.train:
-                return
+    def _samples(self, shards, errors: list):
+        """The tar samples of ``shards`` (cycled when training); a shard that breaks part-way (truncated,
+        damaged) ends there and its error is appended to ``errors``.
+
+        Raises:
+            UsageError: a whole pass over ``shards`` gave no sample (it would cycle forever).
+        """
+        produced = [0]
+
+        def urls():
+            while True:  # training cycles through this worker's shards until its quota; evaluation reads once
+                before = produced[0]
+                for url in shards:
+                    yield dict(url=url)
+                if not self.train:
+                    return
+                if produced[0] == before:
+                    raise UsageError(f'the shards {", ".join(os.path.basename(u) for u in shards)} of {self.root} '
+                                     'gave no readable sample in a whole pass: rewrite them with make_shards')
+
+        def skip_shard(error):  # webdataset's handler: keep streaming the next shard
+            errors.append(f'{error.args[-1] if error.args else self.root}: {type(error).__name__}')
+            return True
+
+        for sample in _wds().tariterators.tarfile_samples(urls(), handler=skip_shard):
+            produced[0] += 1
+            yield sample
 
     def _decode(self, sample):
+        if '__bad_shard__' in sample:
+            return ('bad', sample['__bad_shard__'])
         key = sample['__key__']
         data = next((sample[k] for k in _IMAGE_EXTS if k in sample), None)
         try:

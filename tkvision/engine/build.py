@@ -4,6 +4,7 @@ import timm
 import torch
 
 from ..models.mae import create_mae
+from ..utils.errors import ConfigError
 from .config import section
 
 __all__ = ['build_model', 'model_for_config', 'default_num_classes']
@@ -17,7 +18,20 @@ def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch
     Args:
         model: the config's model section. mae: its MAE section, for ``task: mae``; None otherwise.
         num_classes: classifier outputs unless ``model_kwargs`` sets ``num_classes``.
+
+    Raises:
+        ConfigError: the model refuses its kwargs (an unknown kwarg, depth 0, heads that do not divide
+            ``embed_dim``, a mask ratio with nothing to learn, ...): the message names the model and
+            repeats the model's own words.
     """
+    try:
+        return _build(model, mae, num_classes)
+    except (TypeError, ValueError) as e:  # a kwarg the model does not take, a value it refuses
+        raise ConfigError(f"cannot build {model['model']} with model_kwargs {model['model_kwargs']}"
+                          + (' and this mae section' if mae is not None else '') + f': {e}') from e
+
+
+def _build(model: dict, mae: dict, num_classes: int) -> torch.nn.Module:
     kwargs = dict(model['model_kwargs'])
     if model['drop_path_rate']:
         kwargs['drop_path_rate'] = model['drop_path_rate']

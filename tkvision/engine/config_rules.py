@@ -57,7 +57,7 @@ def _rule(kind, lo=None, hi=None, lo_open=False, hi_open=False, null=False, choi
 #: What each key allows (``growth.*`` for the growth section). Checked by :func:`validate_config`.
 RULES = {
     'task': _rule(None, choices=('classify', 'mae', 'linprobe')),
-    'mask_ratio': _rule('num', 0, 1, hi_open=True), 'norm_pix_loss': _rule('bool'),
+    'mask_ratio': _rule('num', 0, 1, lo_open=True, hi_open=True), 'norm_pix_loss': _rule('bool'),
     'decoder.embed_dim': _rule('int', 1), 'decoder.depth': _rule('int', 1), 'decoder.num_heads': _rule('int', 1),
     'decoder.num_tokens': _rule('int', 1, null=True), 'decoder.kind': _rule(None, choices=(None, 'tokenformer', 'vit')),
     'recon_images': _rule('int', 0),

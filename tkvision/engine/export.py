@@ -7,47 +7,52 @@ The folder holds ``model.safetensors`` and ``config.json`` (``architecture``, ``
 at its grown size; each Pattention's τ, fixed at its first size (Appendix B), comes back from the
 weights.
 """
-import os
 
 import timm
 import torch
 
 from ..growth import token_counts
 from ..utils.errors import ConfigError
+from ..utils.files import atomic_folder, holds_files
 from .checkpoint import load_training_checkpoint, model_for_checkpoint
 from .config import load_config
 
 __all__ = ['export_model', 'export_checkpoint']
 
 
-def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data_config: dict = None) -> str:
-    """Write ``model`` to ``out`` with timm's ``save_for_hf`` (safetensors); returns ``out``.
+def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data_config: dict = None,
+                 force: bool = False) -> str:
+    """Write ``model`` to the folder ``out`` with timm's ``save_for_hf`` (safetensors), atomically
+    (:func:`tkvision.utils.files.atomic_folder`: a full disk or a kill leaves no half-written folder);
+    returns ``out``.
 
     Args:
         model_args: construction kwargs to record besides timm's own (TokenFormer token counts are
             added here). data_config: preprocessing to record (``mean``, ``std``, ``crop_pct``, ...).
+        force: replace an ``out`` that already holds files.
 
     Raises:
-        FileExistsError: ``out`` already holds a ``config.json``.
+        FileExistsError: ``out`` already holds files (an exported model or anything else) and not ``force``.
     """
-    if os.path.exists(os.path.join(out, 'config.json')):
-        raise FileExistsError(f'{out} already holds an exported model; export to another folder')
     args = dict(model_args or {})
     try:
         args.update({f'num_tokens_{kind}': n for kind, n in token_counts(model).items()})
     except ValueError:  # not a model with uniform token counts per kind (or no Pattention at all)
         pass
-    timm.models.save_for_hf(model, out, model_args=args, safe_serialization=True, data_config=data_config)
+    atomic_folder(out, lambda tmp: timm.models.save_for_hf(model, tmp, model_args=args, safe_serialization=True,
+                                                          data_config=data_config), replace=force)
     return out
 
 
-def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: str = None, model_kwargs=None) -> dict:
+def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: str = None, model_kwargs=None,
+                      force: bool = False) -> dict:
     """Export a training checkpoint (``last.pth``: its config names the model) or a weights file
     (``.safetensors``, with ``model`` and ``model_kwargs``) as a ``save_for_hf`` folder; a run that
     grew is exported at its grown size (:func:`tkvision.engine.checkpoint.model_for_checkpoint`).
 
     Args:
         use_ema: take the EMA weights of a ``.pth`` that has them (else the raw ones).
+        force: replace an ``out`` that already holds files (else refused before any work).
 
     Returns:
         ``dict(out, source, token_counts)``, ``source`` being ``'ema'`` or ``'model'``.
@@ -56,6 +61,8 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
         FileNotFoundError: no checkpoint. ConfigError: a weights file without ``model``.
         WeightsMismatchError: weights that do not fit the model (listed).
     """
+    if holds_files(out) and not force:
+        raise FileExistsError(f'{out} already exists and holds files; export to a new folder (or --force to replace it)')
     kwargs = dict(model_kwargs or {})
     data_config, source = None, 'model'
     if checkpoint.endswith('.pth'):
@@ -70,5 +77,5 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
         cfg = load_config(None, dict(model=model, model_kwargs=kwargs))
     net, _ = model_for_checkpoint(cfg, checkpoint, use_ema=source == 'ema')
     export_model(net.eval(), out, model_args={k: v for k, v in cfg['model_kwargs'].items() if k != 'pretrained_cfg_overlay'},
-                 data_config=data_config)
+                 data_config=data_config, force=force)
     return dict(out=out, source=source, token_counts=token_counts(net))

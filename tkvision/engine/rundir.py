@@ -1,8 +1,9 @@
 """Output directories: one run per directory, never overwritten, locked while a run writes to it.
 
-A run owns ``cfg['output']``. Starting a run in a directory that already holds files fails with a
-message naming the directory and the two ways out (``--resume`` to continue it, or another
-``--output``): we chose failing over timm's ``<output>/<date>-<model>`` subdirectories because a
+A run owns ``cfg['output']``. Starting a run in a directory that already holds a run's files fails
+with a message naming the directory and the two ways out (``--resume`` to continue it, or another
+``--output``); a directory that holds only the ``config.yaml`` of a run killed before its first
+checkpoint is not a run to protect (there is nothing to continue), so it may start again there: we chose failing over timm's ``<output>/<date>-<model>`` subdirectories because a
 pre-empted job that is requeued with ``--resume`` must find its own files at a fixed path.
 
 While a run writes, it holds an exclusive POSIX record lock (``fcntl.lockf``) on ``<output>/.lock``
@@ -20,9 +21,18 @@ import socket
 
 from ..utils.errors import RunError
 
-__all__ = ['LOCK_NAME', 'RunDirLock', 'claim_output_dir']
+__all__ = ['LOCK_NAME', 'RunDirLock', 'claim_output_dir', 'run_files']
 
 LOCK_NAME = '.lock'
+#: What a run writes before its first checkpoint (``config.yaml``; TensorBoard's folder).
+_BEFORE_FIRST_CHECKPOINT = (LOCK_NAME, 'config.yaml', 'tb')
+
+
+def run_files(out: str) -> list:
+    """The files of ``out`` that hold a run's work (all but the lock, ``config.yaml`` and ``tb/``), sorted."""
+    if not os.path.isdir(out):
+        return []
+    return sorted(f for f in os.listdir(out) if f not in _BEFORE_FIRST_CHECKPOINT)
 
 
 class RunDirLock:
@@ -47,7 +57,7 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
 
     Raises:
         RunError: another process holds the lock (its host and pid are named), or ``out`` already
-            holds files and ``resume`` is false.
+            holds a run's files (:func:`run_files`) and ``resume`` is false.
     """
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, LOCK_NAME)
@@ -59,7 +69,7 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
         os.close(fd)
         raise RunError(f'output directory {out} is in use by a running job ({holder}); wait for it to end, '
                        'or pass another --output') from None
-    others = [f for f in os.listdir(out) if f != LOCK_NAME]
+    others = run_files(out)
     if others and not resume:
         fcntl.lockf(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -51,6 +51,11 @@ class TrainState:
         if cfg['growth']['freeze_old_tokens'] and not growth.pattention_layers(self.model):
             raise ConfigError(f"growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); "
                               f"{cfg['model']} has none")
+        try:  # every growth target checked before any work
+            growth.check_reachable(self.size(), cfg['growth']['schedule'],
+                                   cfg['growth']['add_tokens'] if cfg['growth']['every_epochs'] else None)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
         if cfg['init_from']:
             self.grown_from, self.init_report = load_init_weights(self.model, cfg['init_from'], cfg['task'])
         if cfg['task'] == 'linprobe':
@@ -117,6 +122,7 @@ class TrainState:
                                             key_init=g['key_init'], value_init=g['value_init'], to=due.get('to'),
                                             **due.get('add', {}))
         if 'at_epoch' in due:
+            self._unfreeze_stage()  # a reset optimizer covers every parameter, as one built at the start does
             if g['optimizer_state'] == 'reset':
                 self.optimizer = self._make_optimizer()
             self._freeze_stage(before)
@@ -124,12 +130,17 @@ class TrainState:
         self.wrap()
         return counts
 
+    def _unfreeze_stage(self):
+        """Undo :meth:`_freeze_stage` (hooks removed, gradients back)."""
+        for h in self.freeze_handles:
+            h.remove()
+        self.freeze_handles = []
+
     def _freeze_stage(self, old_size: dict):
         """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
         if not self.cfg['growth']['freeze_old_tokens']:
             return
-        for h in self.freeze_handles:
-            h.remove()
+        self._unfreeze_stage()
         self.freeze_handles = growth.freeze_old_tokens(self.model, old_size, self.optimizer)
 
     def state_dict(self) -> dict:

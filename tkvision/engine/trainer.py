@@ -39,7 +39,7 @@ from .evaluate import evaluate, evaluate_mae
 from .loop import STOP_SIGNALS, NonFiniteLossError, Preempted, RunContext, train_one_epoch
 from .plotting import plot_curves
 from .reconstruction import save_reconstructions
-from .rundir import claim_output_dir
+from .rundir import claim_output_dir, run_files
 from .state import TrainState
 
 __all__ = ['train', 'resolve_run_config', 'evaluate_and_keep_best', 'log_epoch', 'growth_due', 'TrainState',
@@ -124,6 +124,10 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
     """Load the checkpoint into ``state``; check and report config changes; return the metrics history."""
     path = run.checkpoint_path if resume is True else resume
     if not os.path.isfile(path):
+        if resume is True and not run_files(run.out):  # killed before its first checkpoint, or new: start it
+            if run.main:
+                print(f'no checkpoint yet in {run.out}: starting the run from scratch')
+            return []
         raise RunError(f'nothing to resume: no checkpoint at {path}')
     ckpt = load_training_checkpoint(path)
     allowed, forbidden = config_changes(ckpt['config'], run.cfg)
@@ -142,11 +146,14 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
 
 
 def _claim_output(cfg: dict, rank: int, device, resume):
-    """Rank 0 locks the output directory; every rank fails if it could not."""
+    """Rank 0 locks the output directory; every rank fails if it could not. A run resumed from
+    another directory's checkpoint writes into ``output`` as a new run does: it must hold no other run."""
+    in_place = resume is True or (bool(resume) and os.path.abspath(os.path.dirname(resume)) ==
+                                  os.path.abspath(cfg['output']))
     lock, error = None, None
     if rank == 0:
         try:
-            lock = claim_output_dir(cfg['output'], resume=bool(resume))
+            lock = claim_output_dir(cfg['output'], resume=in_place)
         except RunError as e:
             error = e
     if not all_ranks_agree(error is None, device):

@@ -26,7 +26,7 @@ from ..models import adapt_state_dict, check_fit
 from .net2net import mlps, net2net_widen
 
 __all__ = ['pattention_layers', 'token_counts', 'target_counts', 'grow', 'model_size', 'target_size',
-           'schedule_sizes', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'load_grown_state_dict']
+           'schedule_sizes', 'check_reachable', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'load_grown_state_dict']
 
 
 def pattention_layers(model: torch.nn.Module) -> dict:
@@ -146,6 +146,39 @@ def schedule_sizes(size: dict, schedule: list) -> list:
     for step in schedule:
         sizes.append({**sizes[-1], **target_size(step['to'])})
     return sizes
+
+
+def check_reachable(size: dict, schedule: list = (), add_tokens: dict = None):
+    """Check that a model of :func:`model_size` ``size`` can take every step of a ``growth.schedule``
+    (each ``to`` as :func:`target_size` reads it) and the kinds of ``growth.add_tokens``, before any
+    training: a TokenFormer grows by the token kinds it has, to counts no smaller than its own; a timm
+    ViT only by ``mlp_hidden``, to a width no smaller than its own.
+
+    Raises:
+        ValueError: the first target that cannot be reached, naming ``growth.schedule[i].to`` (or
+            ``growth.add_tokens``), the kind and why.
+    """
+    current = dict(size)
+    for kind in add_tokens or {}:
+        if kind not in current:
+            raise ValueError(f'growth.add_tokens.{kind}: the model has no {kind} Pattention '
+                             f'(its kinds: {", ".join(current) or "none"})')
+    for i, step in enumerate(schedule):
+        where, target = f'growth.schedule[{i}].to', target_size(step['to'])
+        if 'mlp_hidden' in target and 'mlp_hidden' not in current:
+            raise ValueError(f'{where}: mlp_hidden widens a timm ViT by Net2Net; this model grows by parameter '
+                             f'tokens (kinds {", ".join(current) or "none"})')
+        unknown = sorted(set(target) - set(current))
+        if unknown:
+            reason = ('has no Pattention (a timm ViT grows by Net2Net: to: {mlp_hidden: N})' if 'mlp_hidden' in current
+                      else f'has no {", ".join(unknown)} Pattention')
+            raise ValueError(f'{where}: {", ".join(unknown)}: the model {reason}')
+        for kind, n in target.items():
+            if n < current[kind]:
+                words = (f'{n} is smaller than the current hidden size {current[kind]}' if kind == 'mlp_hidden'
+                         else f'{n} is fewer tokens than the model has ({current[kind]}); growth only adds')
+                raise ValueError(f'{where}.{kind}: {words}')
+        current.update(target)
 
 
 def grow_to(model: torch.nn.Module, size: dict) -> torch.nn.Module:

@@ -106,6 +106,17 @@ def _widen_training_state(model, optimizer, ema_model, to) -> dict:
     return model_size(model)
 
 
+class _Unfreeze:
+    """A handle whose ``remove()`` gives frozen parameters their gradients back."""
+
+    def __init__(self, params):
+        self.params = params
+
+    def remove(self):
+        for param in self.params:
+            param.requires_grad_(True)
+
+
 def freeze_old_tokens(model: torch.nn.Module, old_counts: dict, optimizer=None, trainable=('head',)):
     """Parameter-efficient tuning (paper §5): train only appended tokens and ``trainable`` modules.
 
@@ -118,15 +129,18 @@ def freeze_old_tokens(model: torch.nn.Module, old_counts: dict, optimizer=None, 
         optimizer: the optimizer that will train the model (for the post-step restore).
 
     Returns:
-        The list of hook handles (remove them to unfreeze).
+        The list of handles; removing them all unfreezes (the hooks go, and the parameters frozen here
+        get ``requires_grad=True`` back).
     """
     handles, frozen = [], []
     layers = pattention_layers(model)
     pattention_params = {id(p) for _, layer in layers.values() for p in layer.parameters()}
     inner = unwrap_model(model)
-    for name, param in inner.named_parameters():
-        if id(param) not in pattention_params and not any(name.startswith(t + '.') for t in trainable):
-            param.requires_grad_(False)
+    stopped = [param for name, param in inner.named_parameters() if param.requires_grad
+               and id(param) not in pattention_params and not any(name.startswith(t + '.') for t in trainable)]
+    for param in stopped:
+        param.requires_grad_(False)
+    handles.append(_Unfreeze(stopped))
     for name, (kind, layer) in layers.items():
         n_old = old_counts.get(kind, 0)
         for param in (layer.keys, layer.value_param_tokens):

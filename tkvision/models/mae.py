@@ -215,7 +215,7 @@ class MaskedAutoencoder(nn.Module):
 
     Raises:
         ValueError: an encoder without the ViT attributes, with ``dynamic_img_size``, or without
-            square patches.
+            square patches; a ``mask_ratio`` that masks no patch or leaves none visible.
     """
 
     def __init__(self, encoder: nn.Module, decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16,
@@ -234,6 +234,11 @@ class MaskedAutoencoder(nn.Module):
             raise ValueError(f'MAE needs square patches, got {pe.patch_size}')
         self.encoder = encoder
         self.patch_size, self.grid_size = ph, tuple(pe.grid_size)
+        num_patches = self.grid_size[0] * self.grid_size[1]
+        visible = int(round(num_patches * (1 - mask_ratio)))
+        if not 0 < visible < num_patches:  # no masked patch: nothing to learn; none visible: nothing to encode
+            raise ValueError(f'mask_ratio {mask_ratio} leaves {visible} of {num_patches} patches visible: pretraining '
+                             f'needs at least one masked and one visible patch (mask between 1 and {num_patches - 1})')
         self.in_chans = getattr(encoder, 'in_chans', None) or pe.proj.weight.shape[1]
         self.mask_ratio, self.norm_pix_loss = mask_ratio, norm_pix_loss
         if sincos_pos_embed and encoder.pos_embed is not None:

@@ -2,8 +2,8 @@
 sees as one-line errors (:mod:`.errors`), the one seed-derivation helper (:mod:`.seeding`) and the one
 atomic file write (:mod:`.files`)."""
 from .errors import USER_ERRORS, ConfigError, RunError, UsageError, WeightsMismatchError
-from .files import atomic_write
+from .files import atomic_folder, atomic_write
 from .seeding import derive_seed
 
-__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'atomic_write',
+__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'atomic_write', 'atomic_folder',
            'derive_seed']

@@ -1,10 +1,12 @@
 """The project's one atomic file write: a temporary file in the target's folder, then ``os.replace``
 (atomic on POSIX), so a crash, a full disk or a kill leaves either the old file or the new one,
-never a half-written file under the final name."""
+never a half-written file under the final name; :func:`atomic_folder` does the same for a folder of
+files (an exported model)."""
 import os
+import shutil
 import tempfile
 
-__all__ = ['atomic_write']
+__all__ = ['atomic_write', 'atomic_folder', 'holds_files']
 
 
 def atomic_write(path: str, write, text: bool = False):
@@ -34,4 +36,46 @@ def atomic_write(path: str, write, text: bool = False):
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
+        raise
+
+
+def holds_files(path: str) -> bool:
+    """True when ``path`` is a file, or a folder that is not empty."""
+    return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
+
+
+def atomic_folder(path: str, write, replace: bool = False):
+    """Write the folder ``path`` atomically: ``write(tmp_folder)`` fills a temporary folder beside it,
+    which is then renamed to ``path``, so a failed write (a full disk, a kill) leaves no folder that
+    looks complete.
+
+    Args:
+        path: the final folder. write: ``write(tmp_folder)``.
+        replace: replace a ``path`` that already holds files (the old folder goes only after the new one
+            is complete); otherwise such a ``path`` is refused.
+
+    Raises:
+        FileExistsError: ``path`` holds files and not ``replace`` (checked before writing anything).
+        whatever ``write`` raises; the temporary folder is removed and ``path`` is left as it was.
+    """
+    path = os.path.abspath(path)
+    if holds_files(path) and not replace:
+        raise FileExistsError(f'{path} already exists and holds files; write to a new folder (or pass --force '
+                              'to replace it)')
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
+    try:
+        write(tmp)
+        old = None
+        if os.path.isdir(path) and os.listdir(path):
+            old = tempfile.mkdtemp(dir=parent, prefix='.' + os.path.basename(path) + '.', suffix='.old')
+            os.replace(path, old)
+        elif os.path.isdir(path):
+            os.rmdir(path)
+        os.replace(tmp, path)
+        if old:
+            shutil.rmtree(old)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
         raise

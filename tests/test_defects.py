@@ -1,0 +1,198 @@
+"""Defects found by hostile use of the features (issue 29), one test each: runs that could not finish,
+hung, or lost or corrupted data. Each failed on the code before its fix."""
+import os
+import re
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from tkvision.engine import trainer as train_mod
+from tkvision.utils.errors import ConfigError, RunError
+
+from .helpers import fmnist_cfg, train_crash_resume
+
+
+def _steps(*steps):
+    return [dict(at_epoch=at, to=to, warmup_epochs=0.25, lr_scale=0.5) for at, to in steps]
+
+
+def test_1_reset_and_freeze_over_two_steps_resumes_after_the_second(tmp_path, monkeypatch):
+    """optimizer_state: reset + freeze_old_tokens + two steps: killed after the second step's checkpoint,
+    the run resumes (it stopped with "parameter group that doesn't match") and ends bit-identical."""
+    g = dict(schedule=_steps((1, {'qkv': 24}), (2, {'ffn': 96})), optimizer_state='reset', freeze_old_tokens=True)
+    common = dict(epochs=3, train_subset=256, val_subset=64, growth=g)
+    full = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'full'), **common))
+    resumed = train_crash_resume(monkeypatch, fmnist_cfg(tmp_path, output=str(tmp_path / 'broken'), **common), saves=2)
+    a, b = full['model'].state_dict(), resumed['model'].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize('model, to, words', [
+    ('tokenformer_vit_ti16', {'qkv': 8}, 'fewer tokens'),
+    ('tokenformer_vit_ti16', {'mlp_hidden': 128}, 'mlp_hidden'),
+    ('vit_tiny_patch16_224', {'qkv': 32}, 'has no Pattention'),
+    ('vit_tiny_patch16_224', {'mlp_hidden': 16}, 'smaller'),
+])
+def test_2_growth_targets_the_model_cannot_reach_are_refused_before_training(tmp_path, model, to, words):
+    kwargs = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=1, num_heads=2)
+    if model.startswith('tokenformer'):
+        kwargs['num_tokens'] = 16
+    else:
+        kwargs['mlp_ratio'] = 1.0
+    cfg = fmnist_cfg(tmp_path, model=model, model_kwargs=kwargs, epochs=2, growth=dict(schedule=_steps((1, to))))
+    with pytest.raises(ConfigError, match=rf'growth.schedule\[0\]\.to.*{words}') as e:
+        train_mod.train(cfg)
+    assert not os.path.exists(os.path.join(cfg['output'], 'last.pth')), 'refused before any training'
+    assert 'epoch' not in str(e.value).split('growth.schedule')[0]
+
+
+def test_11_resume_into_another_runs_output_is_refused(tmp_path):
+    """``--resume A/last.pth --output B`` used to overwrite run B's files; B must be empty (or A's own)."""
+    a = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64, output=str(tmp_path / 'a'))
+    b = dict(a, output=str(tmp_path / 'b'))
+    train_mod.train(a)
+    train_mod.train(b)
+    before = {f: open(os.path.join(b['output'], f), 'rb').read() for f in os.listdir(b['output']) if f != '.lock'}
+    with pytest.raises(RunError, match='already holds a run'):
+        train_mod.train(dict(b, epochs=2), resume=os.path.join(a['output'], 'last.pth'))
+    after = {f: open(os.path.join(b['output'], f), 'rb').read() for f in os.listdir(b['output']) if f != '.lock'}
+    assert after == before
+    res = train_mod.train(dict(a, epochs=2, output=str(tmp_path / 'c')), resume=os.path.join(a['output'], 'last.pth'))
+    assert [r['epoch'] for r in res['history']] == [1]  # into an empty folder: allowed
+
+
+def test_12_a_run_killed_before_its_first_checkpoint_can_start_again(tmp_path, monkeypatch, capsys):
+    """Killed before its first checkpoint, a run leaves config.yaml only; a restart (and a requeued
+    ``--resume``) must start it from scratch, not refuse forever."""
+    cfg = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64)
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt('node failure')
+    with monkeypatch.context() as m:
+        m.setattr('tkvision.engine.trainer.train_one_epoch', killed)
+        with pytest.raises(KeyboardInterrupt):
+            train_mod.train(cfg)
+    assert sorted(os.listdir(cfg['output'])) == ['.lock', 'config.yaml']
+    assert train_mod.train(cfg, resume=True)['top1'] is not None
+    assert 'no checkpoint yet' in capsys.readouterr().out
+    os.remove(os.path.join(cfg['output'], 'last.pth'))
+    for f in ('best.safetensors', 'last.safetensors', 'metrics.csv', 'curves.png'):
+        os.remove(os.path.join(cfg['output'], f))
+    assert train_mod.train(cfg)['top1'] is not None  # a plain restart too
+
+
+@pytest.mark.parametrize('ratio', [0.0, 0.01, 0.99])
+def test_13_mae_mask_ratios_that_leave_nothing_to_learn_are_refused(tmp_path, ratio):
+    """mask_ratio 0 trained nothing and reported loss 0.0000 with exit 0; 16 patches here: 0.01 masks
+    none, 0.99 leaves none visible."""
+    with pytest.raises(ConfigError, match='mask_ratio'):  # the config (0) or the model (0.01, 0.99) refuses
+        train_mod.train(fmnist_cfg(tmp_path, task='mae', mask_ratio=ratio, decoder=dict(embed_dim=16, depth=1, num_heads=2)))
+    assert not os.path.exists(os.path.join(tmp_path, 'run', 'last.pth'))
+
+
+def _export_source(tmp_path):
+    from tkvision.engine.checkpoint import save_weights
+    import timm
+    kwargs = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=16, depth=1, num_heads=2, num_tokens=8, num_classes=10)
+    path = str(tmp_path / 'w.safetensors')
+    save_weights(timm.create_model('tokenformer_vit_ti16', **kwargs).state_dict(), path)
+    return ['--checkpoint', path, '--model', 'tokenformer_vit_ti16', '--model-kwargs', str(kwargs).replace("'", '')]
+
+
+def test_7_export_never_writes_over_a_folder_that_holds_files(tmp_path, capsys):
+    """A folder with a model.safetensors but no config.json was silently overwritten."""
+    from tkvision.cli.weights import export_main
+    out = tmp_path / 'exported'
+    out.mkdir()
+    (out / 'model.safetensors').write_bytes(b'somebody else\'s model')
+    assert export_main([*_export_source(tmp_path), '--out', str(out)]) == 2
+    assert 'already exists and holds files' in capsys.readouterr().err
+    assert (out / 'model.safetensors').read_bytes() == b'somebody else\'s model'
+    assert export_main([*_export_source(tmp_path), '--out', str(out), '--force']) == 0
+    assert (out / 'config.json').is_file() and (out / 'model.safetensors').stat().st_size > 100
+
+
+def test_8_a_full_disk_during_export_leaves_no_folder_that_looks_valid(tmp_path, monkeypatch, capsys):
+    """Export left model.safetensors and a 0-byte config.json, then refused to redo it."""
+    import timm
+    from tkvision.cli.weights import export_main
+    real = timm.models.save_for_hf
+
+    def disk_full(model, folder, **kwargs):
+        open(os.path.join(folder, 'model.safetensors'), 'wb').write(b'partial')
+        open(os.path.join(folder, 'config.json'), 'w').close()
+        raise OSError(28, 'No space left on device')
+    out = tmp_path / 'exported'
+    monkeypatch.setattr(timm.models, 'save_for_hf', disk_full)
+    assert export_main([*_export_source(tmp_path), '--out', str(out)]) == 2
+    assert capsys.readouterr().err.count('\n') == 1  # one line: "error: [Errno 28] No space left on device"
+    assert not out.exists() and [f for f in os.listdir(tmp_path) if f.startswith('.')] == []
+    monkeypatch.setattr(timm.models, 'save_for_hf', real)
+    assert export_main([*_export_source(tmp_path), '--out', str(out)]) == 0  # the retry works
+    assert timm.create_model(f'local-dir:{out}', pretrained=True).num_classes == 10
+
+
+def test_9_sixteen_bit_grayscale_pngs_keep_their_grey_levels(tmp_path):
+    """They were binarised (every nonzero pixel 255) and trained on with ``skipped 0``."""
+    import io
+    from tkvision.data import decode_image
+    levels = np.linspace(0, 65535, 64 * 64).round().astype(np.uint16).reshape(64, 64)
+    buffer = io.BytesIO()
+    Image.fromarray(levels).save(buffer, format='PNG')
+    image = decode_image(buffer.getvalue())
+    assert image.shape == (64, 64, 3) and image.dtype == np.uint8
+    expected = np.round(levels / 257).astype(np.uint8)  # 65535 -> 255, linearly
+    assert np.array_equal(image[..., 0], expected) and np.array_equal(image[..., 2], expected)
+    assert len(np.unique(image)) > 200
+
+
+@pytest.fixture(scope='module')
+def shard_folder(tmp_path_factory):
+    from tkvision.data.shards import make_shards
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path_factory.mktemp('defects') / 'jpeg', classes=2, train_per_class=12,
+                                val_per_class=4, size=32)
+    out = str(tmp_path_factory.mktemp('defects') / 'shards')
+    make_shards(root, out, max_count=6, progress=False)  # train-000000 .. 000003, val-000000 .. 000001
+    return out
+
+
+def _shard_cfg(tmp_path, data_dir, **kw):
+    from tkvision.engine.config import load_config
+    tiny = dict(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_tokens=8, num_classes=2)
+    base = dict(model='tokenformer_vit_ti16', model_kwargs=tiny, dataset='wds/defects', data_dir=data_dir, img_size=32,
+                rrc_scale=None, epochs=1, warmup_epochs=0.5, batch_size=2, threads=1, progress=False,
+                output=str(tmp_path / 'run'))
+    return load_config(None, dict(base, **kw))
+
+
+def _damaged_copy(shard_folder, tmp_path, shard, damage):
+    import shutil
+    folder = str(tmp_path / 'shards')
+    shutil.copytree(shard_folder, folder)
+    path = os.path.join(folder, shard)
+    data = open(path, 'rb').read()
+    open(path, 'wb').write(damage(data))
+    return folder
+
+
+@pytest.mark.parametrize('split', ['train', 'val'])
+def test_3_a_shard_truncated_in_the_middle_is_skipped_and_counted(tmp_path, shard_folder, split):
+    """It killed the run with tarfile.ReadError, in training or at evaluation."""
+    folder = _damaged_copy(shard_folder, tmp_path, f'{split}-000000.tar', lambda d: d[:len(d) // 2 + 100])
+    res = train_mod.train(_shard_cfg(tmp_path, folder))
+    row = res['history'][-1]
+    assert int(row['skipped' if split == 'train' else 'val_skipped']) >= 1 and res['top1'] is not None
+
+
+@pytest.mark.parametrize('damage, words', [(lambda d: b'', 'is empty (0 bytes)'),
+                                           (lambda d: b'\0' * 10240, 'holds no sample'),
+                                           (lambda d: b'not a tar file at all' * 40, 'is not a readable tar')])
+def test_5_an_empty_or_unreadable_shard_is_refused_before_training(tmp_path, shard_folder, damage, words):
+    """A worker whose only shard was an empty tar spun at 100% CPU forever; a 0-byte shard killed the run."""
+    from tkvision.utils.errors import UsageError
+    folder = _damaged_copy(shard_folder, tmp_path, 'train-000002.tar', damage)
+    with pytest.raises(UsageError, match=re.escape(f'train-000002.tar {words}')):
+        train_mod.train(_shard_cfg(tmp_path, folder, num_workers=2))
