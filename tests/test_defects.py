@@ -196,3 +196,89 @@ def test_5_an_empty_or_unreadable_shard_is_refused_before_training(tmp_path, sha
     folder = _damaged_copy(shard_folder, tmp_path, 'train-000002.tar', damage)
     with pytest.raises(UsageError, match=re.escape(f'train-000002.tar {words}')):
         train_mod.train(_shard_cfg(tmp_path, folder, num_workers=2))
+
+
+def test_4_10_an_uncaught_error_with_loader_workers_exits(tmp_path):
+    """With num_workers > 0 the error was printed and the process never exited (workers ignored the
+    SIGTERM Python stops them with); an out-of-memory batch hung the same way."""
+    import subprocess
+    import sys
+    from .helpers import ROOT
+    args = [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), '--output', str(tmp_path / 'run'),
+            '--model_kwargs', '{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 32, depth: 1, num_heads: 2, '
+            'num_tokens: 16}', '--rrc_scale', 'null', '--epochs', '2', '--warmup_epochs', '0.5', '--train_subset', '1024',
+            '--val_subset', '64', '--batch_size', '32', '--num_workers', '2', '--threads', '1', '--progress', 'false',
+            '--log_interval', '4', '--lr', '1e12']  # a NaN loss: an error the CLI does not catch
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired:
+        pytest.fail('the trainer did not exit within 120 s after its error')
+    assert p.returncode != 0 and 'NaN or infinite' in p.stderr, p.stderr[-2000:]
+
+
+def test_6_a_hugging_face_validation_class_the_training_split_lacks_is_named_before_training(tmp_path):
+    """The class check covered folders and tar only: an ``hfds/`` validation split with a class that no
+    training image has was trained and scored without a word (the issue saw a KeyError)."""
+    from tkvision.utils.errors import UsageError
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'hf', classes=3, train_per_class=8, val_per_class=2, size=28)
+    os.rename(os.path.join(root, 'val'), os.path.join(root, 'validation'))  # Hugging Face's split name
+    import shutil
+    shutil.rmtree(os.path.join(root, 'train', 'n00000002'))  # a class the training split lacks
+    cfg = fmnist_cfg(tmp_path, dataset=f'hfds/{root}', img_size=28, model_kwargs=dict(img_size=28, patch_size=7, embed_dim=16,
+                     depth=1, num_heads=2, num_tokens=8, num_classes=3), train_subset=None, val_subset=None, batch_size=4)
+    with pytest.raises(UsageError, match=r"only in val: \['n00000002'\]"):
+        train_mod.train(cfg)
+    assert not os.path.exists(os.path.join(cfg['output'], 'last.pth'))
+
+
+def test_also_malformed_yaml_and_truncated_checkpoints_are_one_line_errors(tmp_path, capsys):
+    from tkvision.cli.train import train_main, validate_main
+    bad = tmp_path / 'bad.yaml'
+    bad.write_text('epochs: 2\nlr: [1e-3\n')
+    assert train_main(['--config', str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and 'bad.yaml' in err and 'line' in err
+    for name in ('last.pth', 'w.safetensors'):
+        path = tmp_path / name
+        path.write_bytes(b'PK\x03\x04 truncated' if name.endswith('.pth') else b'\x10\x00\x00\x00\x00\x00\x00\x00{"a":')
+        assert validate_main(['--checkpoint', str(path), '--model', 'tokenformer_vit_ti16']) == 2
+        err = capsys.readouterr().err
+        assert err.count('\n') == 1 and name in err and 'not a readable' in err, err
+
+
+def test_also_a_fashion_mnist_data_dir_that_does_not_exist_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match='nowhere'):
+        train_mod.train(fmnist_cfg(tmp_path, data_dir=str(tmp_path / 'nowhere')))
+
+
+def test_also_an_empty_class_folder_is_named_as_empty(tmp_path):
+    """It was reported as a class "only in val"."""
+    from tkvision.utils.errors import UsageError
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=4, val_per_class=2, size=32)
+    for f in os.listdir(os.path.join(root, 'train', 'n00000001')):
+        os.remove(os.path.join(root, 'train', 'n00000001', f))
+    cfg = fmnist_cfg(tmp_path, dataset='folder', data_dir=root, img_size=32, model_kwargs=dict(
+        img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_tokens=8, num_classes=3),
+        train_subset=None, val_subset=None, batch_size=4)
+    with pytest.raises(UsageError, match=r"train/n00000001 holds no image"):
+        train_mod.train(cfg)
+
+
+def test_also_resume_with_only_output_uses_the_runs_own_config(tmp_path, capsys):
+    """``tools/train.py --resume --output runs/x`` compared the checkpoint against the defaults."""
+    from tkvision.cli.train import train_main
+    out = str(tmp_path / 'run')
+    args = ['--output', out, '--model_kwargs', '{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 16, depth: 1, '
+            'num_heads: 2, num_tokens: 8}', '--rrc_scale', 'null', '--epochs', '1', '--warmup_epochs', '0.5',
+            '--train_subset', '128', '--val_subset', '64', '--batch_size', '32', '--threads', '1', '--progress', 'false']
+    assert train_main(args) == 0
+    assert train_main(['--resume', '--output', out, '--epochs', '2']) == 0
+    assert 'changed: epochs 1 -> 2' in capsys.readouterr().out
+
+
+def test_also_make_shards_refuses_a_max_count_below_one(tmp_path, capsys):
+    from tkvision.cli.data import make_shards_main
+    assert make_shards_main(['--src', str(tmp_path), '--out', str(tmp_path / 's'), '--max-count', '0']) == 2
+    assert '--max-count' in capsys.readouterr().err and not os.path.exists(tmp_path / 's')

@@ -9,7 +9,7 @@ import torch.distributed as dist
 from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
 from ..engine.checkpoint import (BEST_WEIGHTS, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
                                  RECONSTRUCTION_FILE, load_training_checkpoint, model_for_checkpoint)
-from ..engine.config import load_config, section
+from ..engine.config import DEFAULTS, load_config, parse_overrides, section
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
 from ..engine.trainer import EXIT_PREEMPTED, Preempted, resolve_run_config, train
@@ -20,6 +20,7 @@ __all__ = ['parse_train_args', 'train_main', 'validate_main']
 
 def parse_train_args(argv=None):
     """``--config``, ``--data-dir``, ``--resume [PATH]``; every other ``--key value`` overrides the config.
+    ``--resume`` without ``--config`` starts from the checkpoint's own config.
 
     Returns:
         ``(cfg, resume)``. Raises ConfigError: a bad key or value (named).
@@ -32,7 +33,13 @@ def parse_train_args(argv=None):
     args, rest = ap.parse_known_args(argv)
     if args.data_dir:
         rest += ['--data_dir', args.data_dir]
-    return load_config(args.config, rest), args.resume
+    base = None
+    if args.resume and not args.config:  # continue the run as it was configured, not from the defaults
+        path = args.resume if isinstance(args.resume, str) else os.path.join(
+            parse_overrides(rest).get('output', DEFAULTS['output']), LAST_CHECKPOINT)
+        if os.path.isfile(path):
+            base = load_training_checkpoint(path)['config']
+    return load_config(args.config, rest, base=base), args.resume
 
 
 def _done_message(res: dict, minutes: float) -> str:

@@ -12,6 +12,7 @@ import os
 import numpy as np
 from PIL import Image
 from timm.data.readers import create_reader
+from timm.data.readers.img_extensions import get_img_extensions
 from torch.utils.data import Dataset, default_collate
 
 from ..utils.errors import UsageError
@@ -100,6 +101,41 @@ def _split_names(data, split):
     return split
 
 
+def _hfds_reader(data: dict, split: str, class_to_idx=None):
+    """timm's Hugging Face reader of ``split``; for the evaluation split (``class_to_idx`` given) the
+    classes that images of each split carry are compared: a dataset's ``ClassLabel`` lists the union
+    of its splits' classes, so comparing the maps alone misses a class only one split has."""
+    try:
+        reader = create_reader(data['dataset'], root=data['data_dir'], split=_split_names(data, split),
+                               class_map=class_to_idx)
+        if class_to_idx is not None:
+            train = create_reader(data['dataset'], root=data['data_dir'], split='train')
+            check_same_classes(_present_classes(train), _present_classes(reader), data['dataset'])
+    except ImportError as e:
+        raise ImportError('hfds/ datasets need the datasets package: pip install "tkvision[hfds]"') from e
+    return reader
+
+
+def _present_classes(reader) -> list:
+    """The class names that the images of a timm Hugging Face reader carry (its label column only)."""
+    labels = reader.dataset.select_columns([reader.label_key]).unique(reader.label_key)
+    feature = reader.dataset.features[reader.label_key]
+    return sorted(feature.int2str(int(i)) if hasattr(feature, 'int2str') else str(i) for i in labels)
+
+
+def _refuse_empty_classes(folder: str):
+    """A class folder of ``folder`` (one split) without an image would be missing from the split's
+    classes (timm's reader lists classes by their images) and then reported as a class of the other
+    split only: name it here. Stops at each class's first image."""
+    exts = get_img_extensions()
+    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
+        if entry.is_dir() and not any(os.path.splitext(f)[1].lower() in exts for _, _, files in os.walk(entry.path)
+                                      for f in files):
+            split = os.path.basename(os.path.normpath(folder))
+            raise UsageError(f'{split}/{entry.name} holds no image (in {os.path.dirname(os.path.normpath(folder))}): '
+                             'add images or remove the folder')
+
+
 def check_same_classes(train_classes, val_classes, where: str):
     only_train = sorted(set(train_classes) - set(val_classes))
     only_val = sorted(set(val_classes) - set(train_classes))
@@ -121,15 +157,14 @@ def create_split_reader(data: dict, split: str, class_to_idx=None):
     """
     name, root = data['dataset'], data['data_dir']
     if name.startswith('hfds/'):
-        try:
-            return create_reader(name, root=root, split=_split_names(data, split), class_map=class_to_idx)
-        except ImportError as e:
-            raise ImportError('hfds/ datasets need the datasets package: pip install "tkvision[hfds]"') from e
+        return _hfds_reader(data, split, class_to_idx)
     path = os.path.join(root, split + ('.tar' if name == 'tar' else ''))
     if not os.path.exists(path):
         layout = ('<data_dir>/train.tar and val.tar holding <class>/<image>' if name == 'tar' else
                   'ImageNet layout: <data_dir>/train/<class>/*.JPEG, <data_dir>/val/<class>/*')
         raise FileNotFoundError(f'{path} not found: expected {layout}')
+    if name != 'tar':
+        _refuse_empty_classes(path)
     if name != 'tar' and class_to_idx is not None:
         check_same_classes(class_to_idx, [e.name for e in os.scandir(path) if e.is_dir()], path)
     reader = create_reader('', root=path, class_map=class_to_idx if name != 'tar' else None)

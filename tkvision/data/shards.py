@@ -234,10 +234,13 @@ def make_shards(src: str, out: str, splits=('train', 'val'), max_count: int = 10
 
     Raises:
         FileNotFoundError: ``src/<split>`` missing. FileExistsError: ``out`` already holds shards.
-        ValueError: a split holds a class the first split does not have (named).
+        UsageError: a split holds a class the first split does not have (named), or ``max_count`` < 1
+            or ``max_size`` <= 0.
     """
     from tqdm import tqdm
     from timm.data.readers.reader_image_folder import find_images_and_targets
+    if max_count < 1 or max_size <= 0:
+        raise UsageError(f'--max-count must be >= 1 and --max-size > 0, got {max_count} and {max_size}')
     wds = _wds()
     if os.path.exists(os.path.join(out, INFO_NAME)):
         raise FileExistsError(f'{out} already holds shards ({INFO_NAME}); write to another --out')

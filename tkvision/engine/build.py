@@ -27,8 +27,8 @@ def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch
     try:
         return _build(model, mae, num_classes)
     except (TypeError, ValueError) as e:  # a kwarg the model does not take, a value it refuses
-        raise ConfigError(f"cannot build {model['model']} with model_kwargs {model['model_kwargs']}"
-                          + (' and this mae section' if mae is not None else '') + f': {e}') from e
+        where = 'model_kwargs' + (' or the mae keys' if mae is not None else '')
+        raise ConfigError(f"{where} of {model['model']}: {e}") from e
 
 
 def _build(model: dict, mae: dict, num_classes: int) -> torch.nn.Module:

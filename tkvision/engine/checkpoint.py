@@ -23,6 +23,7 @@ family's checkpoint filter, grow the model to the checkpoint's size if the run g
 """
 import csv
 import os
+import pickle
 
 import torch
 import yaml
@@ -31,6 +32,7 @@ from safetensors.torch import save_file
 from ..growth import grow, grow_to_checkpoint, load_grown_state_dict, token_counts
 from ..models import adapt_state_dict, check_fit, load_state_dict_file
 from ..models.mae import encoder_weights, is_mae_state_dict
+from ..utils.errors import UsageError
 from ..utils.files import atomic_write
 from .build import model_for_config
 from .config import migrate
@@ -83,11 +85,21 @@ def load_training_checkpoint(path: str, map_location='cpu') -> dict:
     (:func:`tkvision.engine.config.migrate`).
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        FileNotFoundError: no file at ``path``. UsageError: a truncated file, or not a training checkpoint.
+        pickle.UnpicklingError: a file that holds code (refused, never run).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
-    ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (RuntimeError, EOFError, ValueError) as e:
+        if isinstance(e, pickle.UnpicklingError):  # weights_only refused code in the file: say so as it is
+            raise
+        raise UsageError(f'{path} is not a readable training checkpoint (truncated, or not a torch file): '
+                         + str(e).splitlines()[0]) from None
+    if not isinstance(ckpt, dict) or 'config' not in ckpt:
+        raise UsageError(f'{path} is not a training checkpoint of tkvision (no config in it); '
+                         'for a weights file use --config or --model')
     ckpt['config'] = migrate(ckpt['config'])
     return ckpt
 

@@ -210,7 +210,10 @@ def _read_yaml(path: str, seen=()) -> dict:
     if not os.path.isfile(path):
         raise ConfigError(f'config file not found: {path}')
     with open(path) as f:
-        data = yaml.safe_load(f) or {}
+        try:
+            data = yaml.safe_load(f) or {}
+        except yaml.YAMLError as e:  # the parser's own words name the line and column
+            raise ConfigError(f'{path} is not valid YAML: ' + ' '.join(str(e).split())) from None
     if not isinstance(data, dict):
         raise ConfigError(f'{path}: a config must be a YAML mapping')
     base = data.pop('_base_', None)

@@ -116,6 +116,19 @@ class RunContext:
     def on_signal(self, signum, _frame):
         self.stop_signal = signal.Signals(signum).name
 
+    def close(self):
+        """Stop the loaders' worker processes, on every way out of a run (an error included).
+
+        Persistent workers live in ``loader._iterator`` until it is dropped; its shutdown sets their
+        done event and joins them. Without this, an error leaves them waiting, and since they ignore
+        SIGTERM (:func:`_ignore_stop_signals`) multiprocessing's exit handler waits for them forever.
+        """
+        for loader in (self.train_loader, self.val_loader):
+            iterator = getattr(loader, '_iterator', None)
+            loader._iterator = None
+            if iterator is not None and hasattr(iterator, '_shutdown_workers'):
+                iterator._shutdown_workers()
+
     def save(self, state: TrainState):
         """Write ``last.pth`` (rank 0, atomic) and restart the checkpoint clock."""
         if self.main:

@@ -266,6 +266,7 @@ def train(cfg: dict, resume=None) -> dict:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+        run.close()
         if run.writer is not None:
             run.writer.close()
         if lock is not None:

@@ -5,12 +5,14 @@ Growth (:mod:`tkvision.growth`) and the run-checkpoint owner (:mod:`tkvision.eng
 build on these; the models use them to read a local file's head size.
 """
 import os
+import pickle
 
 import torch
+from safetensors import SafetensorError
 from timm.models import load_state_dict as timm_load_state_dict
 from timm.utils import unwrap_model
 
-from ..utils.errors import WeightsMismatchError
+from ..utils.errors import UsageError, WeightsMismatchError
 
 __all__ = ['load_state_dict_file', 'adapt_state_dict', 'check_fit']
 
@@ -21,11 +23,18 @@ def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
     checkpoint's EMA weights win when ``use_ema``; ``module.`` prefixes removed).
 
     Raises:
-        FileNotFoundError: no file at ``path``.
+        FileNotFoundError: no file at ``path``. UsageError: a file that cannot be read (truncated, not
+            a weights file), naming it. pickle.UnpicklingError: a file that holds code (refused).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f'weights file not found: {path}')
-    return timm_load_state_dict(path, use_ema=use_ema, weights_only=True)
+    try:
+        return timm_load_state_dict(path, use_ema=use_ema, weights_only=True)
+    except (RuntimeError, ValueError, EOFError, OSError, SafetensorError) as e:
+        if isinstance(e, pickle.UnpicklingError):  # weights_only refused code in the file: say so as it is
+            raise
+        raise UsageError(f'{path} is not a readable weights file (truncated, or not a .safetensors / torch file): '
+                         + str(e).splitlines()[0]) from None
 
 
 def adapt_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
