@@ -211,11 +211,12 @@ def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
 def test_bad_settings_are_one_line_errors_before_any_work(tmp_path, capsys, override, key):
     from tkvision.cli.train import train_main as main
     out = str(tmp_path / 'run')
-    assert main(['--output', out, '--epochs', '2', *override]) == 2
+    model = ['--model_kwargs', str(TINY_FMNIST).replace("'", '')]  # a model that takes Fashion-MNIST's images
+    assert main(['--output', out, '--epochs', '2', *model, *override]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith('error: ') and key in err[0], err
     assert not os.path.exists(os.path.join(out, 'last.pth')) and not os.path.exists(os.path.join(out, 'metrics.csv'))
-    assert main(['--output', out, '--epochs', '2', *override, '--debug']) == 2
+    assert main(['--output', out, '--epochs', '2', *model, *override, '--debug']) == 2
     assert 'Traceback' in capsys.readouterr().err
 
 

@@ -12,7 +12,7 @@ from ..engine.checkpoint import (BEST_WEIGHTS, CURVES_FILE, LAST_CHECKPOINT, LAS
 from ..engine.config import DEFAULTS, load_config, parse_overrides, section
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
-from ..engine.trainer import EXIT_PREEMPTED, Preempted, resolve_run_config, train
+from ..engine.trainer import EXIT_PREEMPTED, Preempted, check_model_input, resolve_run_config, train
 from .common import run_cli
 
 __all__ = ['parse_train_args', 'train_main', 'validate_main']
@@ -94,6 +94,7 @@ def _validate(argv) -> int:
     ds = build_dataset(data, 'val', cfg['seed'], rank, world, class_to_idx=train_class_map(data))
     # a run that grew during training: its config builds the model it started from, grown to the file's size
     model, grown = model_for_checkpoint(cfg, args.checkpoint, use_ema=not args.no_ema)
+    check_model_input(cfg)
     if grown and not rank:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
     loader = build_loader(ds, data, train=False, seed=cfg['seed'], rank=rank, world_size=world)

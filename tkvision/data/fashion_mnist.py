@@ -46,7 +46,7 @@ def load_fashion_mnist(split: str = 'train', data_dir=None, download: bool = Fal
     if split not in _FMNIST_FILES:
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")
     if data_dir and not os.path.isdir(data_dir) and not download:
-        raise FileNotFoundError(f'--data-dir {data_dir} does not exist (for Fashion-MNIST: a folder with the four '
+        raise FileNotFoundError(f'--data-dir {data_dir} is not a folder (for Fashion-MNIST: a folder with the four '
                                 'idx files, or leave it unset to use the Debian package)')
     searched = [d for d in (data_dir, FASHION_MNIST_DIR) if d]
     for d in searched:

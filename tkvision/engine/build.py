@@ -1,5 +1,7 @@
 """Building the model a config describes, from its ``model`` section (and ``mae`` section for
 ``task: mae``)."""
+import contextlib
+
 import timm
 import torch
 
@@ -7,7 +9,7 @@ from ..models.mae import create_mae
 from ..utils.errors import ConfigError
 from .config import section
 
-__all__ = ['build_model', 'model_for_config', 'default_num_classes']
+__all__ = ['build_model', 'create_model', 'model_for_config', 'default_num_classes', 'input_shape']
 
 
 def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch.nn.Module:
@@ -24,24 +26,42 @@ def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch
             ``embed_dim``, a mask ratio with nothing to learn, ...): the message names the model and
             repeats the model's own words.
     """
-    try:
-        return _build(model, mae, num_classes)
-    except (TypeError, ValueError) as e:  # a kwarg the model does not take, a value it refuses
-        where = 'model_kwargs' + (' or the mae keys' if mae is not None else '')
-        raise ConfigError(f"{where} of {model['model']}: {e}") from e
-
-
-def _build(model: dict, mae: dict, num_classes: int) -> torch.nn.Module:
     kwargs = dict(model['model_kwargs'])
     if model['drop_path_rate']:
         kwargs['drop_path_rate'] = model['drop_path_rate']
     if mae is not None:
         d = mae['decoder']
-        return create_mae(model['model'], decoder=dict(embed_dim=d['embed_dim'], depth=d['depth'], num_heads=d['num_heads']),
-                          mask_ratio=mae['mask_ratio'], norm_pix_loss=mae['norm_pix_loss'],
-                          decoder_num_tokens=d['num_tokens'], decoder_kind=d['kind'], **kwargs)
+        with _refusals_as_config_errors(f"model_kwargs or the mae keys of {model['model']}"):
+            return create_mae(model['model'], decoder=dict(embed_dim=d['embed_dim'], depth=d['depth'],
+                                                           num_heads=d['num_heads']),
+                              mask_ratio=mae['mask_ratio'], norm_pix_loss=mae['norm_pix_loss'],
+                              decoder_num_tokens=d['num_tokens'], decoder_kind=d['kind'], **kwargs)
     kwargs.setdefault('num_classes', num_classes)
-    return timm.create_model(model['model'], **kwargs)
+    return create_model(model['model'], **kwargs)
+
+
+def create_model(name: str, **kwargs) -> torch.nn.Module:
+    """``timm.create_model(name, **kwargs)``, its refusals (an unknown kwarg, a value it rejects) as
+    :class:`~tkvision.utils.errors.ConfigError` naming ``model_kwargs`` and the model."""
+    with _refusals_as_config_errors(f'model_kwargs of {name}'):
+        return timm.create_model(name, **kwargs)
+
+
+@contextlib.contextmanager
+def _refusals_as_config_errors(where: str):
+    try:
+        yield
+    except (TypeError, ValueError, ZeroDivisionError) as e:  # the model's own words follow the key
+        raise ConfigError(f'{where}: {e}') from e
+
+
+def input_shape(model: torch.nn.Module):
+    """``(channels, (H, W) or None)`` a ViT-like model takes: its stem's input channels and, when the
+    stem checks the size (timm's ``strict_img_size``, ours without ``dynamic_img_size``), the image size."""
+    stem = model.patch_embed
+    channels = getattr(model, 'in_chans', None) or stem.proj.weight.shape[1]
+    strict = getattr(stem, 'strict_img_size', True) and not getattr(model, 'dynamic_img_size', False)
+    return channels, (tuple(stem.img_size) if strict and getattr(stem, 'img_size', None) else None)
 
 
 def default_num_classes(cfg: dict) -> int:

@@ -204,6 +204,23 @@ def merge(base: dict, over: dict, where: str = 'config', schema: dict = DEFAULTS
     return out
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """YAML's safe loader that refuses a key given twice in one mapping (PyYAML keeps the last silently)."""
+
+
+def _mapping_without_repeats(loader, node, deep=False):
+    lines = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if key in lines:
+            raise ConfigError(f'key {key!r} is given twice (lines {lines[key]} and {key_node.start_mark.line + 1})')
+        lines[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping_without_repeats)
+
+
 def _read_yaml(path: str, seen=()) -> dict:
     if path in seen:
         raise ConfigError(f'_base_ cycle: {" -> ".join(seen + (path,))}')
@@ -211,9 +228,11 @@ def _read_yaml(path: str, seen=()) -> dict:
         raise ConfigError(f'config file not found: {path}')
     with open(path) as f:
         try:
-            data = yaml.safe_load(f) or {}
+            data = yaml.load(f, Loader=_StrictLoader) or {}
         except yaml.YAMLError as e:  # the parser's own words name the line and column
             raise ConfigError(f'{path} is not valid YAML: ' + ' '.join(str(e).split())) from None
+        except ConfigError as e:
+            raise ConfigError(f'{path}: {e}') from None
     if not isinstance(data, dict):
         raise ConfigError(f'{path}: a config must be a YAML mapping')
     base = data.pop('_base_', None)

@@ -123,8 +123,6 @@ def validate_config(cfg: dict) -> dict:
     _validate_growth_schedule(cfg)
     if cfg['mean'] is not None and cfg['std'] is not None and len(cfg['mean']) != len(cfg['std']):
         raise ConfigError(f"mean and std must have one value per channel, got {len(cfg['mean'])} and {len(cfg['std'])}")
-    if cfg['warmup_epochs'] >= cfg['epochs']:
-        raise ConfigError(f"warmup_epochs must be < epochs ({cfg['epochs']}), got {cfg['warmup_epochs']!r}")
     if cfg['rrc_scale'] and cfg['rrc_scale'][0] > cfg['rrc_scale'][1]:
         raise ConfigError(f"rrc_scale must be [min, max] with min <= max, got {cfg['rrc_scale']!r}")
     if cfg['decoder']['embed_dim'] % cfg['decoder']['num_heads']:

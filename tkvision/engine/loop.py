@@ -14,6 +14,7 @@ import os
 import signal
 import time
 
+import cv2
 import torch
 import torch.distributed as dist
 from timm.data import Mixup
@@ -47,9 +48,11 @@ class Preempted(RuntimeError):
 
 def _ignore_stop_signals(_worker_id):
     """DataLoader workers leave SIGTERM / SIGUSR1 to the main process, which stops them itself after
-    checkpointing (SLURM signals every process of a job step)."""
+    checkpointing (SLURM signals every process of a job step), and decode with one OpenCV thread
+    (torch already gives them one): workers x threads must not oversubscribe the cores."""
     for s in STOP_SIGNALS:
         signal.signal(s, signal.SIG_IGN)
+    cv2.setNumThreads(1)
 
 
 def seed_step(seed: int, epoch: int, batch: int, rank: int = 0):
@@ -189,12 +192,23 @@ def train_one_epoch(run: RunContext, state: TrainState, epoch: int) -> dict:
         Preempted: a stop signal arrived (the checkpoint is written first).
         NonFiniteLossError: see :meth:`RunContext.check`.
     """
-    cfg, n, accum, meter = run.cfg, run.batches_per_epoch, run.accum, state.meter
+    cfg = run.cfg
     set_loader_epoch(run.train_loader, epoch, start_batch=state.batches_done)
     state.optimizer.zero_grad(set_to_none=True)
     state.net.train()
-    bar = tqdm(total=n, initial=state.batches_done, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
+    bar = tqdm(total=run.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
                disable=not (run.main and cfg['progress']), dynamic_ncols=True)
+    try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
+        _run_batches(run, state, epoch, bar)
+    finally:
+        bar.close()
+    run.check(state, force=True)
+    return _epoch_stats(run, state)
+
+
+def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
+    """The micro-batches of ``epoch`` from ``state.batches_done``: forward, backward, updates, checks."""
+    cfg, n, accum, meter = run.cfg, run.batches_per_epoch, run.accum, state.meter
     t0 = time.perf_counter() - meter['seconds']
     for i, (images, labels, bad) in enumerate(run.train_loader, start=state.batches_done):
         seed_step(cfg['seed'], epoch, i, run.rank)
@@ -215,9 +229,6 @@ def train_one_epoch(run: RunContext, state: TrainState, epoch: int) -> dict:
             bar.set_postfix(loss=f"{meter['loss_sum'].item() / max(meter['seen'], 1):.3f}",
                             lr=f"{state.optimizer.param_groups[0]['lr']:.2e}",
                             img_s=f"{meter['seen'] * run.world / max(meter['seconds'], 1e-9):.0f}")
-    bar.close()
-    run.check(state, force=True)
-    return _epoch_stats(run, state)
 
 
 def _epoch_stats(run: RunContext, state: TrainState) -> dict:

@@ -4,16 +4,24 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ['plot_curves', 'plt']
+__all__ = ['plot_curves', 'train_loss_label', 'plt']
 
 
-def plot_curves(history, path: str, title: str = ''):
+def train_loss_label(cfg: dict) -> str:
+    """The legend of the training loss: what made it differ from the plain cross-entropy, if anything."""
+    parts = ([f"label smoothing {cfg['smoothing']:g}"] if cfg['smoothing'] else []) + \
+        [name for name in ('mixup', 'cutmix') if cfg[name]]
+    return 'train loss' + (f" (as trained: {', '.join(parts)})" if parts else '')
+
+
+def plot_curves(history, path: str, title: str = '', train_label: str = 'train loss'):
     """Loss (train, val) and top-1 (val, EMA) against epoch, side by side, saved as PNG at ``path``
     (the loss panel alone for an MAE run, which has no top-1).
 
     Args:
         history: list of per-epoch dicts (``metrics.csv`` rows) with ``epoch``, ``train_loss`` and,
             where evaluated, ``val_loss``, ``top1``, ``ema_top1``; values may be strings.
+        train_label: the training loss's legend (:func:`train_loss_label`).
     """
     def series(key):
         pts = [(int(r['epoch']) + 1, float(r[key])) for r in history if r.get(key) not in (None, '')]
@@ -22,7 +30,7 @@ def plot_curves(history, path: str, title: str = ''):
     classify = bool(series('top1')[0])
     fig, axes = plt.subplots(1, 2 if classify else 1, figsize=(10 if classify else 5.5, 4), squeeze=False)
     ax_loss = axes[0, 0]
-    losses = ((('train_loss', 'train loss (as trained: smoothing, mixup)'), ('val_loss', 'val loss (cross-entropy)'))
+    losses = ((('train_loss', train_label), ('val_loss', 'val loss (cross-entropy)'))
               if classify else (('train_loss', 'train reconstruction loss'),
                                 ('val_loss', 'val reconstruction loss (fixed masks)'),
                                 ('ema_val_loss', 'EMA val reconstruction loss')))

@@ -73,8 +73,11 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     if others and not resume:
         fcntl.lockf(fd, fcntl.LOCK_UN)
         os.close(fd)
+        through_make = (' (through make: make train ARGS=--resume, or make train ARGS="--output runs/another")'
+                        if os.environ.get('MAKELEVEL') else '')
         raise RunError(f'output directory {out} already holds a run ({", ".join(sorted(others)[:4])}'
-                       f'{", ..." if len(others) > 4 else ""}); continue it with --resume, or pass another --output')
+                       f'{", ..." if len(others) > 4 else ""}); continue it with --resume, or pass another --output'
+                       + through_make)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()}\n'.encode(), 0)
     return RunDirLock(path, fd)

@@ -23,6 +23,7 @@ import csv
 import os
 import signal
 
+import torch
 from timm.utils import random_seed
 from tqdm import tqdm
 
@@ -30,6 +31,7 @@ from .. import growth
 from ..data import dataset_size, resolve_data_cfg
 from ..utils.errors import ConfigError, RunError
 from ..utils.seeding import derive_seed
+from .build import create_model, input_shape
 from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_WEIGHTS, METRICS_FILE, RECONSTRUCTION_FILE,
                          keep_best, load_training_checkpoint, save_rows, save_weights, save_yaml)
 from .config import config_changes, section
@@ -37,12 +39,12 @@ from .config_rules import validate_config
 from .distributed import all_ranks_agree, init_distributed, setup_threads
 from .evaluate import evaluate, evaluate_mae
 from .loop import STOP_SIGNALS, NonFiniteLossError, Preempted, RunContext, train_one_epoch
-from .plotting import plot_curves
+from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
 from .rundir import claim_output_dir, run_files
 from .state import TrainState
 
-__all__ = ['train', 'resolve_run_config', 'evaluate_and_keep_best', 'log_epoch', 'growth_due', 'TrainState',
+__all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'log_epoch', 'growth_due', 'TrainState',
            'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
 
 #: Exit status after a checkpoint written on SIGTERM / SIGUSR1 (sysexits' EX_TEMPFAIL: "try again").
@@ -50,9 +52,34 @@ EXIT_PREEMPTED = 75
 
 
 def resolve_run_config(cfg: dict) -> dict:
-    """``cfg`` validated, with its null data keys filled from the model (:func:`tkvision.data.resolve_data_cfg`)."""
+    """``cfg`` validated, with its null data keys filled from the model (:func:`tkvision.data.resolve_data_cfg`).
+
+    Raises:
+        ConfigError: a bad value (named).
+    """
     cfg = validate_config(cfg)
     return {**cfg, **resolve_data_cfg(section(cfg, 'data'), cfg['model'], cfg['model_kwargs'])}
+
+
+def check_model_input(cfg: dict):
+    """Refuse, before any work, a model that cannot take the dataset's images: Fashion-MNIST's are
+    ``img_size`` px with one channel, and another input would only fail at the first batch (the model
+    is built on the meta device: no memory).
+
+    Raises:
+        ConfigError: naming both shapes and the model_kwargs that fit.
+    """
+    if cfg['dataset'] != 'fashion_mnist':
+        return
+    with torch.device('meta'):
+        net = create_model(cfg['model'], **{k: v for k, v in cfg['model_kwargs'].items() if k != 'num_classes'})
+    channels, size = input_shape(net)
+    if channels == 1 and size in (None, (cfg['img_size'],) * 2):
+        return
+    shown = f'{size[0]} x {size[1]} px' if size else 'any size'
+    raise ConfigError(f"Fashion-MNIST images are {cfg['img_size']} x {cfg['img_size']} px, 1 channel; {cfg['model']} "
+                      f"as configured takes {shown}, {channels} channels: set model_kwargs "
+                      "{img_size: 28, patch_size: 7, in_chans: 1} (as configs/fashion_mnist/quick.yaml does)")
 
 
 def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> dict:
@@ -164,6 +191,7 @@ def _claim_output(cfg: dict, rank: int, device, resume):
 def _start(cfg: dict, resume):
     """Processes, output directory (locked, rank 0), data and state; every rank fails if one does."""
     cfg = resolve_run_config(cfg)
+    check_model_input(cfg)
     setup_threads(section(cfg, 'run'))
     rank, world, device = init_distributed(section(cfg, 'run'))
     lock = _claim_output(cfg, rank, device, resume)
@@ -190,6 +218,9 @@ def _announce(cfg, run: RunContext, state: TrainState, world: int, device):
     if cfg['tensorboard']:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
         run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
+    if cfg['warmup_epochs'] >= cfg['epochs']:  # a smoke test's default warmup: accepted, and said
+        print(f"note: warmup_epochs {cfg['warmup_epochs']} >= epochs {cfg['epochs']}: the warmup takes the whole run "
+              '(the lr rises to its peak at the last update and never decays)')
     n_params = sum(p.numel() for p in state.model.parameters())
     print(f"{cfg['model']}: {n_params / 1e6:.2f}M params, {dataset_size(run.train_ds)} train / "
           f"{dataset_size(run.val_ds)} val images, "
@@ -231,7 +262,8 @@ def _finish(cfg: dict, run: RunContext, state: TrainState, history: list):
     if not run.main:
         return
     if history:
-        plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f"{cfg['model']} ({cfg['task']})")
+        plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f"{cfg['model']} ({cfg['task']})",
+                    train_label=train_loss_label(cfg))
     if cfg['task'] == 'mae' and cfg['recon_images']:
         save_reconstructions(state.ema.module if state.ema else state.model, run.val_ds, cfg['mean'], cfg['std'],
                              os.path.join(run.out, RECONSTRUCTION_FILE), cfg['recon_images'], cfg['mask_ratio'],

@@ -92,6 +92,8 @@ class TokenFormerViT(nn.Module):
         super().__init__()
         if global_pool not in ('', 'avg', 'token'):
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
+        if depth < 1:
+            raise ValueError(f'depth must be >= 1, got {depth}')
         if global_pool == 'token' and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
         self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans

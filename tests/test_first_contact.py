@@ -1,0 +1,94 @@
+"""What a new user meets first (issue 27's first-contact list), each fixed with a test that failed before."""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from tkvision.engine import trainer as train_mod
+from tkvision.engine.config import load_config
+from tkvision.utils.errors import ConfigError, RunError
+
+from .helpers import ROOT, fmnist_cfg
+
+
+def test_a_run_without_a_recipe_says_what_the_model_needs_before_any_work(tmp_path):
+    """``tools/train.py --output runs/x`` (Fashion-MNIST and tokenformer_vit_ti16 at 224 px, 3 channels)
+    died at the first batch with "Input size (28x28) does not match the model (224x224)"."""
+    with pytest.raises(ConfigError, match=r'28 x 28 px, 1 channel.*224 x 224 px, 3 channels.*in_chans: 1'):
+        train_mod.train(load_config(None, dict(output=str(tmp_path / 'run'), threads=1)))
+    assert not os.path.exists(tmp_path / 'run' / 'last.pth')
+
+
+def test_a_yaml_key_given_twice_is_refused_naming_both_lines(tmp_path):
+    """PyYAML silently keeps the last of two equal keys."""
+    path = tmp_path / 'twice.yaml'
+    path.write_text('epochs: 2\nlr: 1.0e-3\nepochs: 3\n')
+    with pytest.raises(ConfigError, match=r"twice.yaml: key 'epochs' is given twice \(lines 1 and 3\)"):
+        load_config(str(path))
+    tabs = tmp_path / 'tabs.yaml'
+    tabs.write_text('model_kwargs:\n\timg_size: 28\n')
+    with pytest.raises(ConfigError, match='tabs.yaml is not valid YAML'):
+        load_config(str(tabs))
+
+
+def test_a_second_run_through_make_is_told_the_make_way_out(tmp_path, monkeypatch):
+    cfg = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64)
+    train_mod.train(cfg)
+    monkeypatch.setenv('MAKELEVEL', '1')
+    with pytest.raises(RunError, match=re.escape('make train ARGS=--resume') + '.*' + re.escape('ARGS="--output')):
+        train_mod.train(cfg)
+
+
+def test_a_one_epoch_smoke_run_without_a_recipe_warmup_is_accepted(tmp_path, capsys):
+    """``--epochs 1`` failed with "warmup_epochs must be < epochs (1), got 1.0" (the default warmup):
+    a warmup as long as the run now takes the whole run, and the run says so."""
+    res = train_mod.train(fmnist_cfg(tmp_path, epochs=1, warmup_epochs=1.0, train_subset=128, val_subset=64))
+    assert res['top1'] is not None and 'the warmup takes the whole run' in capsys.readouterr().out
+    with pytest.raises(ConfigError, match='warmup_epochs'):  # a growth stage's warmup must still fit its stage
+        fmnist_cfg(tmp_path, epochs=2, growth=dict(schedule=[dict(at_epoch=1, to={'qkv': 32}, warmup_epochs=1.0)]))
+
+
+def test_the_curves_say_which_losses_were_trained(tmp_path):
+    """curves.png called the train loss "as trained: smoothing, mixup" with both off."""
+    from tkvision.engine.plotting import train_loss_label
+    cfg = load_config(None, dict(smoothing=0.0))
+    assert train_loss_label(cfg) == 'train loss'
+    assert train_loss_label(load_config(None, dict(smoothing=0.1, cutmix=1.0))) == \
+        'train loss (as trained: label smoothing 0.1, cutmix)'
+
+
+def test_the_default_threads_follow_the_cores_this_process_may_use(monkeypatch):
+    """The default took the machine's core count; with fewer cores allowed (affinity, several local
+    processes) the OpenMP threads oversubscribed them."""
+    from tkvision.engine.distributed import available_cores, setup_threads
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1, 2, 3})
+        monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
+        assert available_cores() == 2
+        setup_threads(dict(threads=None))
+        assert torch.get_num_threads() == 2
+        monkeypatch.setenv('LOCAL_WORLD_SIZE', '8')
+        setup_threads(dict(threads=None))
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_pre_empted_run_says_so_on_its_own_line(tmp_path):
+    """The exit-75 message was glued to the progress bar's line."""
+    args = [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), '--output', str(tmp_path / 'run'),
+            '--model_kwargs', '{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 32, depth: 1, num_heads: 2, '
+            'num_tokens: 16}', '--rrc_scale', 'null', '--epochs', '50', '--warmup_epochs', '0.5', '--train_subset', '4096',
+            '--val_subset', '64', '--batch_size', '8', '--threads', '1', '--log_interval', '1']
+    p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(12)
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=120)
+    assert p.returncode == train_mod.EXIT_PREEMPTED, err[-2000:]
+    assert re.search(r'(^|[\r\n])stopped by SIGTERM', err), err[-300:]
