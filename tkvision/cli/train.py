@@ -49,8 +49,9 @@ def _done_message(res: dict, minutes: float) -> str:
                 f"  weights: {os.path.join(out, LAST_WEIGHTS)} (fine-tune with init_from: "
                 f"{os.path.join(out, LAST_WEIGHTS)})\n  reconstructions: {os.path.join(out, RECONSTRUCTION_FILE)}\n"
                 f"  curves:  {os.path.join(out, CURVES_FILE)}")
+    last = os.path.join(out, LAST_WEIGHTS) + (' (EMA weights)' if res.get('ema') else '')
     return (f"done in {minutes:.1f} min: final test top-1 {res['top1']:.2f}% (best {res['best_top1']:.2f}%)\n"
-            f"  weights: {os.path.join(out, BEST_WEIGHTS)} (last: {os.path.join(out, LAST_WEIGHTS)}, "
+            f"  weights: {os.path.join(out, BEST_WEIGHTS)} (last: {last}, "
             f"state: {os.path.join(out, LAST_CHECKPOINT)})\n  curves:  {os.path.join(out, CURVES_FILE)}\n"
             f"  metrics: {os.path.join(out, METRICS_FILE)}")
 

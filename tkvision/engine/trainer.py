@@ -271,7 +271,8 @@ def _finish(cfg: dict, run: RunContext, state: TrainState, history: list):
 
 
 def train(cfg: dict, resume=None) -> dict:
-    """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, epochs, output, model, history)``.
+    """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, epochs, output, model, history, ema)``
+    (``ema``: whether ``last.safetensors`` holds EMA weights; ``top1`` is the raw model's).
 
     Args:
         cfg: a config from :func:`tkvision.engine.config.load_config` (checked again here).
@@ -306,7 +307,7 @@ def train(cfg: dict, resume=None) -> dict:
     last = history[-1] if history else {}
     return dict(top1=_number(last.get('top1')), top5=_number(last.get('top5')), best_top1=state.best.get('top1'),
                 val_loss=_number(last.get('val_loss')), epochs=cfg['epochs'], output=run.out, model=state.model,
-                history=history)
+                history=history, ema=state.ema is not None)
 
 
 def _number(v):

@@ -249,9 +249,10 @@ class TokenFormerViT(nn.Module):
 
     @torch.jit.ignore
     def checkpoint_filter(self, state_dict: dict) -> dict:
-        """``state_dict`` adapted to this model by the family's :func:`checkpoint_filter_fn` (what
-        :func:`tkvision.models.adapt_state_dict` applies to any model that has this method)."""
-        return checkpoint_filter_fn(state_dict, self)
+        """``state_dict`` adapted to this model by the family's :func:`checkpoint_filter_fn` and
+        :func:`adapt_input_channels` (what :func:`tkvision.models.adapt_state_dict` applies to any model
+        that has this method)."""
+        return adapt_input_channels(checkpoint_filter_fn(state_dict, self), self)
 
     def forward_intermediates(self, x, indices: Optional[Union[int, List[int]]] = None,
                               return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
@@ -310,8 +311,8 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     timm), reads the first release's layout (patch-embedding key tokens as
     ``patch_embed.proj.key_param_tokens [n, C*p*p]``, now the filter bank ``patch_embed.proj.weight
     [n, C, p, p]``), resamples ``pos_embed`` to the model's patch grid (timm's
-    ``resample_abs_pos_embed``) and, for a checkpoint with other input channels, adapts the filter
-    bank with timm's ``adapt_input_conv`` (timm's own loader does the same for ``first_conv``).
+    ``resample_abs_pos_embed``). Other input channels are timm's loader's to adapt (``first_conv``),
+    or :func:`adapt_input_channels`'s on our own path.
     Everything else passes through; shape mismatches are reported by
     :func:`tkvision.models.check_fit` / ``load_state_dict``.
     """
@@ -331,20 +332,27 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     legacy = state_dict.pop('patch_embed.proj.key_param_tokens', None)
     if legacy is not None:
         state_dict['patch_embed.proj.weight'] = legacy.reshape(legacy.shape[0], -1, p, p)
+    return state_dict
+
+
+def adapt_input_channels(state_dict: dict, model: TokenFormerViT) -> dict:
+    """The stem's filter bank (``first_conv`` + ``.weight``) adapted to ``model.in_chans`` with timm's
+    ``adapt_input_conv`` (timm's pretrained path does this itself after the filter)."""
     weight = state_dict.get('patch_embed.proj.weight')
     if weight is not None and weight.shape[1] != model.in_chans:
         state_dict['patch_embed.proj.weight'] = adapt_input_conv(model.in_chans, weight)
     return state_dict
 
 
-def _file_num_classes(path) -> int:
-    """Rows of ``head.weight`` in a weights file (0 when it has no head)."""
+def _file_shapes(path: str, names) -> dict:
+    """``{name: shape}`` of the tensors ``names`` that a weights file holds (read without loading the rest
+    of a .safetensors)."""
     if path.endswith('.safetensors'):
         from safetensors import safe_open
         with safe_open(path, 'pt') as f:
-            return f.get_slice('head.weight').get_shape()[0] if 'head.weight' in f.keys() else 0
-    head = checkpoint_filter_fn(load_state_dict_file(path), None).get('head.weight')
-    return 0 if head is None else head.shape[0]
+            return {n: tuple(f.get_slice(n).get_shape()) for n in names if n in f.keys()}
+    state = checkpoint_filter_fn(load_state_dict_file(path), None)
+    return {n: tuple(state[n].shape) for n in names if n in state}
 
 
 def _create_tokenformer_vit(variant, pretrained=False, model_cls=None, **kwargs):
@@ -359,10 +367,14 @@ def _create_tokenformer_vit(variant, pretrained=False, model_cls=None, **kwargs)
                 f'No pretrained weights are published for {variant}. Train one (tools/train.py) and load it '
                 f"with pretrained=True, pretrained_cfg_overlay=dict(file='path/to/model.safetensors').")
         overlay = dict(kwargs.get('pretrained_cfg_overlay') or {})
-        if cfg.file and os.path.isfile(cfg.file) and 'num_classes' not in overlay:  # (local-dir: config.json says)
-            # timm drops the head when the cfg's num_classes (1000) differs from the model's; a local
-            # file says itself how many classes it has, so keep its head when it fits.
-            overlay['num_classes'] = _file_num_classes(cfg.file)
+        if cfg.file and os.path.isfile(cfg.file):
+            # timm drops the head when the cfg's num_classes (1000) differs from the model's, and adapts
+            # (or warns about) the stem by the cfg's input channels: a local file says both itself.
+            shapes = _file_shapes(cfg.file, ('head.weight', 'patch_embed.proj.weight'))
+            if 'num_classes' not in overlay:  # (local-dir: config.json says)
+                overlay['num_classes'] = shapes.get('head.weight', (0,))[0]
+            if 'patch_embed.proj.weight' in shapes:
+                overlay['input_size'] = (shapes['patch_embed.proj.weight'][1], *cfg.input_size[1:])
             kwargs['pretrained_cfg_overlay'] = overlay
     out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(

@@ -1,0 +1,69 @@
+"""What a timm user meets (issue 26's bugs), each with a test that failed before its fix."""
+import logging
+
+import pytest
+import timm
+import torch
+from safetensors.torch import load_file
+
+from tkvision.engine import trainer as train_mod
+from tkvision.engine.checkpoint import save_weights
+
+from .helpers import fmnist_cfg
+
+SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
+
+
+@pytest.mark.parametrize('name', ['ringformer_vit_small_patch16_224', 'tokenformer_ring_vit_small_patch16_224'])
+def test_a_local_files_head_is_kept_by_the_small_recurrent_variants(tmp_path, name):
+    """The entrypoints passed num_classes=100 themselves, so a 10-class file got a random 100-class head."""
+    src = timm.create_model(name, num_classes=10, **SMALL).eval()
+    path = str(tmp_path / 'w.safetensors')
+    save_weights(src.state_dict(), path)
+    loaded = timm.create_model(name, pretrained=True, pretrained_cfg_overlay=dict(file=path), **SMALL).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(x), src(x))
+    assert timm.create_model(name, **SMALL).num_classes == 100  # the variant's own default (ImageNet-small)
+
+
+@pytest.mark.parametrize('name', ['ringformer_vit_small_patch16_224', 'tokenformer_ring_vit_small_patch16_224'])
+def test_layer_decay_gives_the_shared_block_the_last_levels_scale(name):
+    """The shared block, used at every level, got the first level's scale (0.65^7 of the lr, ~0.05 here);
+    it now takes the deepest level's, the largest any level has."""
+    from timm.optim import create_optimizer_v2
+    model = timm.create_model(name, **SMALL)
+    opt = create_optimizer_v2(model, 'adamw', lr=1.0, layer_decay=0.65)
+    scale = {id(p): g['lr_scale'] for g in opt.param_groups for p in g['params']}
+    shared = {scale[id(p)] for p in model.shared.parameters()}
+    last_level = {scale[id(p)] for p in model.blocks[-1].parameters()}
+    assert shared == last_level and len(shared) == 1
+    assert shared.pop() > max(scale[id(p)] for p in model.blocks[0].parameters())
+
+
+def test_last_safetensors_says_whose_weights_it_holds(tmp_path, capsys):
+    """With EMA on, last.safetensors holds the EMA weights while the printed top-1 is the raw model's;
+    the file's metadata and the end-of-run message say so."""
+    from tkvision.cli.train import train_main
+    out = str(tmp_path / 'run')
+    assert train_main(['--output', out, '--model_kwargs', '{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 16, '
+                       'depth: 1, num_heads: 2, num_tokens: 8}', '--rrc_scale', 'null', '--epochs', '1',
+                       '--warmup_epochs', '0.5', '--train_subset', '128', '--val_subset', '64', '--batch_size', '32',
+                       '--threads', '1', '--progress', 'false', '--model_ema', 'true']) == 0
+    from safetensors import safe_open
+    with safe_open(f'{out}/last.safetensors', 'pt') as f:
+        assert f.metadata()['source'] == 'ema'
+    assert 'last.safetensors (EMA weights)' in capsys.readouterr().out
+
+
+def test_loading_with_other_in_chans_warns_nothing_misleading(tmp_path, caplog):
+    """timm warned that the input conv "already matches" because our filter had adapted it first."""
+    src = timm.create_model('tokenformer_vit_ti16', num_tokens=8, **SMALL)
+    path = str(tmp_path / 'w.safetensors')
+    save_weights(src.state_dict(), path)
+    with caplog.at_level(logging.WARNING):
+        m = timm.create_model('tokenformer_vit_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=path),
+                              in_chans=1, num_tokens=8, **SMALL)
+    assert m.patch_embed.proj.weight.shape[1] == 1
+    torch.testing.assert_close(m.patch_embed.proj.weight, src.patch_embed.proj.weight.sum(1, keepdim=True))
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
