@@ -67,3 +67,15 @@ def test_loading_with_other_in_chans_warns_nothing_misleading(tmp_path, caplog):
     assert m.patch_embed.proj.weight.shape[1] == 1
     torch.testing.assert_close(m.patch_embed.proj.weight, src.patch_embed.proj.weight.sum(1, keepdim=True))
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING], [r.getMessage() for r in caplog.records]
+
+
+@pytest.mark.parametrize('name', ['ringformer_vit_small_patch16_224', 'tokenformer_ring_vit_small_patch16_224',
+                                  'tokenformer_vit_ti16'])
+def test_every_parameter_gets_a_gradient_as_timms_own_test_asks(name):
+    """timm's backward test fails a model with a parameter that gets no gradient: the fixed sin-cos
+    table was a frozen Parameter. It is a buffer now, under the same state-dict key."""
+    kwargs = dict(SMALL, pos_embed='sincos') if name.startswith('tokenformer_vit') else SMALL
+    model = timm.create_model(name, **kwargs)
+    model(torch.randn(2, 3, 32, 32)).sum().backward()
+    assert [n for n, p in model.named_parameters() if p.grad is None] == []
+    assert 'pos_embed' in model.state_dict() and 'pos_embed' in dict(model.named_buffers())

@@ -130,7 +130,7 @@ class MAEDecoder(nn.Module):
     blocks are TokenFormer blocks (``num_tokens`` Q/K/V/proj tokens, ``4 num_tokens`` FFN tokens);
     ``kind='vit'``: MAE's own decoder (Linear embed and prediction, timm's ViT blocks, MLP ratio 4).
     Position embeddings: fixed 2-D sin-cos over the patch grid (zeros for the prefix tokens), a
-    frozen parameter so checkpoints carry them.
+    buffer so checkpoints carry them.
 
     Raises:
         ValueError: unknown ``kind``, or ``embed_dim`` not divisible by ``num_heads``.
@@ -165,7 +165,7 @@ class MAEDecoder(nn.Module):
         self.norm = nn.LayerNorm(embed_dim, eps=1e-6)
         grid = build_sincos2d_pos_embed(list(num_patches_grid), embed_dim)
         pos = torch.cat([torch.zeros(num_prefix_tokens, embed_dim), grid]).unsqueeze(0)
-        self.pos_embed = nn.Parameter(pos, requires_grad=False)
+        self.register_buffer('pos_embed', pos)  # fixed: a buffer, saved under the same key
         self.mask_token = nn.Parameter(torch.zeros(1, 1, embed_dim))
         nn.init.normal_(self.mask_token, std=.02)
         if kind == 'vit':

@@ -64,7 +64,7 @@ class TokenFormerViT(nn.Module):
         no_embed_class: the position embedding covers the patches only, not the class / register
             tokens (timm's ``no_embed_class``).
         pos_embed: ``'learn'`` (learned, timm's init), ``'sincos'`` (fixed 2-D sin-cos over the patch
-            grid, as MAE: a frozen parameter, zeros for prefix tokens) or ``'none'``.
+            grid, as MAE: a buffer saved as ``pos_embed``, zeros for prefix tokens) or ``'none'``.
         qk_norm: LayerNorm of q and k per head (timm's ``qk_norm``).
         init_values: LayerScale init of both block branches (timm's ``init_values``); None: off.
         fused_qkv: one GEMM for the Q/K/V scores (:meth:`Attention.qkv_fused`); same parameters and
@@ -116,8 +116,12 @@ class TokenFormerViT(nn.Module):
         self.cls_token = nn.Parameter(torch.zeros(1, 1, embed_dim)) if class_token else None
         self.reg_token = nn.Parameter(torch.zeros(1, reg_tokens, embed_dim)) if reg_tokens else None
         embed_len = num_patches if no_embed_class else num_patches + self.num_prefix_tokens
-        self.pos_embed = None if pos_embed == 'none' else nn.Parameter(
-            torch.zeros(1, embed_len, embed_dim), requires_grad=pos_embed == 'learn')
+        if pos_embed == 'learn':
+            self.pos_embed = nn.Parameter(torch.zeros(1, embed_len, embed_dim))
+        elif pos_embed == 'sincos':  # a fixed table: a buffer (saved under the same key), not a gradient-less parameter
+            self.register_buffer('pos_embed', torch.zeros(1, embed_len, embed_dim))
+        else:
+            self.pos_embed = None
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
         value_std = 2 / (depth * math.sqrt(embed_dim))
