@@ -154,12 +154,21 @@ def test_features_only(tiny_kwargs):
 
 
 def test_dynamic_img_size(tiny_kwargs):
+    """At the native size a dynamic_img_size model equals the fixed-size one with the same weights; at
+    another size its position embedding is timm's bicubic resample of the native one. (This test used
+    to compare the dynamic model with itself: ``load_state_dict(...) and m(...)``.)"""
     m = timm.create_model('tokenformer_vit_ti16', dynamic_img_size=True, **tiny_kwargs).eval()
-    assert m(torch.randn(1, 3, 48, 64)).shape == (1, 7)
-    torch.testing.assert_close(m.forward_features(torch.ones(1, 3, 32, 32)),
-                               timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
-                               .load_state_dict(m.state_dict()) and m.forward_features(torch.ones(1, 3, 32, 32)))
-    fixed = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
+    fixed = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs).eval()
+    fixed.load_state_dict(m.state_dict())
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        torch.testing.assert_close(m.forward_features(x), fixed.forward_features(x), rtol=0, atol=0)
+        assert m(torch.randn(1, 3, 48, 64)).shape == (1, 7)
+        tokens = m.patch_embed(torch.randn(1, 3, 48, 64))
+        resampled = timm.layers.resample_abs_pos_embed(m.pos_embed, new_size=(6, 8), old_size=(4, 4),
+                                                       num_prefix_tokens=1)
+        expected = torch.cat([m.cls_token, tokens], 1) + resampled
+        torch.testing.assert_close(m._pos_embed(tokens, (6, 8)), expected)
     with pytest.raises(Exception, match='does not match'):
         fixed(torch.randn(1, 3, 48, 48))
 

@@ -131,3 +131,24 @@ def test_functions_and_modules_are_a_readable_size(name):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
             and node.end_lineno - node.lineno + 1 > MAX_FUNCTION_LINES]
     assert long == [], f'{path}: functions over {MAX_FUNCTION_LINES} lines'
+
+
+def _self_comparisons(source: str) -> list:
+    """Assertions that cannot fail: ``x == x``, or ``and`` / ``or`` inside a comparison helper's
+    operands (``assert_close(a, f() and a)`` compares ``a`` with itself)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        name = getattr(getattr(node, 'func', None), 'attr', getattr(getattr(node, 'func', None), 'id', ''))
+        if isinstance(node, ast.Call) and name in ('assert_close', 'allclose', 'equal', 'array_equal'):
+            found += [ast.unparse(node) for arg in node.args if isinstance(arg, ast.BoolOp)]
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1 and isinstance(node.ops[0], ast.Eq)
+                and ast.unparse(node.left) == ast.unparse(node.comparators[0])):
+            found.append(ast.unparse(node))
+    return found
+
+
+def test_no_assertion_compares_a_value_with_itself():
+    assert _self_comparisons('torch.testing.assert_close(m(x), other.load_state_dict(s) and m(x))')  # the checker
+    tests = os.path.join(ROOT, 'tests')
+    found = {f: _self_comparisons(open(os.path.join(tests, f)).read()) for f in os.listdir(tests) if f.endswith('.py')}
+    assert {f: v for f, v in found.items() if v} == {}
