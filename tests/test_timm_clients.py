@@ -79,3 +79,70 @@ def test_every_parameter_gets_a_gradient_as_timms_own_test_asks(name):
     model(torch.randn(2, 3, 32, 32)).sum().backward()
     assert [n for n, p in model.named_parameters() if p.grad is None] == []
     assert 'pos_embed' in model.state_dict() and 'pos_embed' in dict(model.named_buffers())
+
+
+FAMILIES = ['tokenformer_vit_ti16', 'ringformer_vit_small_patch16_224', 'tokenformer_ring_vit_small_patch16_224']
+
+
+def _vit_and(name, **kwargs):
+    """Ours and timm's ViT at the same small shape."""
+    torch.manual_seed(0)
+    ours = timm.create_model(name, num_classes=5, **SMALL, **kwargs).eval()
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                            num_classes=5).eval()
+    return ours, vit
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_get_patch_size_and_set_input_size_behave_as_timms_vit(name):
+    ours, vit = _vit_and(name)
+    assert ours.get_patch_size() == tuple(vit.patch_embed.patch_size) == (8, 8)
+    learned = name.startswith('tokenformer_vit')
+    before = ours.pos_embed.detach().clone()
+    ours.set_input_size(img_size=48)
+    vit.set_input_size(img_size=48)
+    assert ours.patch_embed.grid_size == vit.patch_embed.grid_size == (6, 6) and ours.pos_embed.shape == vit.pos_embed.shape
+    if learned:  # resampled as timm resamples
+        expected = timm.layers.resample_abs_pos_embed(before, new_size=[6, 6], old_size=[4, 4], num_prefix_tokens=1)
+        torch.testing.assert_close(ours.pos_embed.detach(), expected)
+    else:  # sin-cos: the table a model built at 48 px has
+        fresh = timm.create_model(name, **dict(SMALL, img_size=48))
+        torch.testing.assert_close(ours.pos_embed, fresh.pos_embed)
+    with torch.no_grad():
+        assert ours(torch.randn(2, 3, 48, 48)).shape == vit(torch.randn(2, 3, 48, 48)).shape
+
+
+def test_a_new_patch_size_resamples_the_key_tokens_as_flexivit_resamples_a_conv_stem():
+    ours, _ = _vit_and('tokenformer_vit_ti16')
+    weight = ours.patch_embed.proj.weight.detach().clone()
+    ours.set_input_size(patch_size=4)
+    torch.testing.assert_close(ours.patch_embed.proj.weight.detach(), timm.layers.resample_patch_embed(weight, [4, 4]))
+    assert ours.get_patch_size() == (4, 4) and ours.patch_embed.grid_size == (8, 8)
+    with torch.no_grad():
+        assert ours.forward_features(torch.randn(1, 3, 32, 32)).shape == (1, 65, 32)
+    with pytest.raises(ValueError, match='divisible by patch_size 5'):
+        ours.set_input_size(patch_size=5)
+
+
+@pytest.mark.parametrize('name', FAMILIES)
+def test_forward_intermediates_as_a_dict_and_with_an_attention_mask_as_timms_vit(name):
+    ours, vit = _vit_and(name)
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        for flags in (dict(), dict(return_prefix_tokens=True), dict(intermediates_only=True)):
+            mine, theirs = ours.forward_intermediates(x, output_dict=True, **flags), vit.forward_intermediates(
+                x, output_dict=True, **flags)
+            assert set(mine) == set(theirs), flags
+        as_list = ours.forward_intermediates(x)
+        as_dict = ours.forward_intermediates(x, output_dict=True)
+        torch.testing.assert_close(as_dict['image_features'], as_list[0])
+        torch.testing.assert_close(as_dict['image_intermediates'][-1], as_list[1][-1])
+        n = 17  # class token + 16 patches
+        open_mask = torch.zeros(2, 1, n, n)
+        torch.testing.assert_close(ours.forward_features(x, attn_mask=open_mask), ours.forward_features(x), rtol=0, atol=0)
+        hide_last = torch.ones(n, n, dtype=torch.bool)
+        hide_last[:, -1] = False  # no token attends to the last patch
+        masked = ours.forward_features(x, attn_mask=hide_last)
+        assert not torch.allclose(masked, ours.forward_features(x))
+        torch.testing.assert_close(ours.forward_intermediates(x, attn_mask=hide_last)[0], masked)
+        assert vit.forward_features(x, attn_mask=hide_last).shape == masked.shape

@@ -3,7 +3,7 @@ are Pattentions, and an FFN that is one Pattention. Used by ``tokenformer_vit_*`
 family's shared block and the MAE decoder.
 """
 from functools import partial
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -57,7 +57,9 @@ class Attention(nn.Module):
         out = s.transpose(-3, -2) @ values  # [B, 3, N, d]
         return out[:, 0], out[:, 1], out[:, 2]
 
-    def forward(self, x):
+    def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
+        """``x [B, N, dim]`` -> ``[B, N, dim]``; ``attn_mask`` as ``F.scaled_dot_product_attention`` takes it
+        (bool, True = attend, or float added to the scores; broadcast to ``[B, heads, N, N]``)."""
         B, N, C = x.shape
         if self.fused_qkv:
             q, k, v = self.qkv_fused(x)
@@ -66,7 +68,7 @@ class Attention(nn.Module):
         q = self.q_norm(q.view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(k.view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         v = v.view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.)
         x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(self.proj(x))
 
@@ -98,6 +100,6 @@ class Block(nn.Module):
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
-    def forward(self, x):
-        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x))))
+    def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
+        x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask)))
         return x + self.drop_path2(self.ls2(self.ffn_drop(self.ffn(self.norm2(x)))))

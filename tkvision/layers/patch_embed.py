@@ -7,6 +7,7 @@ from typing import List, Tuple
 
 import torch
 import torch.nn.functional as F
+from timm.layers import resample_patch_embed, to_2tuple
 from torch import nn
 
 from .pattention import Pattention
@@ -59,6 +60,30 @@ class PatchEmbed(nn.Module):
         self.num_patches = self.grid_size[0] * self.grid_size[1]
         self.in_chans, self.strict_img_size = in_chans, strict_img_size
         self.proj = PatchPattention(in_chans, patch_size, embed_dim, num_tokens, score_norm=score_norm)
+
+    @torch.jit.ignore
+    def set_input_size(self, img_size=None, patch_size=None):
+        """Change the input size and / or the patch size in place (timm's ``PatchEmbed.set_input_size``).
+
+        A new patch size resamples the key tokens as FlexiViT resamples a conv stem (timm's
+        ``resample_patch_embed``, pseudo-inverse resize), so the scores A = X K_Pᵀ of a patch resized
+        with the same interpolation are kept; V_P and τ do not change.
+
+        Raises:
+            ValueError: an image size not divisible by the patch size.
+        """
+        if patch_size is not None and to_2tuple(patch_size) != self.patch_size:
+            p = to_2tuple(patch_size)[0]
+            with torch.no_grad():
+                weight = resample_patch_embed(self.proj.weight, [p, p])
+            self.proj.weight = nn.Parameter(weight, requires_grad=self.proj.weight.requires_grad)
+            self.proj.patch_size, self.proj.in_features, self.patch_size = p, weight[0].numel(), (p, p)
+        if img_size is not None:
+            self.img_size = to_2tuple(img_size)
+        if any(s % self.patch_size[0] for s in self.img_size):
+            raise ValueError(f'img_size {self.img_size} must be divisible by patch_size {self.patch_size[0]}')
+        self.grid_size = tuple(s // self.patch_size[0] for s in self.img_size)
+        self.num_patches = self.grid_size[0] * self.grid_size[1]
 
     def dynamic_feat_size(self, img_size: List[int]) -> Tuple[int, int]:
         """Patch grid ``(H/p, W/p)`` of an image of ``img_size = (H, W)`` pixels."""

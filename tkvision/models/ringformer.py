@@ -149,12 +149,12 @@ class RecurrentAttention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x, level: Level):
+    def forward(self, x, level: Level, attn_mask: Optional[torch.Tensor] = None):
         B, N, C = x.shape
         q = self.q_norm(level.project('q', self.q, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(level.project('k', self.k, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         v = level.project('v', self.v, x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, k, v, dropout_p=self.attn_drop if self.training else 0.)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.)
         x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(level.project('proj', self.proj, x))
 
@@ -168,8 +168,8 @@ class RingBlock(nn.Module):
         self.attn, self.ffn = attn, ffn
         self.ffn_drop = nn.Dropout(ffn_drop)
 
-    def forward(self, x, level: Level):
-        x = x + level.drop_path(self.attn(level.norm1(x), level))
+    def forward(self, x, level: Level, attn_mask: Optional[torch.Tensor] = None):
+        x = x + level.drop_path(self.attn(level.norm1(x), level, attn_mask))
         return x + level.drop_path(self.ffn_drop(level.ffn(self.ffn, level.norm2(x))))
 
 
@@ -184,15 +184,15 @@ class _RecurrentViT(TokenFormerViT):
         if kw.get('fused_qkv'):
             raise ValueError('fused_qkv is a TokenFormerViT option; the recurrent families compute Q/K/V per level')
 
-    def forward_blocks(self, x):
+    def forward_blocks(self, x, attn_mask: Optional[torch.Tensor] = None):
         for level in self.blocks:
-            x = self._run_block(level, x)
+            x = self._run_block(level, x, attn_mask)
         return x
 
-    def _run_block(self, level, x):
+    def _run_block(self, level, x, attn_mask: Optional[torch.Tensor] = None):
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint(self.shared, x, level, use_reentrant=False)
-        return self.shared(x, level)
+            return checkpoint(self.shared, x, level, attn_mask, use_reentrant=False)
+        return self.shared(x, level, attn_mask)
 
     @torch.jit.ignore
     def group_matcher(self, coarse=False):

@@ -19,7 +19,7 @@ where the recurrent families and the MAE decoder reuse them.
 """
 import math
 import os
-from typing import List, Optional, Tuple, Union
+from typing import List, Optional, Tuple
 
 import torch
 from torch import nn
@@ -27,19 +27,18 @@ from torch.utils.checkpoint import checkpoint
 
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import resample_abs_pos_embed, trunc_normal_
-from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
-from timm.models._features import feature_take_indices
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
 
 from ..layers import Block, PatchEmbed
 from ._helpers import load_state_dict_file
+from ._vit_contract import ViTContract
 
 __all__ = ['TokenFormerViT', 'checkpoint_filter_fn']
 
 
-class TokenFormerViT(nn.Module):
+class TokenFormerViT(ViTContract, nn.Module):
     """TokenFormer Vision Transformer (paper Fig. 2, Table 2), timm-compatible.
 
     Args:
@@ -156,8 +155,7 @@ class TokenFormerViT(nn.Module):
             trunc_normal_(self.pos_embed, std=.02)
         elif self.pos_embed is not None:
             with torch.no_grad():
-                grid = build_sincos2d_pos_embed(list(self.patch_embed.grid_size), self.embed_dim)
-                self.pos_embed.zero_()[0, self.pos_embed.shape[1] - grid.shape[0]:] = grid
+                self.pos_embed.copy_(self.sincos_table())
         if self.cls_token is not None:
             nn.init.normal_(self.cls_token, std=1e-6)
         if self.reg_token is not None:
@@ -219,21 +217,30 @@ class TokenFormerViT(nn.Module):
                 x = x + pos_embed
         return self.pos_drop(x)
 
-    def _run_block(self, blk, x):
+    @torch.jit.unused
+    def _run_block(self, blk, x, attn_mask: Optional[torch.Tensor] = None):
         if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint(blk, x, use_reentrant=False)
-        return blk(x)
+            return checkpoint(blk, x, attn_mask, use_reentrant=False)
+        return blk(x, attn_mask)
 
-    def forward_features(self, x):
-        """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm)."""
+    def forward_features(self, x, attn_mask: Optional[torch.Tensor] = None):
+        """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm);
+        ``attn_mask`` as timm's ViT takes it (``F.scaled_dot_product_attention``'s, over all tokens)."""
         grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
         x = self._pos_embed(self.patch_embed(x), grid)
-        return self.norm(self.forward_blocks(x))
+        return self.norm(self.forward_blocks(x, attn_mask))
 
-    def forward_blocks(self, x):
+    def forward_blocks(self, x, attn_mask: Optional[torch.Tensor] = None):
         """The trunk, ``[B, N', C] -> [B, N', C]`` (gradient checkpointing per block when enabled): what
         a family overrides to change the trunk, and what :class:`~tkvision.models.mae.MaskedAutoencoder`
         runs on the visible tokens."""
+        if attn_mask is not None:  # nn.Sequential passes one argument: run the blocks one by one
+            for blk in self.blocks:
+                if self.grad_checkpointing and not torch.jit.is_scripting():
+                    x = checkpoint(blk, x, attn_mask, use_reentrant=False)
+                else:
+                    x = blk(x, attn_mask)
+            return x
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return checkpoint_seq(self.blocks, x)
         return self.blocks(x)
@@ -248,8 +255,8 @@ class TokenFormerViT(nn.Module):
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x):
-        return self.forward_head(self.forward_features(x))
+    def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
+        return self.forward_head(self.forward_features(x, attn_mask))
 
     @torch.jit.ignore
     def checkpoint_filter(self, state_dict: dict) -> dict:
@@ -257,55 +264,6 @@ class TokenFormerViT(nn.Module):
         :func:`adapt_input_channels` (what :func:`tkvision.models.adapt_state_dict` applies to any model
         that has this method)."""
         return adapt_input_channels(checkpoint_filter_fn(state_dict, self), self)
-
-    def forward_intermediates(self, x, indices: Optional[Union[int, List[int]]] = None,
-                              return_prefix_tokens: bool = False, norm: bool = False, stop_early: bool = False,
-                              output_fmt: str = 'NCHW', intermediates_only: bool = False):
-        """Features of selected blocks, as timm's ViT.
-
-        Args:
-            indices: last n blocks if int, all if None, these block indices if a list.
-            norm: apply the final norm to each intermediate.
-            output_fmt: ``'NCHW'`` (``[B, C, H/p, W/p]``) or ``'NLC'`` (``[B, N, C]``).
-        Returns:
-            intermediates (list) if ``intermediates_only``, else (final features, intermediates).
-        Raises:
-            ValueError: unknown ``output_fmt``.
-        """
-        if output_fmt not in ('NCHW', 'NLC'):
-            raise ValueError(f"output_fmt must be 'NCHW' or 'NLC', got {output_fmt!r}")
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        B, _, height, width = x.shape
-        grid = self.patch_embed.dynamic_feat_size((height, width))
-        x = self._pos_embed(self.patch_embed(x), grid)
-        blocks = self.blocks[:max_index + 1] if stop_early else self.blocks
-        intermediates = []
-        for i, blk in enumerate(blocks):
-            x = self._run_block(blk, x)
-            if i in take_indices:
-                intermediates.append(self.norm(x) if norm else x)
-        prefix = [y[:, :self.num_prefix_tokens] for y in intermediates]
-        intermediates = [y[:, self.num_prefix_tokens:] for y in intermediates]
-        if output_fmt == 'NCHW':
-            intermediates = [y.reshape(B, grid[0], grid[1], -1).permute(0, 3, 1, 2).contiguous()
-                             for y in intermediates]
-        if return_prefix_tokens and self.num_prefix_tokens:
-            intermediates = list(zip(intermediates, prefix))
-        if intermediates_only:
-            return intermediates
-        return self.norm(x), intermediates
-
-    def prune_intermediate_layers(self, indices: Union[int, List[int]] = 1, prune_norm: bool = False,
-                                  prune_head: bool = True) -> List[int]:
-        """Drop blocks after the last of ``indices`` (and optionally norm / head); returns the kept indices."""
-        take_indices, max_index = feature_take_indices(len(self.blocks), indices)
-        self.blocks = self.blocks[:max_index + 1]
-        if prune_norm:
-            self.norm = nn.Identity()
-        if prune_head:
-            self.fc_norm = nn.Identity()
-            self.reset_classifier(0, '')
-        return take_indices
 
 
 def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
