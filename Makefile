@@ -9,7 +9,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: env data train train-long test benchmark sweep growth-experiment clean
+.PHONY: env data train train-long test test-lowest-deps benchmark sweep growth-experiment clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,16 @@ train-long: env data
 
 test: env data
 	$(PY) -m pytest -q $(ARGS)
+
+# The lower bounds setup.cfg declares, tested: those versions in .lowest-deps/, ahead of the venv's, on
+# the tests that exercise them (timm's API, safetensors files, YAML configs). torch's pins are above.
+LOWEST := timm safetensors pyyaml albumentations
+test-lowest-deps: env data
+	rm -rf .lowest-deps
+	$(PY) -m pip install -q --no-deps --target .lowest-deps $$($(PY) tools/lowest_requirements.py $(LOWEST))
+	PYTHONPATH=.lowest-deps $(PY) -c "import timm, safetensors, yaml, albumentations; print('lowest:', timm.__version__, safetensors.__version__, yaml.__version__, albumentations.__version__)"
+	PYTHONPATH=.lowest-deps $(PY) -m pytest -q tests/test_models.py tests/test_checkpoints.py tests/test_config.py \
+		tests/test_timm_clients.py tests/test_growth.py tests/test_pattention.py $(ARGS)
 
 benchmark: env
 	$(PY) tools/benchmark.py $(ARGS)

@@ -152,3 +152,24 @@ def test_no_assertion_compares_a_value_with_itself():
     tests = os.path.join(ROOT, 'tests')
     found = {f: _self_comparisons(open(os.path.join(tests, f)).read()) for f in os.listdir(tests) if f.endswith('.py')}
     assert {f: v for f, v in found.items() if v} == {}
+
+
+def test_the_makefile_pins_satisfy_setup_cfgs_ranges_and_the_lowest_bounds_are_read():
+    """The Makefile pins torch / torchvision; setup.cfg keeps ranges; CI installs setup.cfg's lower
+    bounds of timm and friends (``make test-lowest-deps``): they must agree."""
+    import configparser
+    import re
+    import sys
+    from packaging.requirements import Requirement
+    cfg = configparser.ConfigParser()
+    cfg.read(os.path.join(ROOT, 'setup.cfg'))
+    ranges = {Requirement(line).name.lower(): Requirement(line).specifier
+              for line in cfg['options']['install_requires'].split('\n') if line.strip()}
+    pins = re.search(r'^TORCH_PINS := (.+)$', open(os.path.join(ROOT, 'Makefile')).read(), re.M).group(1).split()
+    for pin in pins:
+        name, version = pin.split('==')
+        assert version in ranges[name.lower()], f'Makefile pins {pin} outside setup.cfg {ranges[name.lower()]}'
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    from lowest_requirements import lowest
+    assert lowest(['timm', 'pyyaml']) == [f"timm=={str(ranges['timm']).lstrip('>=')}",
+                                           f"pyyaml=={str(ranges['pyyaml']).lstrip('>=')}"]
