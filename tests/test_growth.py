@@ -230,3 +230,37 @@ def test_the_checkpoint_filter_is_found_by_the_models_attribute():
     w = dict(old_weight=torch.ones(2, 2), old_bias=torch.zeros(2))
     assert set(adapt_state_dict(Renamed(2, 2), w)) == {'weight', 'bias'}
     assert set(adapt_state_dict(torch.nn.Linear(2, 2), w)) == {'old_weight', 'old_bias'}
+
+
+@pytest.mark.parametrize('beta2', [0.999, 0.95])
+def test_first_updates_of_a_grown_row_follow_adams_closed_form(beta2):
+    """A row appended with zero moments while the step count is kept: with a constant gradient g, its
+    j-th update is lr * [(1 - b1^j) / (1 - b1^t)] / (sqrt[(1 - b2^j) / (1 - b2^t)] + eps), t the step count.
+    With b2 = 0.999 (AdamW's default, the Fashion-MNIST runs) that is 3-6x a settled row's step for
+    hundreds of updates; with b2 = 0.95 (the ImageNet recipes) it starts below one step (docs/growth.md)."""
+    lr, b1, eps, k = 1e-3, 0.9, 1e-8, 312  # the Fashion-MNIST chain's first step: 2 epochs x 156 updates
+    old = torch.nn.Parameter(torch.zeros(2, 1, dtype=torch.float64))
+    opt = torch.optim.AdamW([old], lr=lr, betas=(b1, beta2), eps=eps, weight_decay=0.0)
+    for _ in range(k):  # the old rows train k steps
+        old.grad = torch.ones_like(old)
+        opt.step()
+    new = torch.nn.Parameter(torch.cat([old.detach(), torch.zeros(1, 1, dtype=torch.float64)]))
+    growth.grow_optimizer_state(opt, {old: new})
+    ratios, expected = [], []
+    for j in range(1, 6):
+        before = new.detach().clone()
+        new.grad = torch.ones_like(new)
+        opt.step()
+        t = k + j
+        closed = lr * ((1 - b1 ** j) / (1 - b1 ** t)) / (((1 - beta2 ** j) / (1 - beta2 ** t)) ** 0.5 + eps)
+        expected.append(closed)
+        ratios.append((before - new.detach())[2, 0].item())
+    torch.testing.assert_close(torch.tensor(ratios, dtype=torch.float64), torch.tensor(expected, dtype=torch.float64),
+                               rtol=1e-9, atol=0)
+    # in units of a settled row's step (~lr), over the first 50 updates
+    steps = [((1 - b1 ** j) / (1 - b1 ** (k + j))) / ((1 - beta2 ** j) / (1 - beta2 ** (k + j))) ** 0.5
+             for j in range(1, 51)]
+    if beta2 == 0.999:
+        assert 1.5 < steps[0] < 2.0 and 3.0 < max(steps) < 3.6, steps  # larger than a regular step, not smaller
+    else:
+        assert steps[0] < 0.5 and max(steps) < 1.1, steps  # small first updates: the old claim holds here only
