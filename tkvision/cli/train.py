@@ -8,7 +8,7 @@ import torch.distributed as dist
 
 from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
 from ..engine.checkpoint import (BEST_WEIGHTS, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
-                                 RECONSTRUCTION_FILE, load_training_checkpoint, model_for_checkpoint)
+                                 RECONSTRUCTION_FILE, checkpoint_config, model_for_checkpoint)
 from ..engine.config import DEFAULTS, load_config, parse_overrides, section
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
@@ -38,7 +38,7 @@ def parse_train_args(argv=None):
         path = args.resume if isinstance(args.resume, str) else os.path.join(
             parse_overrides(rest).get('output', DEFAULTS['output']), LAST_CHECKPOINT)
         if os.path.isfile(path):
-            base = load_training_checkpoint(path)['config']
+            base = checkpoint_config(path)
     return load_config(args.config, rest, base=base), args.resume
 
 
@@ -87,7 +87,7 @@ def _validate(argv) -> int:
     overrides = list(rest) + (['--data_dir', args.data_dir] if args.data_dir else [])
     if args.model:
         overrides += ['--model', args.model]
-    base = load_training_checkpoint(args.checkpoint)['config'] if args.checkpoint.endswith('.pth') else None
+    base = checkpoint_config(args.checkpoint) if args.checkpoint.endswith('.pth') else None
     cfg = resolve_run_config(load_config(args.config, overrides, base=None if args.config else base))
     setup_threads(section(cfg, 'run'))
     rank, world, device = init_distributed(section(cfg, 'run'))

@@ -7,7 +7,7 @@ import argparse
 import yaml
 
 from ..data import build_dataset
-from ..engine.checkpoint import grow_weights_file, load_training_checkpoint, model_for_checkpoint
+from ..engine.checkpoint import checkpoint_config, grow_weights_file, model_for_checkpoint
 from ..engine.config import load_config, section
 from ..engine.distributed import setup_threads
 from ..engine.export import export_checkpoint
@@ -85,7 +85,7 @@ def _mae_visualize(argv) -> int:
     if args.mask_ratio is not None:
         overrides['mask_ratio'] = args.mask_ratio
     if args.checkpoint.endswith('.pth') and not args.config:
-        cfg = load_config(None, {**load_training_checkpoint(args.checkpoint)['config'], **overrides})
+        cfg = load_config(None, overrides, base=checkpoint_config(args.checkpoint))
     elif not args.config:
         ap.error('a .safetensors checkpoint needs --config (the run\'s config.yaml)')
     else:

@@ -39,7 +39,7 @@ from .config import migrate
 
 __all__ = ['CONFIG_FILE', 'LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'METRICS_FILE', 'CURVES_FILE',
            'RECONSTRUCTION_FILE', 'FORMAT_VERSION', 'training_checkpoint', 'save_training_checkpoint',
-           'load_training_checkpoint', 'save_weights', 'save_yaml', 'save_rows', 'keep_best', 'read_weights',
+           'load_training_checkpoint', 'checkpoint_config', 'save_weights', 'save_yaml', 'save_rows', 'keep_best', 'read_weights',
            'load_fitting_weights', 'model_for_checkpoint', 'load_init_weights', 'grow_weights_file']
 
 CONFIG_FILE = 'config.yaml'
@@ -80,7 +80,7 @@ def save_training_checkpoint(state, path: str):
     atomic_write(path, lambda tmp: torch.save(training_checkpoint(state), tmp))
 
 
-def load_training_checkpoint(path: str, map_location='cpu') -> dict:
+def load_training_checkpoint(path: str, map_location='cpu', mmap: bool = False) -> dict:
     """A ``last.pth`` (``weights_only=True``), its config migrated to today's keys
     (:func:`tkvision.engine.config.migrate`).
 
@@ -91,7 +91,7 @@ def load_training_checkpoint(path: str, map_location='cpu') -> dict:
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except (RuntimeError, EOFError, ValueError) as e:
         if isinstance(e, pickle.UnpicklingError):  # weights_only refused code in the file: say so as it is
             raise
@@ -102,6 +102,16 @@ def load_training_checkpoint(path: str, map_location='cpu') -> dict:
                          'for a weights file use --config or --model')
     ckpt['config'] = migrate(ckpt['config'])
     return ckpt
+
+
+def checkpoint_config(path: str) -> dict:
+    """The config of a ``last.pth`` (migrated), without reading its tensors: the file is memory-mapped
+    (``torch.load(mmap=True)``), so only the small config is read, however large the checkpoint.
+
+    Raises:
+        as :func:`load_training_checkpoint`.
+    """
+    return load_training_checkpoint(path, mmap=True)['config']
 
 
 def save_weights(state_dict: dict, path: str, metadata: dict = None):

@@ -63,11 +63,11 @@ class TrainState:
         if cfg['grad_checkpointing']:
             self.model.set_grad_checkpointing(True)
         self.lr = resolve_lr(cfg, world)
+        self.epochs_done = self.batches_done = self.num_updates = 0
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
         self.scaler = torch.amp.GradScaler(device.type, enabled=cfg['amp'] == 'fp16')
         self.ema = ModelEmaV3(self.model, decay=cfg['model_ema_decay']) if cfg['model_ema'] else None
-        self.epochs_done = self.batches_done = self.num_updates = 0
         self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if cfg['task'] == 'mae'
                      else dict(top1=-1.0, epoch=-1, source='model'))
         self.reset_meter()
@@ -84,10 +84,10 @@ class TrainState:
         return opt
 
     def _make_scheduler(self):
-        """The lr schedule at update ``num_updates`` (0 when building the state)."""
+        """The lr schedule at update ``num_updates``."""
         scheduler = build_scheduler(self.optimizer, section(self.cfg, 'optim'), section(self.cfg, 'growth'), self.lr,
                                     self.updates_per_epoch)
-        scheduler.step_update(getattr(self, 'num_updates', 0))
+        scheduler.step_update(self.num_updates)
         return scheduler
 
     def size(self) -> dict:
