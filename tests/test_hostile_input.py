@@ -1,6 +1,7 @@
 """Hostile input on first contact (issue 27's probes): odd images, absurd model kwargs, odd paths. Each
 ends in correct behaviour or a one-line error that names the key, path or tensor."""
 import io
+import os
 
 import numpy as np
 import pytest
@@ -109,3 +110,81 @@ def test_a_weights_file_of_another_family_is_refused_naming_the_tensors(tmp_path
     assert validate_main(['--config', str(cfg), '--checkpoint', path]) == 2
     err = capsys.readouterr().err
     assert 'vit.safetensors does not fit the model' in err and 'blocks.0.attn.q.key_param_tokens' in err
+
+
+def test_a_run_killed_between_a_growth_step_and_its_checkpoint_resumes_bit_identically(tmp_path, monkeypatch):
+    """The step happened, the checkpoint after it did not: the resumed run replays that epoch, grows the
+    same tokens again (seeded by derive_seed) and ends as the uninterrupted run."""
+    import torch
+    from tkvision.engine import trainer
+    g = dict(schedule=[dict(at_epoch=2, to={'qkv': 24, 'ffn': 96}, warmup_epochs=0.25, lr_scale=0.5)])
+    common = dict(epochs=3, train_subset=256, val_subset=64, growth=g, model_ema=True)
+    full = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'full'), **common))
+    real = trainer.log_epoch
+
+    def killed_after_growing(run, history, row):
+        if 'grown' in row:
+            raise KeyboardInterrupt('killed after the growth step, before its checkpoint')
+        real(run, history, row)
+    cfg = fmnist_cfg(tmp_path, output=str(tmp_path / 'killed'), **common)
+    monkeypatch.setattr(trainer, 'log_epoch', killed_after_growing)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg)
+    monkeypatch.setattr(trainer, 'log_epoch', real)
+    resumed = train_mod.train(cfg, resume=True)
+    a, b = full['model'].state_dict(), resumed['model'].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_resuming_with_a_changed_growth_schedule_is_refused_naming_it(tmp_path):
+    g = dict(schedule=[dict(at_epoch=1, to={'qkv': 24})])
+    cfg = fmnist_cfg(tmp_path, epochs=2, train_subset=128, val_subset=64, growth=g)
+    train_mod.train(cfg)
+    changed = dict(cfg, epochs=3, growth=dict(cfg['growth'], schedule=[dict(cfg['growth']['schedule'][0], to={'qkv': 32})]))
+    with pytest.raises(ConfigError, match='cannot change when resuming.*growth'):
+        train_mod.train(changed, resume=True)
+
+
+@pytest.mark.parametrize('change, tensor', [(dict(patch_size=4), 'patch_embed.proj.weight'),
+                                            (dict(embed_dim=32), 'cls_token'),
+                                            (dict(depth=2), 'blocks.1')])
+def test_init_from_an_mae_of_another_shape_names_the_tensors(tmp_path, change, tensor):
+    """An MAE encoder of another patch size, width or depth: a WeightsMismatchError naming the tensors."""
+    from tkvision.engine.checkpoint import save_weights
+    from tkvision.models import create_mae
+    from tkvision.utils.errors import WeightsMismatchError
+    enc = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=16, depth=1, num_heads=2, num_tokens=8)
+    mae = create_mae('tokenformer_vit_ti16', decoder=dict(embed_dim=16, depth=1, num_heads=2), **enc)
+    path = str(tmp_path / 'mae.safetensors')
+    save_weights(mae.state_dict(), path)
+    cfg = fmnist_cfg(tmp_path, model_kwargs={**enc, **change}, init_from=path, train_subset=128, val_subset=64)
+    with pytest.raises(WeightsMismatchError, match=tensor.replace('.', r'\.')):
+        train_mod.train(cfg)
+
+
+def test_a_shard_listed_in_the_manifest_but_missing_is_named(tmp_path):
+    import shutil
+    from tkvision.data.shards import make_shards
+    from tkvision.utils.errors import UsageError
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'jpeg', classes=2, train_per_class=6, val_per_class=2, size=32)
+    shards = str(tmp_path / 'shards')
+    make_shards(root, shards, max_count=4, progress=False)
+    os.remove(os.path.join(shards, 'train-000001.tar'))
+    cfg = fmnist_cfg(tmp_path, dataset='wds/x', data_dir=shards, img_size=32, model_kwargs=TINY, rrc_scale=None,
+                     train_subset=None, val_subset=None, batch_size=2)
+    with pytest.raises(UsageError, match='train-000001.tar is listed in _info.json but missing'):
+        train_mod.train(cfg)
+    shutil.rmtree(shards)
+
+
+def test_a_hugging_face_dataset_without_the_split_is_named(tmp_path):
+    """A dataset with a train split only: asking for its evaluation split names the dataset and split."""
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'hf', classes=2, train_per_class=4, val_per_class=1, size=28)
+    import shutil
+    shutil.rmtree(os.path.join(root, 'val'))
+    cfg = fmnist_cfg(tmp_path, dataset=f'hfds/{root}', img_size=28, model_kwargs=dict(TINY, img_size=28, patch_size=7),
+                     train_subset=None, val_subset=None, batch_size=2)
+    with pytest.raises(FileNotFoundError, match="has no split 'validation'"):
+        train_mod.train(cfg)

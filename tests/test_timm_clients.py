@@ -4,12 +4,9 @@ import logging
 import pytest
 import timm
 import torch
-from safetensors.torch import load_file
 
-from tkvision.engine import trainer as train_mod
 from tkvision.engine.checkpoint import save_weights
 
-from .helpers import fmnist_cfg
 
 SMALL = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2)
 

@@ -104,10 +104,20 @@ def _split_names(data, split):
 def _hfds_reader(data: dict, split: str, class_to_idx=None):
     """timm's Hugging Face reader of ``split``; for the evaluation split (``class_to_idx`` given) the
     classes that images of each split carry are compared: a dataset's ``ClassLabel`` lists the union
-    of its splits' classes, so comparing the maps alone misses a class only one split has."""
+    of its splits' classes, so comparing the maps alone misses a class only one split has.
+
+    Raises:
+        FileNotFoundError: the dataset has no such split (its splits are named).
+        UsageError: the splits' images carry different classes (named).
+    """
+    name = _split_names(data, split)
     try:
-        reader = create_reader(data['dataset'], root=data['data_dir'], split=_split_names(data, split),
-                               class_map=class_to_idx)
+        try:
+            reader = create_reader(data['dataset'], root=data['data_dir'], split=name, class_map=class_to_idx)
+        except ValueError as e:  # datasets: 'Unknown split "validation". Should be one of [...]'
+            if 'split' not in str(e).lower():
+                raise
+            raise FileNotFoundError(f"{data['dataset']} has no split {name!r}: {e}") from None
         if class_to_idx is not None:
             train = create_reader(data['dataset'], root=data['data_dir'], split='train')
             check_same_classes(_present_classes(train), _present_classes(reader), data['dataset'])
