@@ -36,8 +36,9 @@ train: env data
 train-long: env data
 	$(PY) tools/train.py --config configs/fashion_mnist/long.yaml $(ARGS) $(PREEMPTED)
 
+# Nothing may skip here: make test installs every test extra (tests/conftest.py, TKVISION_NO_SKIPS).
 test: env data
-	$(PY) -m pytest -q $(ARGS)
+	TKVISION_NO_SKIPS=1 $(PY) -m pytest -q $(ARGS)
 
 # The lower bounds setup.cfg declares, tested: those versions in .lowest-deps/, ahead of the venv's, on
 # the tests that exercise them (timm's API, safetensors files, YAML configs). torch's pins are above.
@@ -46,7 +47,7 @@ test-lowest-deps: env data
 	rm -rf .lowest-deps
 	$(PY) -m pip install -q --no-deps --target .lowest-deps $$($(PY) tools/lowest_requirements.py $(LOWEST))
 	PYTHONPATH=.lowest-deps $(PY) -c "import timm, safetensors, yaml, albumentations; print('lowest:', timm.__version__, safetensors.__version__, yaml.__version__, albumentations.__version__)"
-	PYTHONPATH=.lowest-deps $(PY) -m pytest -q tests/test_models.py tests/test_checkpoints.py tests/test_config.py \
+	TKVISION_NO_SKIPS=1 PYTHONPATH=.lowest-deps $(PY) -m pytest -q tests/test_models.py tests/test_checkpoints.py tests/test_config.py \
 		tests/test_timm_clients.py tests/test_growth.py tests/test_pattention.py $(ARGS)
 
 benchmark: env
