@@ -12,7 +12,6 @@ import os
 import numpy as np
 from PIL import Image
 from timm.data.readers import create_reader
-from timm.data.readers.img_extensions import get_img_extensions
 from torch.utils.data import Dataset, default_collate
 
 from ..utils.errors import UsageError
@@ -133,17 +132,16 @@ def _present_classes(reader) -> list:
     return sorted(feature.int2str(int(i)) if hasattr(feature, 'int2str') else str(i) for i in labels)
 
 
-def _refuse_empty_classes(folder: str):
+def _refuse_empty_classes(folder: str, class_folders: list, samples: list):
     """A class folder of ``folder`` (one split) without an image would be missing from the split's
     classes (timm's reader lists classes by their images) and then reported as a class of the other
-    split only: name it here. Stops at each class's first image."""
-    exts = get_img_extensions()
-    for entry in sorted(os.scandir(folder), key=lambda e: e.name):
-        if entry.is_dir() and not any(os.path.splitext(f)[1].lower() in exts for _, _, files in os.walk(entry.path)
-                                      for f in files):
-            split = os.path.basename(os.path.normpath(folder))
-            raise UsageError(f'{split}/{entry.name} holds no image (in {os.path.dirname(os.path.normpath(folder))}): '
-                             'add images or remove the folder')
+    split only: name it here, from the images timm's reader found (``samples``: ``[(path, target)]``)."""
+    holding = {os.path.relpath(path, folder).split(os.sep)[0] for path, _ in samples}
+    empty = sorted(set(class_folders) - holding)
+    if empty:
+        split = os.path.basename(os.path.normpath(folder))
+        raise UsageError(f'{split}/{empty[0]} holds no image (in {os.path.dirname(os.path.normpath(folder))}): '
+                         'add images or remove the folder')
 
 
 def check_same_classes(train_classes, val_classes, where: str):
@@ -173,11 +171,15 @@ def create_split_reader(data: dict, split: str, class_to_idx=None):
         layout = ('<data_dir>/train.tar and val.tar holding <class>/<image>' if name == 'tar' else
                   'ImageNet layout: <data_dir>/train/<class>/*.JPEG, <data_dir>/val/<class>/*')
         raise FileNotFoundError(f'{path} not found: expected {layout}')
-    if name != 'tar':
-        _refuse_empty_classes(path)
+    folders = [e.name for e in os.scandir(path) if e.is_dir()] if name != 'tar' else []
     if name != 'tar' and class_to_idx is not None:
-        check_same_classes(class_to_idx, [e.name for e in os.scandir(path) if e.is_dir()], path)
-    reader = create_reader('', root=path, class_map=class_to_idx if name != 'tar' else None)
+        check_same_classes(class_to_idx, folders, path)
+    try:
+        reader = create_reader('', root=path, class_map=class_to_idx if name != 'tar' else None)
+    except RuntimeError as e:  # timm's "Found 0 images in subfolders of ..."
+        raise FileNotFoundError(f'no images found in {path}: {e}') from None
+    if name != 'tar':
+        _refuse_empty_classes(path, folders, reader.samples)
     if name == 'tar' and class_to_idx is not None:
         check_same_classes(class_to_idx, reader.class_name_to_idx, path)
         if reader.class_name_to_idx != class_to_idx:

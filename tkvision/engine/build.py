@@ -51,7 +51,7 @@ def create_model(name: str, **kwargs) -> torch.nn.Module:
 def _refusals_as_config_errors(where: str):
     try:
         yield
-    except (TypeError, ValueError, ZeroDivisionError) as e:  # the model's own words follow the key
+    except (TypeError, ValueError) as e:  # the model's own words follow the key
         raise ConfigError(f'{where}: {e}') from e
 
 
