@@ -74,7 +74,7 @@ def test_a_legacy_training_checkpoint_resumes(tmp_path):
 def test_validate_loads_a_grown_run(tmp_path, capsys):
     assert validate_main(['--checkpoint', _legacy('classify_last.pth')]) == 0
     out = capsys.readouterr().out
-    assert 'grown to the checkpoint' in out and 'on 64 images: top-1' in out
+    assert 'grown to the checkpoint' in out and 'on 64 val images: top-1' in out
     assert validate_main(['--config', _run_config(tmp_path), '--checkpoint', _legacy('classify_last.safetensors')]) == 0
 
 

@@ -116,7 +116,7 @@ def test_train_validate_and_resume_mid_epoch_from_shards(tmp_path, shards, monke
     assert all(torch.equal(a[k], b[k]) for k in a)
     validate_main(['--config', str(tmp_path / 'broken' / 'config.yaml'), '--checkpoint',
                    str(tmp_path / 'broken' / 'last.pth')])
-    assert 'on 12 images' in capsys.readouterr().out
+    assert 'on 12 val images' in capsys.readouterr().out
 
 
 def test_folder_and_tar_skip_and_count_unreadable_images(tmp_path, jpeg_root):
@@ -157,7 +157,7 @@ def test_local_hugging_face_dataset_trains_validates_and_resumes(tmp_path, capsy
     res = train_mod.train(cfg, resume=True)
     assert len(res['history']) == 2 and res['top1'] is not None
     validate_main(['--config', str(tmp_path / 'run' / 'config.yaml'), '--checkpoint', str(tmp_path / 'run' / 'last.pth')])
-    assert f"on 12 images: top-1 {res['top1']:.2f}%" in capsys.readouterr().out
+    assert f"on 12 val images: top-1 {res['top1']:.2f}%" in capsys.readouterr().out
     x, y = dataset_of(cfg, 'val')[0]
     assert x.shape == (3, 32, 32) and y in (0, 1, 2)
 
@@ -241,3 +241,63 @@ def test_fast_jpeg_decoding_gives_pils_pixels_and_refuses_bombs(jpeg_root, tmp_p
     raw[sof:sof + 4] = (60000).to_bytes(2, 'big') + (60000).to_bytes(2, 'big')
     with pytest.raises(Image.DecompressionBombError):
         data.decode_image(bytes(raw))
+
+
+# --- the validation split (issue 25): choices on validation, the test set once ---------------------
+
+def test_fashion_mnist_validation_is_a_fixed_stratified_holdout_of_train(tmp_path):
+    """The default holds out 1,000 training images per class (10k of 60k), the same for every seed,
+    disjoint from the 50k that train; the test split is the 10k t10k files, untouched."""
+    from tkvision.data import load_fashion_mnist
+    images, labels = load_fashion_mnist('train')
+    test_images, _ = load_fashion_mnist('test')
+    splits = {}
+    for seed in (0, 5):
+        cfg = load_config(None, dict(seed=seed, output=str(tmp_path / 'r')))
+        splits[seed] = [dataset_of(cfg, s) for s in ('train', 'val', 'test')]
+    train, val, test = splits[0]
+    assert (len(train), len(val), len(test)) == (50000, 10000, 10000)
+    assert set(train.indices).isdisjoint(val.indices) and len(set(train.indices) | set(val.indices)) == 60000
+    assert sorted(torch.bincount(torch.as_tensor(labels[val.indices])).tolist()) == [1000] * 10
+    assert val.indices == splits[5][1].indices  # not the run's seed: every run validates on the same images
+    assert bytes(test.images[..., 0].tobytes()) == test_images.tobytes()
+
+
+def test_val_split_fraction_carves_a_folder_dataset_and_its_val_becomes_the_test_split(tmp_path):
+    root = make_imagenet_folder(tmp_path / 'in', classes=3, train_per_class=6, val_per_class=2, size=32)
+    cfg = load_config(None, dict(dataset='folder', data_dir=str(root), model_kwargs={'img_size': 32},
+                                 val_split_fraction=0.5, output=str(tmp_path / 'r')))
+    train, val, test = (dataset_of(cfg, s) for s in ('train', 'val', 'test'))
+    assert (len(train), len(val), len(test)) == (9, 9, 6)
+    targets = [t for _, t in train.dataset.reader.samples]
+    assert sorted(targets[i] for i in val.indices) == [0] * 3 + [1] * 3 + [2] * 3
+
+
+def test_no_test_split_without_a_holdout_and_a_holdout_that_empties_a_class_is_named(tmp_path):
+    from tkvision.utils.errors import ConfigError
+    cfg = load_config(None, dict(val_split_fraction=0, output=str(tmp_path / 'r')))
+    assert len(dataset_of(cfg, 'val')) == 10000  # the t10k files validate, as in earlier releases
+    with pytest.raises(ConfigError, match='no test split'):
+        dataset_of(cfg, 'test')
+    root = make_imagenet_folder(tmp_path / 'in', classes=2, train_per_class=2, val_per_class=1, size=32)
+    cfg = load_config(None, dict(dataset='folder', data_dir=str(root), model_kwargs={'img_size': 32},
+                                 val_split_fraction=0.1, output=str(tmp_path / 'r')))
+    with pytest.raises(ConfigError, match='val_split_fraction 0.1 leaves class 0 .2 images. with 0 validation'):
+        dataset_of(cfg, 'train')
+
+
+def test_the_trainer_reports_validation_each_epoch_and_the_test_split_once(tmp_path, monkeypatch):
+    """``top1`` is the validation split's every epoch; ``test_top1`` appears in the last row only, and
+    the test split is read once (counted)."""
+    calls = []
+    real = loop_mod.RunContext.test_loader
+    monkeypatch.setattr(loop_mod.RunContext, 'test_loader', lambda self: calls.append(1) or real(self))
+    res = train_mod.train(load_config(None, dict(model_kwargs={'img_size': 28, 'patch_size': 7, 'in_chans': 1,
+                                                               'embed_dim': 16, 'depth': 1, 'num_heads': 1,
+                                                               'num_tokens': 8},
+                                                 epochs=2, batch_size=64, train_subset=256, val_subset=128,
+                                                 threads=1, progress=False, output=str(tmp_path / 'r'))))
+    with open(tmp_path / 'r' / 'metrics.csv') as f:
+        rows = list(csv.DictReader(f))
+    assert calls == [1] and rows[0]['test_top1'] == '' and float(rows[1]['test_top1']) == res['test_top1']
+    assert 0 < res['test_top1'] < 100 and res['top1'] == float(rows[1]['top1'])

@@ -83,6 +83,9 @@ def _validate(argv) -> int:
     ap.add_argument('--config', help="training config (data, img_size, mean/std, model_kwargs; default: a last.pth's own)")
     ap.add_argument('--data-dir', help='ImageNet folder with val/, or Fashion-MNIST files')
     ap.add_argument('--no-ema', action='store_true', help='use the model weights, not EMA, of a .pth checkpoint')
+    ap.add_argument('--split', choices=('val', 'test'), default='val',
+                    help="'val': the validation split (carved from train when val_split_fraction > 0, as "
+                         "Fashion-MNIST's default); 'test': the dataset's own evaluation split in that case")
     args, rest = ap.parse_known_args(argv)
     overrides = list(rest) + (['--data_dir', args.data_dir] if args.data_dir else [])
     if args.model:
@@ -92,7 +95,7 @@ def _validate(argv) -> int:
     setup_threads(section(cfg, 'run'))
     rank, world, device = init_distributed(section(cfg, 'run'))
     data = section(cfg, 'data')
-    ds = build_dataset(data, 'val', cfg['seed'], rank, world, class_to_idx=train_class_map(data))
+    ds = build_dataset(data, args.split, cfg['seed'], rank, world, class_to_idx=train_class_map(data))
     # a run that grew during training: its config builds the model it started from, grown to the file's size
     model, grown = model_for_checkpoint(cfg, args.checkpoint, use_ema=not args.no_ema)
     check_model_input(cfg)
@@ -102,7 +105,7 @@ def _validate(argv) -> int:
     res = evaluate(model.to(device), loader, device, BatchPreprocessor(cfg['mean'], cfg['std'], device), cfg['amp'])
     if rank:
         return 0
-    print(f"{cfg['model']} on {res['count']} images: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  "
+    print(f"{cfg['model']} on {res['count']} {args.split} images: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  "
           f"loss {res['loss']:.4f}  {res['img_per_s']:.0f} img/s" +
           (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))
     return 0

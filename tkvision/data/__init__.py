@@ -11,13 +11,13 @@
 Every builder takes the config's data section (:func:`tkvision.engine.config.section`) and, where
 it draws random numbers, the run's seed.
 """
-from .datasets import build_dataset, dataset_classes, dataset_size, train_class_map
+from .datasets import build_dataset, dataset_classes, dataset_size, has_test_split, holdout_indices, train_class_map
 from .fashion_mnist import FASHION_MNIST_DIR, FASHION_MNIST_STATS, ArrayDataset, load_fashion_mnist
 from .loader import ResumableSampler, SeededDataset, batches_per_epoch, build_loader, seed_sample, set_loader_epoch
 from .readers import ReaderDataset, collate_skip_bad, decode_image
 from .transforms import DATA_CFG_KEYS, BatchPreprocessor, build_transform, resolve_data_cfg
 
 __all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'load_fashion_mnist', 'ArrayDataset', 'ReaderDataset',
-           'build_transform', 'decode_image', 'resolve_data_cfg', 'build_dataset', 'build_loader', 'set_loader_epoch',
+           'build_transform', 'decode_image', 'resolve_data_cfg', 'build_dataset', 'has_test_split', 'holdout_indices', 'build_loader', 'set_loader_epoch',
            'batches_per_epoch', 'dataset_size', 'dataset_classes', 'train_class_map', 'collate_skip_bad',
            'seed_sample', 'ResumableSampler', 'SeededDataset', 'BatchPreprocessor', 'DATA_CFG_KEYS']

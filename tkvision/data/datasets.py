@@ -6,18 +6,31 @@ shards (``wds/<name>``, :mod:`.shards`).
   ``ReaderImageFolder``); ``tar``: ``<data_dir>/train.tar`` / ``val.tar`` holding ``<class>/<image>``
   (``ReaderImageInTar``); ``hfds/<name>``: a Hugging Face dataset, split ``train`` / ``validation``
   (``ReaderHfds``; package ``datasets``); ``wds/<name>``: shards in ``data_dir`` (package ``webdataset``).
+
+**Validation and test.** Choices (best checkpoint, recipe, sweep winner) are made on a validation
+split; a test split is evaluated once, at the end. With ``val_split_fraction`` > 0 the validation
+split is carved from the training images (stratified, the same images for every run and seed:
+:func:`holdout_indices`) and the dataset's own evaluation split (Fashion-MNIST's 10k test images, a
+folder's ``val/``) becomes the test split. Fashion-MNIST's default is 1/6: 10,000 of its 60,000
+training images (1,000 per class) validate, 50,000 train. With 0 the dataset's own evaluation split
+validates and there is no test split (ImageNet's convention: its ``val/`` is what papers report).
 """
 import os
 
+import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from .fashion_mnist import ArrayDataset, load_fashion_mnist
 from .loader import SeededDataset
 from .readers import ReaderDataset, check_same_classes, create_split_reader
 from .shards import ShardStream, read_info
+from ..utils.errors import ConfigError
+from ..utils.seeding import derive_seed
 from .transforms import build_transform
 
-__all__ = ['build_dataset', 'train_class_map', 'dataset_size', 'dataset_classes']
+__all__ = ['build_dataset', 'holdout_indices', 'has_test_split', 'train_class_map', 'dataset_size', 'dataset_classes']
+
+SPLITS = ('train', 'val', 'test')
 
 
 def dataset_classes(dataset) -> dict:
@@ -32,38 +45,108 @@ def dataset_classes(dataset) -> dict:
     return None
 
 
-def build_dataset(data: dict, split: str, seed: int, rank: int = 0, world_size: int = 1, class_to_idx=None) -> Dataset:
-    """Training (``split='train'``) or evaluation (``'val'``) dataset of the data section ``data``
-    (resolved: :func:`~tkvision.data.transforms.resolve_data_cfg`); ``seed``: the run's seed.
+def holdout_indices(labels, fraction: float):
+    """Indices ``(train, val)`` of a stratified hold-out: of each class's images, ``round(fraction * n)``
+    validate, chosen by a generator seeded from ``('val_split',)`` alone, so every run and seed holds out
+    the same images. Both index arrays are sorted (int64).
 
-    Fashion-MNIST's 'val' is its 10k test set. ``train_subset`` / ``val_subset`` keep the first N
-    items (for quick probes and tests; Fashion-MNIST's order is class-mixed). ``class_to_idx``: the
-    training split's map, which the evaluation split must share. ``rank`` / ``world_size`` matter
-    for streamed shards only (each rank reads its own).
+    Raises:
+        ConfigError: a class would keep no training image, or give no validation image (named).
+    """
+    labels = np.asarray(labels)
+    rng = np.random.default_rng(derive_seed('val_split'))
+    held = []
+    for c in np.unique(labels):
+        members = np.flatnonzero(labels == c)
+        k = int(round(fraction * len(members)))
+        if k == 0 or k == len(members):
+            raise ConfigError(f'val_split_fraction {fraction} leaves class {c} ({len(members)} images) with '
+                              f'{k} validation images: choose a fraction that holds out at least one and keeps one')
+        held.append(rng.permutation(members)[:k])
+    val = np.sort(np.concatenate(held))
+    return np.setdiff1d(np.arange(len(labels)), val), val
+
+
+def has_test_split(data: dict) -> bool:
+    """Whether the data section ``data`` has a test split (its validation split is carved from train)."""
+    return bool(data['val_split_fraction'])
+
+
+def _reader_labels(reader) -> list:
+    """The class index of every image of a timm reader, without decoding images."""
+    if getattr(reader, 'targets', None) is not None:
+        return list(reader.targets)
+    if getattr(reader, 'samples', None) is not None:
+        return [target for _, target in reader.samples]
+    return list(reader.dataset[reader.label_key])  # Hugging Face: one column read
+
+
+def _carve(data: dict, split: str, seed: int, class_to_idx):
+    """The ``split`` of a dataset whose validation split is carved from its training images."""
+    fraction, name = data['val_split_fraction'], data['dataset']
+    train = split == 'train'
+    if name.startswith('wds/'):
+        raise ConfigError(f'val_split_fraction: shards ({name}) are streamed and cannot be split here; write a val '
+                          'split into the shards (tools/make_shards.py from a folder with train/ and val/), or set 0')
+    if name == 'fashion_mnist':
+        images, labels = load_fashion_mnist('train', data['data_dir'], data['download'])
+        ds = ArrayDataset(images, labels, build_transform(data, train, seed, resize=data['img_size'] != images.shape[1]))
+    else:
+        reader = create_split_reader(data, 'train', class_to_idx if not train else None)
+        labels = _reader_labels(reader)
+        ds = ReaderDataset(reader, build_transform(data, train, seed))
+    train_idx, val_idx = holdout_indices(labels, fraction)
+    return Subset(ds, (train_idx if train else val_idx).tolist())
+
+
+def _evaluation_split(data: dict, split: str, seed: int, class_to_idx):
+    """The dataset's own training or evaluation split, with the evaluation transform for the latter."""
+    train, name = split == 'train', data['dataset']
+    if name == 'fashion_mnist':
+        images, labels = load_fashion_mnist('train' if train else 'test', data['data_dir'], data['download'])
+        return ArrayDataset(images, labels, build_transform(data, train, seed, resize=data['img_size'] != images.shape[1]))
+    if name.startswith('wds/'):
+        ds = ShardStream(data['data_dir'], split, build_transform(data, train, seed), train=train,
+                         batch_size=data['batch_size'], num_workers=data['num_workers'], rank=data['_rank'],
+                         world=data['_world'], seed=seed, limit=data['train_subset' if train else 'val_subset'])
+        if class_to_idx is not None and ds.classes:
+            counts = read_info(data['data_dir'])['splits']
+            check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data['data_dir'])
+        return ds
+    return ReaderDataset(create_split_reader(data, split, class_to_idx), build_transform(data, train, seed))
+
+
+def build_dataset(data: dict, split: str, seed: int, rank: int = 0, world_size: int = 1, class_to_idx=None) -> Dataset:
+    """The ``split`` (``'train'``, ``'val'`` or ``'test'``) of the data section ``data`` (resolved:
+    :func:`~tkvision.data.transforms.resolve_data_cfg`); ``seed``: the run's seed.
+
+    ``'val'`` is carved from the training images when ``val_split_fraction`` > 0 (the module
+    docstring), else the dataset's own evaluation split; ``'test'`` exists only in the first case.
+    ``train_subset`` / ``val_subset`` keep the first N items of the training / validation split
+    (quick probes and tests; Fashion-MNIST's order is class-mixed). ``class_to_idx``: the training
+    split's map, which the evaluation splits must share. ``rank`` / ``world_size`` matter for
+    streamed shards only (each rank reads its own).
 
     Raises:
         FileNotFoundError: missing data, naming the path and how to get it.
         UsageError: the splits' classes differ (the classes are named).
+        ConfigError: an unknown split; ``'test'`` without ``val_split_fraction``; a carve-out of shards.
     """
-    cfg = data
-    train = split == 'train'
-    limit = cfg['train_subset' if train else 'val_subset']
-    name = cfg['dataset']
-    if name == 'fashion_mnist':
-        images, labels = load_fashion_mnist('train' if train else 'test', cfg['data_dir'], cfg['download'])
-        ds = ArrayDataset(images, labels, build_transform(cfg, train, seed, resize=cfg['img_size'] != images.shape[1]))
-    elif not cfg['data_dir'] and not name.startswith('hfds/'):
+    if split not in SPLITS:
+        raise ConfigError(f'split must be one of {SPLITS}, got {split!r}')
+    name = data['dataset']
+    if not data['data_dir'] and name not in ('fashion_mnist',) and not name.startswith('hfds/'):
         raise FileNotFoundError(f'dataset {name} needs data_dir (--data-dir /path/to/data with train and val)')
-    elif name.startswith('wds/'):
-        ds = ShardStream(cfg['data_dir'], split, build_transform(cfg, train, seed), train=train,
-                         batch_size=cfg['batch_size'], num_workers=cfg['num_workers'], rank=rank, world=world_size,
-                         seed=seed, limit=limit)
-        if class_to_idx is not None and ds.classes:
-            counts = read_info(cfg['data_dir'])['splits']
-            check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], cfg['data_dir'])
-        return ds
+    data = dict(data, _rank=rank, _world=world_size)
+    if split == 'test' and not has_test_split(data):
+        raise ConfigError(f'{name} has no test split with val_split_fraction 0: its own evaluation split validates')
+    if has_test_split(data) and split != 'test':
+        ds = _carve(data, split, seed, class_to_idx)
     else:
-        ds = ReaderDataset(create_split_reader(cfg, split, class_to_idx), build_transform(cfg, train, seed))
+        ds = _evaluation_split(data, 'train' if split == 'train' else 'val', seed, class_to_idx)
+    if isinstance(ds, ShardStream):
+        return ds
+    limit = {'train': data['train_subset'], 'val': data['val_subset'], 'test': None}[split]
     return Subset(ds, range(min(limit, len(ds)))) if limit else ds
 
 

@@ -8,7 +8,7 @@ import os
 import numpy as np
 from torch.utils.data import Dataset
 
-__all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'load_fashion_mnist', 'ArrayDataset']
+__all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'FASHION_MNIST_VAL_FRACTION', 'load_fashion_mnist', 'ArrayDataset']
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the data.
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
@@ -16,6 +16,9 @@ _FMNIST_FILES = {'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte')
                  'test': ('t10k-images-idx3-ubyte', 't10k-labels-idx1-ubyte')}
 #: Fashion-MNIST's image size and pixel statistics (the data keys' defaults for that dataset).
 FASHION_MNIST_STATS = dict(img_size=28, mean=[0.2860], std=[0.3530], crop_pct=1.0, interpolation='bicubic')
+#: Fashion-MNIST's default validation hold-out: 1/6 of the 60k training images = 10,000 (1,000 per class),
+#: the size of its test set (``val_split_fraction``; :mod:`tkvision.data.datasets`).
+FASHION_MNIST_VAL_FRACTION = 1 / 6
 _HOW_TO_GET_FMNIST = ('install it with `apt-get update && apt-get install -y dataset-fashion-mnist` '
                       f'(files under {FASHION_MNIST_DIR}), pass --data-dir with the four idx files, '
                       'or set download: true to use torchvision\'s download')

@@ -20,7 +20,7 @@ from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
 from timm.data.random_erasing import RandomErasing
 
-from .fashion_mnist import FASHION_MNIST_STATS
+from .fashion_mnist import FASHION_MNIST_STATS, FASHION_MNIST_VAL_FRACTION
 
 __all__ = ['DATA_CFG_KEYS', 'RAND_AUGMENT_MAGNITUDE_MAX', 'build_transform', 'BatchPreprocessor', 'resolve_data_cfg']
 
@@ -142,7 +142,11 @@ def resolve_data_cfg(data: dict, model: str, model_kwargs: dict) -> dict:
     :data:`~tkvision.data.fashion_mnist.FASHION_MNIST_STATS` for Fashion-MNIST, else from the
     ``pretrained_cfg`` of ``timm.create_model(model, **model_kwargs)`` with
     ``timm.data.resolve_data_config`` (built on the meta device: no memory, no weights); ``img_size``
-    from ``model_kwargs['img_size']`` when given. Keys the config sets are kept."""
+    from ``model_kwargs['img_size']`` when given; ``val_split_fraction`` from
+    :data:`~tkvision.data.fashion_mnist.FASHION_MNIST_VAL_FRACTION` for Fashion-MNIST, else 0. Keys the
+    config sets are kept."""
+    if data.get('val_split_fraction', 0) is None:
+        data = dict(data, val_split_fraction=FASHION_MNIST_VAL_FRACTION if data['dataset'] == 'fashion_mnist' else 0.0)
     unset = [k for k in DATA_CFG_KEYS if data[k] is None]
     if not unset:
         return dict(data)

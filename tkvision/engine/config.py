@@ -94,6 +94,10 @@ SECTIONS = {
         'num_workers': 0,
         'train_subset': None,        # use only the first N training images (tests, quick probes)
         'val_subset': None,
+        # validation images held out of train (stratified, the same for every run; tkvision.data.datasets):
+        # null: 1/6 for Fashion-MNIST (10k of 60k; its 10k test images become the test split), 0 otherwise
+        # (the dataset's own val/ validates, no test split)
+        'val_split_fraction': None,
     },
     'optim': {
         'epochs': 10,
@@ -297,8 +301,9 @@ def resolve_lr(cfg: dict, world_size: int = 1) -> float:
 
 def migrate(cfg: dict) -> dict:
     """A config saved by an earlier release (a checkpoint's) with today's key names (:data:`RENAMED`)
-    and today's defaults for keys it did not have."""
-    return merge(DEFAULTS, cfg, 'checkpoint config')
+    and today's defaults for keys it did not have; ``val_split_fraction`` 0 where it is absent (earlier
+    releases validated on the dataset's own evaluation split)."""
+    return merge(DEFAULTS, {'val_split_fraction': 0.0, **cfg}, 'checkpoint config')
 
 
 def config_changes(old: dict, new: dict):

@@ -73,6 +73,7 @@ RULES = {
     'rrc_scale': _rule('nums', 0, 1, lo_open=True, length=2, null=True), 'crop_padding': _rule('int', 0),
     'hflip': _rule('num', 0, 1), 'auto_augment': _rule('str', null=True), 'reprob': _rule('num', 0, 1),
     'num_workers': _rule('int', 0), 'train_subset': _rule('int', 1, null=True), 'val_subset': _rule('int', 1, null=True),
+    'val_split_fraction': _rule('num', 0, 1, hi_open=True, null=True),
     'epochs': _rule('int', 1), 'batch_size': _rule('int', 1), 'accum_steps': _rule('int', 1),
     'global_batch_size': _rule('int', 1, null=True), 'opt': _rule('str'), 'opt_betas': _rule('nums', 0, 1, hi_open=True),
     'opt_eps': _rule('num', 0, lo_open=True), 'lr': _rule('num', 0, lo_open=True, null=True),

@@ -83,6 +83,7 @@ class RunContext:
         self.last_save = time.monotonic()
         self.checked_update = 0  # the loss is known finite up to this update
         self.writer = None
+        self._test_loader = None  # built by test_loader(), at the end of a run
 
     def _build_data(self):
         cfg, data, rank, world = self.cfg, section(self.cfg, 'data'), self.rank, self.world
@@ -101,6 +102,16 @@ class RunContext:
             raise ConfigError(f"one epoch holds no full batch of {cfg['batch_size']} per process and loader worker: "
                               'lower batch_size or num_workers')
         self.updates_per_epoch = math.ceil(self.batches_per_epoch / self.accum)
+
+    def test_loader(self):
+        """The test split's loader (:func:`tkvision.data.build_dataset` ``'test'``), built when first asked
+        for: it is read once, at the end of a run."""
+        data = section(self.cfg, 'data')
+        ds = build_dataset(data, 'test', self.cfg['seed'], self.rank, self.world,
+                           class_to_idx=dataset_classes(self.train_ds))
+        self._test_loader = build_loader(ds, data, train=False, seed=self.cfg['seed'], rank=self.rank,
+                                         world_size=self.world)
+        return self._test_loader
 
     def set_loss(self, num_classes: int):
         """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
@@ -126,7 +137,9 @@ class RunContext:
         done event and joins them. Without this, an error leaves them waiting, and since they ignore
         SIGTERM (:func:`_ignore_stop_signals`) multiprocessing's exit handler waits for them forever.
         """
-        for loader in (self.train_loader, self.val_loader):
+        for loader in (self.train_loader, self.val_loader, self._test_loader):
+            if loader is None:
+                continue
             iterator = getattr(loader, '_iterator', None)
             loader._iterator = None
             if iterator is not None and hasattr(iterator, '_shutdown_workers'):

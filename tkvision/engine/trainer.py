@@ -28,7 +28,7 @@ from timm.utils import random_seed
 from tqdm import tqdm
 
 from .. import growth
-from ..data import dataset_size, resolve_data_cfg
+from ..data import dataset_size, has_test_split, resolve_data_cfg
 from ..utils.errors import ConfigError, RunError
 from ..utils.seeding import derive_seed
 from .build import create_model, input_shape
@@ -112,6 +112,24 @@ def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> di
     return out
 
 
+def evaluate_test(run: RunContext, state: TrainState) -> dict:
+    """The test split's top-1 / top-5 of the model (and the EMA model), evaluated once, after the last
+    epoch, when the validation split is carved from train (``val_split_fraction`` > 0; nothing was
+    chosen on these images). Returns ``{}`` without a test split, or for ``task: mae``.
+
+    Returns:
+        ``dict(test_top1, test_top5[, ema_test_top1])`` in percent.
+    """
+    if run.cfg['task'] == 'mae' or not has_test_split(section(run.cfg, 'data')):
+        return {}
+    loader = run.test_loader()
+    main = evaluate(state.net, loader, run.device, run.preprocess, run.cfg['amp'])
+    out = dict(test_top1=main['top1'], test_top5=main['top5'])
+    if state.ema:
+        out['ema_test_top1'] = evaluate(state.ema.module, loader, run.device, run.preprocess, run.cfg['amp'])['top1']
+    return out
+
+
 def growth_due(cfg: dict, epoch: int) -> dict:
     """What grows after ``epoch``: the ``growth.schedule`` step at ``epoch + 1``, ``{'add': ...}`` of
     ``growth.every_epochs``, or ``{}``."""
@@ -142,6 +160,7 @@ def log_epoch(run: RunContext, history: list, row: dict):
                + (f"val top-1 {row['top1']:.2f}%  top-5 {row['top5']:.2f}%  " if 'top1' in row else '')
                + (f"val loss {row['val_loss']:.4f}  " if 'top1' not in row and 'val_loss' in row else '')
                + (f"ema top-1 {row['ema_top1']:.2f}%  " if 'ema_top1' in row else '')
+               + (f"test top-1 {row['test_top1']:.2f}% (once, at the end)  " if 'test_top1' in row else '')
                + f"{row['img_per_s']:.0f} img/s  {row['epoch_time']:.1f}s"
                + (f'  skipped {skipped} unreadable images' if skipped else '')
                + (f"  grew to {row['grown']}" if 'grown' in row else ''))
@@ -236,6 +255,8 @@ def _train_epochs(cfg: dict, run: RunContext, state: TrainState, history: list):
         last_epoch = epoch + 1 == cfg['epochs']
         if (epoch + 1) % cfg['eval_every'] == 0 or last_epoch:
             row.update(evaluate_and_keep_best(run, state, epoch))
+        if last_epoch:
+            row.update(evaluate_test(run, state))
         row['tokens'] = sum(growth.model_size(state.model).values())
         due = growth_due(cfg, epoch)
         if due:
@@ -271,8 +292,10 @@ def _finish(cfg: dict, run: RunContext, state: TrainState, history: list):
 
 
 def train(cfg: dict, resume=None) -> dict:
-    """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, epochs, output, model, history, ema)``
-    (``ema``: whether ``last.safetensors`` holds EMA weights; ``top1`` is the raw model's).
+    """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, test_top1, epochs, output, model,
+    history, ema)``: ``top1`` / ``top5`` / ``best_top1`` on the validation split, ``test_top1`` on the test
+    split (None without one: :func:`tkvision.data.has_test_split`); ``ema``: whether ``last.safetensors``
+    holds EMA weights (``top1`` is the raw model's).
 
     Args:
         cfg: a config from :func:`tkvision.engine.config.load_config` (checked again here).
@@ -306,7 +329,7 @@ def train(cfg: dict, resume=None) -> dict:
             lock.release()
     last = history[-1] if history else {}
     return dict(top1=_number(last.get('top1')), top5=_number(last.get('top5')), best_top1=state.best.get('top1'),
-                val_loss=_number(last.get('val_loss')), epochs=cfg['epochs'], output=run.out, model=state.model,
+                val_loss=_number(last.get('val_loss')), test_top1=_number(last.get('test_top1')), epochs=cfg['epochs'], output=run.out, model=state.model,
                 history=history, ema=state.ema is not None)
 
 

@@ -61,7 +61,7 @@ def _run_point(config, seed, run_dir, extra):
     t0 = time.perf_counter()
     res = train(cfg, resume=bool(_prepare_point_dir(run_dir)))
     hist = res['history']
-    return dict(top1=res['top1'], best_top1=res['best_top1'], params=sum(p.numel() for p in res['model'].parameters()),
+    return dict(top1=res['top1'], best_top1=res['best_top1'], test_top1=res['test_top1'], params=sum(p.numel() for p in res['model'].parameters()),
                 img_per_s=statistics.mean(float(h['img_per_s']) for h in hist), minutes=(time.perf_counter() - t0) / 60,
                 threads=torch.get_num_threads())
 
@@ -69,8 +69,9 @@ def _run_point(config, seed, run_dir, extra):
 def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=False, extra=(), log=print) -> list:
     """Run every (config, seed) not yet finished; returns all records (finished, new, failed).
 
-    A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, params, img_per_s, minutes,
-    error``. ``result.json`` in the point's folder marks it finished.
+    A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, test_top1, params, img_per_s,
+    minutes, error``: ``top1`` / ``best_top1`` on the validation split, ``test_top1`` on the test split
+    (evaluated once, at the end; None when the dataset has none: :func:`tkvision.data.has_test_split`). ``result.json`` in the point's folder marks it finished.
     """
     records = []
     for config in configs:
@@ -96,7 +97,7 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
                     subprocess.run(cmd + _prepare_point_dir(run_dir), check=True)
                     with open(os.path.join(run_dir, METRICS_FILE)) as f:
                         rows = list(csv.DictReader(f))
-                    rec.update(top1=float(rows[-1]['top1']), best_top1=max(float(r['top1']) for r in rows if r.get('top1')),
+                    rec.update(top1=float(rows[-1]['top1']), test_top1=float(rows[-1].get('test_top1') or 'nan'), best_top1=max(float(r['top1']) for r in rows if r.get('top1')),
                                img_per_s=statistics.mean(float(r['img_per_s']) for r in rows),
                                minutes=sum(float(r['epoch_time']) for r in rows) / 60)
                 rec['status'] = 'ok'
@@ -112,16 +113,21 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
 def summarize(records, out, title='Ablation sweep') -> list:
     """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
     parameters) in ``out``; returns one row per config:
-    ``config, seeds, top1_mean, top1_std, params, img_per_s, minutes, failed``."""
+    ``config, seeds, top1_mean, top1_std, test_top1_mean, test_top1_std, params, img_per_s, minutes, failed``
+    (``top1``: the validation split's, on which a winner is chosen; ``test_top1``: reported beside it, nan
+    without a test split)."""
 
     rows = []
     for config in dict.fromkeys(r['config'] for r in records):
         ok = [r for r in records if r['config'] == config and r.get('status') == 'ok']
         failed = [r for r in records if r['config'] == config and r.get('status') != 'ok']
         top1 = [r['top1'] for r in ok]
+        test = [r['test_top1'] for r in ok if r.get('test_top1') is not None]
         rows.append(dict(config=config, seeds=' '.join(str(r['seed']) for r in ok),
                          top1_mean=statistics.mean(top1) if top1 else float('nan'),
                          top1_std=statistics.stdev(top1) if len(top1) > 1 else 0.0,
+                         test_top1_mean=statistics.mean(test) if test else float('nan'),
+                         test_top1_std=statistics.stdev(test) if len(test) > 1 else 0.0,
                          params=ok[0]['params'] if ok and 'params' in ok[0] else '',
                          img_per_s=statistics.mean(r['img_per_s'] for r in ok) if ok else float('nan'),
                          minutes=statistics.mean(r['minutes'] for r in ok) if ok else float('nan'),
@@ -131,9 +137,11 @@ def summarize(records, out, title='Ablation sweep') -> list:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
         w.writeheader()
         w.writerows(rows)
-    lines = ['| config | top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |', '|---|---|---|---|---|---|---|']
+    lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |',
+             '|---|---|---|---|---|---|---|---|']
     for r in rows:
-        lines.append(f"| {r['config']} | {r['top1_mean']:.2f} ± {r['top1_std']:.2f} | {r['seeds']} | {r['params']} | "
+        lines.append(f"| {r['config']} | {r['top1_mean']:.2f} ± {r['top1_std']:.2f} | "
+                     f"{r['test_top1_mean']:.2f} ± {r['test_top1_std']:.2f} | {r['seeds']} | {r['params']} | "
                      f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write('\n'.join(lines) + '\n')
@@ -144,7 +152,7 @@ def summarize(records, out, title='Ablation sweep') -> list:
     finite = [r['top1_mean'] for r in rows if r['top1_mean'] == r['top1_mean']]
     if finite:
         ax.set_ylim(min(finite) - 2, max(finite) + 1)
-    ax.set(ylabel='test top-1 (%)', title=title)
+    ax.set(ylabel='validation top-1 (%)', title=title)
     ax.grid(axis='y', alpha=.3)
     fig.tight_layout()
     fig.savefig(os.path.join(out, 'results.png'), dpi=100)
@@ -156,7 +164,7 @@ def summarize(records, out, title='Ablation sweep') -> list:
             ax.errorbar(r['params'] / 1e3, r['top1_mean'], yerr=r['top1_std'], fmt='o', capsize=4)
             ax.annotate(r['config'], (r['params'] / 1e3, r['top1_mean']), textcoords='offset points', xytext=(5, 4),
                         fontsize=8)
-        ax.set(xscale='log', xlabel='parameters (thousands, log scale)', ylabel='test top-1 (%), mean ± std', title=title)
+        ax.set(xscale='log', xlabel='parameters (thousands, log scale)', ylabel='validation top-1 (%), mean ± std', title=title)
         ax.grid(alpha=.3)
         fig.tight_layout()
         fig.savefig(os.path.join(out, 'results_params.png'), dpi=100)
