@@ -9,7 +9,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: env data train train-long test test-lowest-deps benchmark sweep growth-experiment clean
+.PHONY: env data train train-long test test-lowest-deps benchmark bench-gpu sweep growth-experiment clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ test-lowest-deps: env data
 
 benchmark: env
 	$(PY) tools/benchmark.py $(ARGS)
+
+# On a GPU machine (< 10 min on one H100): one report under docs/bench/ (tkvision/experiments/gpu_report.py).
+# Needs torch, timm, triton; the end-to-end part also albumentations. CPU check: ARGS="--device cpu --tiny".
+bench-gpu:
+	$(or $(wildcard $(PY)),python3) tools/gpu_report.py --out docs/bench/gpu $(ARGS)
 
 # Growth chain vs from scratch (docs/growth.md): ~40 min per seed-set on 2 cores; ARGS='--seeds 0' for one seed.
 growth-experiment: env data

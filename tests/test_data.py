@@ -192,7 +192,7 @@ def test_data_config_comes_from_the_model_without_a_recipe(tmp_path, capsys):
                            'num_tokens: 8}', '--dataset', 'folder', '--data-dir', root, '--epochs', '1',
                            '--warmup_epochs', '0.5', '--batch_size', '4', '--threads', '1', '--progress', 'false',
                            '--output', str(tmp_path / 'run')]) == 0
-    assert 'final test top-1' in capsys.readouterr().out
+    assert 'final validation top-1' in capsys.readouterr().out
     saved = load_config(str(tmp_path / 'run' / 'config.yaml'))
     assert saved['img_size'] == 224 and saved['std'] == [0.229, 0.224, 0.225]
 

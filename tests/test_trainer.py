@@ -200,7 +200,7 @@ def test_resume_of_a_finished_run_says_so(tmp_path, capsys):
     capsys.readouterr()
     assert train_main(args + ['--resume']) == 0
     out = capsys.readouterr().out
-    assert 'nothing to train' in out and '--epochs N' in out and 'final test top-1' in out, out
+    assert 'nothing to train' in out and '--epochs N' in out and 'final validation top-1' in out, out
 
 
 @pytest.mark.parametrize('override, key', [

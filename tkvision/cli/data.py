@@ -2,6 +2,7 @@
 import argparse
 import os
 
+from ..data.fashion_mnist import write_image_folder
 from ..data.shards import INFO_NAME, make_shards
 from ..data.subset import PRESETS, make_subset
 from .common import run_cli
@@ -31,7 +32,10 @@ def make_shards_main(argv=None) -> int:
 
 def _make_subset(argv) -> int:
     ap = argparse.ArgumentParser(description='Write an ImageNet-layout subset as a folder or shards.')
-    ap.add_argument('--src', required=True, help='ImageNet-layout folder (train/, val/)')
+    ap.add_argument('--src', required=True, help="ImageNet-layout folder (train/, val/), or 'fashion-mnist': write "
+                    'Fashion-MNIST as such a folder of RGB JPEGs at --size px (train/ from its training images, '
+                    'val/ from its test images; --train-per-class / --val-per-class of each class)')
+    ap.add_argument('--size', type=int, default=224, help="--src fashion-mnist: image size in px")
     ap.add_argument('--out', required=True, help='new folder for the subset')
     ap.add_argument('--preset', choices=sorted(PRESETS), help='classes and images per class of a named subset')
     ap.add_argument('--num-classes', type=int)
@@ -42,6 +46,10 @@ def _make_subset(argv) -> int:
     ap.add_argument('--format', default='folder', choices=['folder', 'shards'])
     ap.add_argument('--link', action='store_true', help='symbolic links instead of copies')
     a = ap.parse_args(argv)
+    if a.src == 'fashion-mnist':
+        counts = write_image_folder(a.out, a.size, a.train_per_class or 100, a.val_per_class or 20)
+        print(f"wrote {a.out}: {counts['train']} train / {counts['val']} val Fashion-MNIST JPEGs at {a.size} px")
+        return 0
     n, k_train, k_val = PRESETS.get(a.preset, (a.num_classes, a.train_per_class, a.val_per_class))
     classes = None
     if a.classes:

@@ -50,7 +50,9 @@ def _done_message(res: dict, minutes: float) -> str:
                 f"{os.path.join(out, LAST_WEIGHTS)})\n  reconstructions: {os.path.join(out, RECONSTRUCTION_FILE)}\n"
                 f"  curves:  {os.path.join(out, CURVES_FILE)}")
     last = os.path.join(out, LAST_WEIGHTS) + (' (EMA weights)' if res.get('ema') else '')
-    return (f"done in {minutes:.1f} min: final test top-1 {res['top1']:.2f}% (best {res['best_top1']:.2f}%)\n"
+    test = (f", test top-1 {res['test_top1']:.2f}% (the test split, evaluated once)" if res.get('test_top1') is not None
+            else '')
+    return (f"done in {minutes:.1f} min: final validation top-1 {res['top1']:.2f}% (best {res['best_top1']:.2f}%){test}\n"
             f"  weights: {os.path.join(out, BEST_WEIGHTS)} (last: {last}, "
             f"state: {os.path.join(out, LAST_CHECKPOINT)})\n  curves:  {os.path.join(out, CURVES_FILE)}\n"
             f"  metrics: {os.path.join(out, METRICS_FILE)}")
@@ -115,3 +117,7 @@ def validate_main(argv=None) -> int:
     """``tkvision-validate`` / ``tools/validate.py``: evaluate a weights file; see ``--help``. A user
     error (missing file, weights that do not fit, bad setting) is one line on stderr, exit 2."""
     return run_cli(_validate, argv)
+
+
+if __name__ == '__main__':  # torchrun -m tkvision.cli.train (tools/gpu_report.py's end-to-end run)
+    sys.exit(train_main())

@@ -8,7 +8,8 @@ import os
 import numpy as np
 from torch.utils.data import Dataset
 
-__all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'FASHION_MNIST_VAL_FRACTION', 'load_fashion_mnist', 'ArrayDataset']
+__all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'FASHION_MNIST_VAL_FRACTION', 'FASHION_MNIST_CLASSES',
+           'write_image_folder', 'load_fashion_mnist', 'ArrayDataset']
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the data.
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
@@ -80,3 +81,45 @@ class ArrayDataset(Dataset):
 
     def __getitem__(self, i):
         return self.transform(image=self.images[i])['image'], int(self.labels[i])
+
+
+#: Fashion-MNIST's class names (Xiao et al. 2017, Table 1), in label order, as folder names.
+FASHION_MNIST_CLASSES = ('t-shirt_top', 'trouser', 'pullover', 'dress', 'coat', 'sandal', 'shirt', 'sneaker', 'bag',
+                         'ankle_boot')
+
+
+def write_image_folder(out: str, size: int = 224, train_per_class: int = 100, val_per_class: int = 20,
+                       data_dir=None) -> dict:
+    """Write Fashion-MNIST as an ImageNet-layout folder of RGB JPEGs (``<out>/train/<class>/*.JPEG``
+    from the training images, ``<out>/val/<class>/*.JPEG`` from the test images; the first
+    ``train_per_class`` / ``val_per_class`` of each class), upscaled to ``size`` px (bicubic): real
+    images for the folder / ImageNet code paths (GPU end-to-end runs, benchmarks) where ImageNet is
+    not reachable. The folder is written under a temporary name and renamed when complete.
+
+    Returns:
+        ``{'train': n, 'val': n}`` images written.
+
+    Raises:
+        FileExistsError: ``out`` exists (nothing is overwritten).
+        FileNotFoundError: as :func:`load_fashion_mnist`.
+    """
+    from PIL import Image
+
+    from ..utils.files import atomic_folder
+    if os.path.exists(out):
+        raise FileExistsError(f'{out} exists: choose a new folder for the Fashion-MNIST images')
+    counts = {}
+
+    def write(tmp):
+        for split, source, per_class in (('train', 'train', train_per_class), ('val', 'test', val_per_class)):
+            images, labels = load_fashion_mnist(source, data_dir)
+            counts[split] = 0
+            for c, name in enumerate(FASHION_MNIST_CLASSES):
+                folder = os.path.join(tmp, split, name)
+                os.makedirs(folder)
+                for i in np.flatnonzero(labels == c)[:per_class]:
+                    img = Image.fromarray(images[i]).convert('RGB').resize((size, size), Image.BICUBIC)
+                    img.save(os.path.join(folder, f'{source}_{i:05d}.JPEG'), quality=90)
+                    counts[split] += 1
+    atomic_folder(out, write)
+    return counts

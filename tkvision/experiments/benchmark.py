@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
+from ..engine.build import input_shape
 from ..layers import Pattention
 from ..utils.files import atomic_write
 from .data_benchmark import benchmark_data
@@ -76,7 +77,9 @@ def _sync(device):
 
 def parse_model_spec(spec: str):
     """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
-    benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@fused_qkv=true``."""
+    benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@fused_qkv=true``.
+    ``lean_backward`` is set on every Pattention of the model (``@lean_backward=false``: autograd's
+    backward; the default ``'auto'`` is the lean one on CUDA)."""
     import yaml
     name, *opts = spec.split('@')
     kwargs = {}
@@ -94,10 +97,14 @@ class _Step:
     def __init__(self, name, mode, batch_size, device, amp, compile_):
         self.name, self.mode, self.device = name, mode, device
         base, kwargs = parse_model_spec(name)
+        lean = kwargs.pop('lean_backward', 'auto')
         self.model = timm.create_model(base, **kwargs).to(device)
+        for m in self.model.modules():
+            if isinstance(m, Pattention):
+                m.lean_backward = lean
         self.params = sum(p.numel() for p in self.model.parameters())
-        size = self.model.pretrained_cfg['input_size']
-        self.x = torch.randn(batch_size, *size, device=device)
+        channels, hw = input_shape(self.model)  # the model's own size (pretrained_cfg keeps 224 for img_size=32)
+        self.x = torch.randn(batch_size, channels, *(hw or self.model.pretrained_cfg['input_size'][1:]), device=device)
         self.y = torch.randint(0, 1000, (batch_size,), device=device)
         self.amp = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
         self.fn = torch.compile(self.model) if compile_ else self.model
@@ -225,9 +232,10 @@ PROFILE_CATEGORIES = (
 )
 
 
-def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3) -> list:
+def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, amp=None) -> list:
     """Self time of a training step per op category (``PROFILE_CATEGORIES``), per model, summed over
-    ``steps`` profiled steps after one warm-up step (several steps smooth out OS noise).
+    ``steps`` profiled steps after one warm-up step (several steps smooth out OS noise); ``amp``:
+    ``'bf16'`` / ``'fp16'`` autocast or None.
 
     Returns rows ``model, category, ms, share`` (``ms``: per step; share of the steps' total self time).
     """
@@ -235,7 +243,7 @@ def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3) ->
     device = torch.device(device)
     rows = []
     for name in models:
-        step = _Step(name, 'train', batch_size, device, None, False)
+        step = _Step(name, 'train', batch_size, device, amp, False)
         step()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
         with profile(activities=acts) as prof:

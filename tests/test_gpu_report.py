@@ -1,0 +1,40 @@
+"""``tools/gpu_report.py`` (``make bench-gpu``, issue 28) run as CI can: on the CPU, tiny models,
+eager only, so the command a lent GPU runs cannot rot. The figures are not checked (a 2-core CPU
+says nothing about an H100); what the report must hold is."""
+import json
+import subprocess
+import sys
+
+from .helpers import ROOT
+
+
+def test_the_gpu_report_command_runs_on_cpu_and_writes_every_part(tmp_path):
+    out = tmp_path / 'gpu'
+    subprocess.run([sys.executable, 'tools/gpu_report.py', '--device', 'cpu', '--tiny', '--compile-modes', 'eager',
+                    '--steps', '1', '--repeats', '1', '--out', str(out)], cwd=ROOT, check=True, capture_output=True)
+    (md,) = tmp_path.glob('gpu_*.md')
+    report = json.loads(md.with_suffix('.json').read_text())
+    parts = report['parts']
+    tiny = '@img_size=32@patch_size=8@embed_dim=32@depth=2@num_heads=2'
+    models = {(r['model'].replace(tiny, '').replace('@num_tokens=16', ''), r['mode']) for r in parts['throughput']}
+    assert models == {(m, mode) for mode in ('train', 'infer') for m in
+                      ('tokenformer_vit_ti16', 'tokenformer_vit_ti16@fused_qkv=true',
+                       'tokenformer_vit_ti16@lean_backward=false', 'vit_tiny_patch16_224')}
+    vit = [r for r in parts['throughput'] if r['model'].startswith('vit_')]
+    assert all(r['ratio'] == 1.0 for r in vit) and all(r['img_per_s'] > 0 for r in parts['throughput'])
+    assert {t['target'].split(' (')[0] for t in parts['targets']} == {
+        'train img/s >= 0.95x ViT', 'peak memory <= 1.0x ViT', ">= 30% of the card's bf16 peak"}
+    assert abs(sum(r['share'] for r in parts['profile']) - 1) < 1e-6
+    assert parts['mae'][0]['img_per_s'] > 0
+    e2e = parts['end_to_end']
+    assert e2e['epochs'] == 1 and 0 <= e2e['val_top1'] <= 100 and 'torch.distributed.run' in e2e['command']
+    text = md.read_text()
+    for heading in ('## Throughput', '## Targets', '## Where a B/16', '## MAE pretraining step', '## The trainer end to end'):
+        assert heading in text
+    assert report['info']['torch'] in text and 'python tools/gpu_report.py --device cpu' in text
+
+
+def test_the_gpu_report_refuses_cuda_without_a_gpu(tmp_path):
+    res = subprocess.run([sys.executable, 'tools/gpu_report.py', '--out', str(tmp_path / 'gpu')], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and 'no CUDA device here' in res.stderr and '--device cpu --tiny' in res.stderr
