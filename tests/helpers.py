@@ -74,3 +74,34 @@ def transform_of(cfg, train, **kwargs):
 def loader_of(ds, cfg, train, **kwargs):
     """``build_loader`` of a whole config: its data section and seed."""
     return build_loader(ds, section(cfg, 'data'), train, cfg['seed'], **kwargs)
+
+
+def _same(a, b, where: str):
+    """Recursive bit-equality of checkpoint pieces (tensors, dicts, lists, numbers), naming the first difference."""
+    import torch
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), f'{where}: keys differ'
+        for k in a:
+            _same(a[k], b[k], f'{where}.{k}')
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f'{where}: lengths differ'
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f'{where}[{i}]')
+    else:
+        assert a == b, f'{where}: {a!r} != {b!r}'
+
+
+def assert_same_training_state(path_a, path_b):
+    """Two ``last.pth`` files hold bit-identical training state: model, EMA, optimizer (moments, step
+    counts and param groups: the schedule's lr and the frozen rows' groups), GradScaler, counters, the
+    best evaluation and the grown size (``token_counts``). The time meter and the output path differ
+    between runs and are not compared."""
+    from tkvision.engine.checkpoint import load_training_checkpoint
+    a, b = load_training_checkpoint(str(path_a)), load_training_checkpoint(str(path_b))
+    for key in ('model', 'model_ema', 'optimizer', 'scaler', 'epochs_done', 'batches_done', 'num_updates', 'best',
+                'token_counts'):
+        _same(a[key], b[key], key)
+    _same({k: v for k, v in a['meter'].items() if k != 'seconds'}, {k: v for k, v in b['meter'].items() if k != 'seconds'},
+          'meter')

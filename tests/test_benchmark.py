@@ -56,3 +56,30 @@ def test_model_spec_options_reach_the_model_and_keep_the_counterpart():
     assert 'tokenformer_vit_b16_matched' in COUNTERPARTS
     with pytest.raises(ValueError, match='key=value'):
         parse_model_spec('tokenformer_vit_b16_matched@fused_qkv')
+
+
+def test_a_cpu_training_benchmark_that_cannot_fit_is_refused_before_it_runs(monkeypatch):
+    """Issue 27: B/16 training at batch 32 peaked at 13.5 GB RSS with no warning; on a smaller machine
+    the kernel kills it without a word. The estimate is refused, naming the figures and the fix, before
+    a step runs; above half of what is available it warns."""
+    import torch
+
+    from tkvision.experiments import benchmark as bench
+    from tkvision.utils.errors import UsageError
+    tiny = 'tokenformer_vit_ti16@img_size=32@patch_size=8@embed_dim=32@depth=2@num_heads=2@num_tokens=16'
+    steps = []
+    monkeypatch.setattr(bench._Step, '__call__', lambda self: steps.append(1))
+    monkeypatch.setattr(bench, 'available_memory_mib', lambda: 0.5)
+    with pytest.raises(UsageError, match=r'batch 8 needs about .* GiB .* available: lower --batch-size'):
+        bench.benchmark_models([tiny], modes=('train',), batch_size=8, memory=False)
+    assert steps == []
+    runner = bench._Step(tiny, 'train', 8, torch.device('cpu'), None, False)
+    monkeypatch.setattr(bench, 'available_memory_mib', lambda: float('inf'))
+    need = bench.check_train_memory([runner], 8, log=lambda m: None)
+    warned = []
+    monkeypatch.setattr(bench, 'available_memory_mib', lambda: need * 1.5)
+    bench.check_train_memory([runner], 8, log=warned.append)
+    assert warned and warned[0].startswith('warning: the CPU training benchmark at batch 8')
+    # the estimate: 4 float32 copies of the parameters + twice the activations, from a batch-1 forward
+    params = sum(p.numel() for p in runner.model.parameters())
+    assert need == pytest.approx(16 * params / 2 ** 20 + 2 * 8 * bench.saved_activation_mib(runner.model, runner.x[:1]))

@@ -1,5 +1,6 @@
 """MAE pretraining and fine-tuning (issue 16): masking, the loss against a direct computation, exact
 encoder transfer, exact resume, growth exactness under MAE, linear probing, the reconstruction tool."""
+import json
 import os
 import subprocess
 import sys
@@ -19,7 +20,7 @@ from tkvision.engine.evaluate import mask_noise
 from tkvision.models.mae import (create_mae, encoder_weights, linear_probe, patchify, random_masking,
                                  unpatchify)
 
-from .helpers import ROOT, TINY_FMNIST, dataset_of, fmnist_cfg
+from .helpers import ROOT, TINY_FMNIST, assert_same_training_state, dataset_of, fmnist_cfg
 
 #: 7 x 7 = 49 patches of 4 px on 28 px images.
 ENC = dict(TINY_FMNIST, patch_size=4)
@@ -260,3 +261,39 @@ def test_visualize_tool_writes_the_grid_and_pastes_visible_patches(tmp_path):
                         os.path.join(cfg['output'], 'last.safetensors'), '--out', out], capture_output=True, text=True,
                        cwd=ROOT)
     assert r.returncode == 2 and 'needs --config' in r.stderr
+
+
+_KILL_AFTER_GROWTH = '''
+import json, os, signal, sys
+from tkvision.engine import loop, trainer
+from tkvision.engine.config import load_config
+real = loop.save_training_checkpoint
+
+def save(state, path):  # the first checkpoint written mid-epoch 2, after the growth step: then SIGKILL
+    real(state, path)
+    if state.epochs_done == 1 and state.batches_done > 0:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+loop.save_training_checkpoint = save
+trainer.train(load_config(None, json.loads(sys.argv[1])))
+'''
+
+
+def test_mae_killed_by_sigkill_after_a_decoder_growth_step_resumes_bit_identical(tmp_path):
+    """Issue 27: an MAE run growing its encoder and decoder after epoch 1, killed with SIGKILL (no
+    handler runs, the lock file stays) just after a mid-epoch-2 checkpoint, resumes to the state of an
+    uninterrupted run: model, EMA, optimizer, counters and grown sizes bit-identical."""
+    common = dict(task='mae', model_kwargs=ENC, decoder=DEC, epochs=2, train_subset=512, val_subset=128, reprob=0.0,
+                  model_ema=True, model_ema_decay=0.9, checkpoint_every_steps=3, threads=1, progress=False,
+                  rrc_scale=None, batch_size=64, growth=dict(every_epochs=1, add_tokens=dict(qkv=4, decoder_ffn=8)))
+    full = train_mod.train(load_config(None, dict(common, output=str(tmp_path / 'full'))))
+    killed = dict(common, output=str(tmp_path / 'killed'))
+    child = subprocess.run([sys.executable, '-c', _KILL_AFTER_GROWTH, json.dumps(killed)], cwd=ROOT,
+                           capture_output=True, text=True)
+    assert child.returncode == -9, child.stderr[-2000:]
+    from tkvision.engine.checkpoint import load_training_checkpoint
+    at_kill = load_training_checkpoint(str(tmp_path / 'killed' / 'last.pth'))
+    assert at_kill['epochs_done'] == 1 and at_kill['batches_done'] > 0
+    assert at_kill['token_counts'] == growth.model_size(full['model'])  # grown before the kill
+    train_mod.train(load_config(None, killed), resume=True)
+    assert_same_training_state(tmp_path / 'full' / 'last.pth', tmp_path / 'killed' / 'last.pth')

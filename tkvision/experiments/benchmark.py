@@ -26,10 +26,11 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 
 from ..engine.build import input_shape
 from ..layers import Pattention
+from ..utils.errors import UsageError
 from ..utils.files import atomic_write
 from .data_benchmark import benchmark_data
 
-__all__ = ['COUNTERPARTS', 'parse_model_spec', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
+__all__ = ['COUNTERPARTS', 'parse_model_spec', 'available_memory_mib', 'check_train_memory', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
            'benchmark_pattention', 'machine_info', 'run_benchmark']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
@@ -165,6 +166,41 @@ def _peak_rss_child(name, mode, batch_size, steps) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
+def available_memory_mib() -> float:
+    """``MemAvailable`` of ``/proc/meminfo`` in MiB (what the kernel can give without swapping); inf
+    where the file does not exist."""
+    try:
+        with open('/proc/meminfo') as f:
+            return next(int(line.split()[1]) for line in f if line.startswith('MemAvailable')) / 1024
+    except (OSError, StopIteration):
+        return float('inf')
+
+
+def check_train_memory(runners, batch_size: int, log=print) -> float:
+    """Refuse, before any timed step, a CPU training benchmark that would not fit in memory: every
+    model's weights, gradients and AdamW moments (4 copies of its parameters) plus twice the largest
+    model's activations kept for backward (measured at batch 1, times ``batch_size``; twice: the
+    backward holds the gradients of those activations beside them). For B/16† and ViT-B at batch 32
+    this gives about 15 GiB, where 13.5 GB peak RSS was measured (issue 27). Above half of what is
+    available a warning is printed. Returns the estimate in MiB.
+
+    Raises:
+        UsageError: the estimate exceeds the available memory (the figures and what to lower are named);
+            the kernel would otherwise kill the process without a word.
+    """
+    states = sum(4 * r.params * 4 for r in runners) / 2 ** 20
+    activations = 2 * max(saved_activation_mib(r.model.train(), r.x[:1], r.amp) for r in runners) * batch_size
+    need, have = states + activations, available_memory_mib()
+    words = (f'the CPU training benchmark at batch {batch_size} needs about {need / 1024:.1f} GiB ({states / 1024:.1f} '
+             f'GiB weights + gradients + AdamW state, {activations / 1024:.1f} GiB activations), and '
+             f'{have / 1024:.1f} GiB is available')
+    if need > have:
+        raise UsageError(words + ': lower --batch-size, or benchmark fewer --models at a time')
+    if need > have / 2:
+        log(f'warning: {words}')
+    return need
+
+
 def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cpu', amp=None, compile_=False,
                      warmup=2, steps=2, repeats=5, memory=True, log=print) -> list:
     """Interleaved throughput of ``models`` per mode; returns one dict per (model, mode).
@@ -177,6 +213,8 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
     rows = []
     for mode in modes:
         runners = [_Step(m, mode, batch_size, device, amp, compile_) for m in models]
+        if mode == 'train' and device.type == 'cpu':
+            check_train_memory(runners, batch_size, log)
         flops = {r.name: r.flops_per_image() for r in runners}
         for r in runners:
             for _ in range(warmup):
