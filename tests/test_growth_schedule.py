@@ -299,3 +299,44 @@ def test_answer_is_the_compute_fraction_where_the_chain_reaches_scratch():
     results['tokenformer_chain'][0]['points'][-1] = (20, 89.5)
     a = answer(results, 'tokenformer')
     assert a['reach_fraction'] is None and a['scratch_fraction_for_chain'] == 40 / 40
+
+
+# --- tau at a growth step (issue 25, item 6) -----------------------------------------------------
+
+def test_tau_recompute_gives_the_from_scratch_parametrisation_and_keep_preserves_the_function():
+    """``tau: keep`` leaves every τ (√16 = 4 at 16 tokens) and the function; ``tau: recompute`` sets a
+    grown layer's τ to √n of its new size, as a model built at that size has, and changes the output."""
+    import math
+    import timm
+
+    from tkvision.layers import Pattention
+    torch.manual_seed(0)
+    model = timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST).eval()
+    x = torch.randn(2, 1, 28, 28)
+    before = model(x)
+    kept = growth.grow(model, qkv=48, copy=True)
+    redone = growth.grow(model, qkv=48, copy=True, tau='recompute')
+    scratch = timm.create_model('tokenformer_vit_ti16', **dict(TINY_FMNIST, num_tokens_qkv=64))
+    taus = {n: m.tau.item() for n, m in redone.named_modules() if isinstance(m, Pattention)}
+    assert taus == {n: m.tau.item() for n, m in scratch.named_modules() if isinstance(m, Pattention)}
+    assert taus['blocks.0.attn.q'] == 8.0 and taus['blocks.0.attn.proj'] == math.sqrt(16)  # only the grown kind moves
+    assert all(m.tau.item() == math.sqrt(m.num_tokens if m.kind != 'qkv' else 16)
+               for m in kept.modules() if isinstance(m, Pattention))
+    torch.testing.assert_close(kept(x), before, rtol=1e-5, atol=1e-6)
+    assert (redone(x) - before).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="tau must be 'keep' or 'recompute'"):
+        growth.grow(model, qkv=8, copy=True, tau='sqrt')
+
+
+def test_eval_after_step_measures_the_loss_jump_of_a_growth_step(tmp_path):
+    """``growth.eval_after_step`` evaluates right after each step: with ``tau: keep`` (zero keys) the
+    loss does not move; with ``tau: recompute`` it jumps."""
+    rows = {}
+    for tau in ('keep', 'recompute'):
+        cfg = _chain_cfg(tmp_path, tau, epochs=2, growth=dict(schedule=_steps((1, {'qkv': 24, 'ffn': 96}, 0.25, 0.5)),
+                                                                tau=tau, eval_after_step=True))
+        rows[tau] = train_mod.train(cfg)['history'][0]
+    keep, redo = rows['keep'], rows['recompute']
+    assert float(keep['val_loss_after_growth']) == pytest.approx(float(keep['val_loss']), abs=1e-5)
+    assert float(keep['top1_after_growth']) == float(keep['top1'])
+    assert abs(float(redo['val_loss_after_growth']) - float(redo['val_loss'])) > 1e-3

@@ -89,7 +89,7 @@ def growth_experiment_main(argv=None) -> int:
     """``tools/growth_experiment.py``; see ``--help``."""
     ap = argparse.ArgumentParser(description='Growth chains vs from-scratch training at equal compute (Fig. 3).')
     ap.add_argument('--out', default='runs/growth_chain')
-    ap.add_argument('--plan', default='chain', choices=['chain', 'ablations', 'shapes'])
+    ap.add_argument('--plan', default='chain', choices=['chain', 'ablations', 'tau', 'shapes'])
     ap.add_argument('--seeds', type=int, nargs='+', default=[0, 1, 2])
     ap.add_argument('--scratch-epochs', type=int, help="epochs of the from-scratch runs (default: the chain's)")
     ap.add_argument('--part', default='0/1', help='i/n: run only every n-th run, starting at i (one process per core)')

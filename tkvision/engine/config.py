@@ -143,6 +143,10 @@ SECTIONS = {
                                          # 'continue': one schedule over the run, re-warmed briefly after each step
             'optimizer_state': 'keep',   # at a schedule step: 'keep' the old rows' moments or 'reset' the optimizer
             'freeze_old_tokens': False,  # after a schedule step: train only the new tokens (+ head), paper §5
+            'tau': 'keep',               # 'keep': grown layers keep their τ (function-preserving); 'recompute':
+                                         # τ of a layer built at the new size (sqrt(n)), as a model from scratch
+            'eval_after_step': False,    # evaluate right after each growth step: the loss jump (metrics.csv
+                                         # val_loss_after_growth, top1_after_growth)
         },
     },
 }

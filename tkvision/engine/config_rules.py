@@ -88,6 +88,7 @@ RULES = {
     'tf32': _rule('bool'),
     'growth.every_epochs': _rule('int', 1, null=True), 'growth.add_tokens': _rule('map'),
     'growth.until_epoch': _rule('int', 1, null=True), 'growth.key_init': _rule(None, choices=('zeros', 'normal')),
+    'growth.tau': _rule(None, choices=('keep', 'recompute')), 'growth.eval_after_step': _rule('bool'),
     'growth.value_init': _rule(None, choices=('zeros', 'normal')),
     'growth.schedule': (lambda v: isinstance(v, list), 'a list of steps {at_epoch, to[, warmup_epochs, lr_scale]}'),
     'growth.optimizer_state': _rule(None, choices=('keep', 'reset')),

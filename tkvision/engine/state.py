@@ -120,7 +120,7 @@ class TrainState:
         before = self.size()
         counts = growth.grow_training_state(self.model, self.optimizer, self.ema.module if self.ema else None,
                                             key_init=g['key_init'], value_init=g['value_init'], to=due.get('to'),
-                                            **due.get('add', {}))
+                                            tau=g['tau'], **due.get('add', {}))
         if 'at_epoch' in due:
             self._unfreeze_stage()  # a reset optimizer covers every parameter, as one built at the start does
             if g['optimizer_state'] == 'reset':

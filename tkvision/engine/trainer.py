@@ -262,6 +262,9 @@ def _train_epochs(cfg: dict, run: RunContext, state: TrainState, history: list):
         if due:
             # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
             row['grown'] = str(state.grow(due, seed=derive_seed('growth', cfg['seed'], epoch + 1, bits=31)))
+            if cfg['growth']['eval_after_step'] and cfg['task'] != 'mae':  # the step's loss jump (tau: recompute)
+                after = evaluate(state.net, run.val_loader, run.device, run.preprocess, cfg['amp'])
+                row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
         state.epochs_done, state.batches_done = epoch + 1, 0
         state.reset_meter()
         log_epoch(run, history, row)

@@ -40,7 +40,7 @@ from ..growth import model_size, schedule_sizes
 from ..utils.files import atomic_write
 from .benchmark import flop_counter
 
-__all__ = ['FAMILIES', 'ABLATION_BASE', 'ABLATIONS', 'SHAPES', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
+__all__ = ['FAMILIES', 'ABLATION_BASE', 'ABLATIONS', 'TAU_VARIANTS', 'SHAPES', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
            'run_all', 'report']
 
 #: The chain recipe of each family.
@@ -68,6 +68,16 @@ ABLATIONS = {
                  {'lr_scale': 1.0}),
     'continue_no_rewarm': ('one cosine over the chain, no re-warm', {'stage_lr': 'continue'},
                            {'lr_scale': 1.0, 'warmup_epochs': 0}),
+}
+
+#: τ at a growth step (``--plan tau``, issue 25 item 6): name -> (what, growth overrides) on the chain
+#: recipe of the config file, each evaluated right after every step (the loss jump). The chain keeps
+#: the τ of its starting size (√16 = 4 for Q/K/V/proj, √64 = 8 for the FFN); a model built at the
+#: chain's last size has √128 and √512: ``tau_recompute`` gives the grown layers that τ at each step.
+TAU_VARIANTS = {
+    'tau_keep': ('τ kept at each step (the chain; function-preserving)', {'tau': 'keep', 'eval_after_step': True}),
+    'tau_recompute': ('τ recomputed at each step (√n of the new size; not function-preserving)',
+                      {'tau': 'recompute', 'eval_after_step': True}),
 }
 
 #: Chain shapes (``--plan shapes``): name -> (what, config overrides, growth step epochs), on the chain
@@ -107,8 +117,9 @@ def _size_name(size: dict) -> str:
 
 def plan_runs(plan: str, seeds, overrides=(), scratch_epochs=None, families=FAMILIES) -> list:
     """``[(run name, seed, config)]`` of ``plan``: ``'chain'`` (each family's chain and every stage size
-    from scratch), ``'ablations'`` (the TokenFormer chain with each of :data:`ABLATIONS`) or ``'shapes'``
-    (each family's chain with its steps moved, :data:`SHAPES`)."""
+    from scratch), ``'ablations'`` (the TokenFormer chain with each of :data:`ABLATIONS`), ``'tau'`` (the
+    TokenFormer chain with each of :data:`TAU_VARIANTS`) or ``'shapes'`` (each family's chain with its
+    steps moved, :data:`SHAPES`)."""
     runs = []
     for family, path in families.items():
         chain = load_config(path, list(overrides))
@@ -121,6 +132,8 @@ def plan_runs(plan: str, seeds, overrides=(), scratch_epochs=None, families=FAMI
         if plan == 'ablations':
             variants = {name: ({**ABLATION_BASE[0], **g}, {**ABLATION_BASE[1], **s})
                         for name, (_, g, s) in ABLATIONS.items() if family == 'tokenformer' or name == 'base'}
+        elif plan == 'tau':
+            variants = {name: (g, {}) for name, (_, g) in TAU_VARIANTS.items() if family == 'tokenformer'}
         else:
             variants = {'': ({}, {})}
         for name, (g_over, s_over) in variants.items():
@@ -128,7 +141,7 @@ def plan_runs(plan: str, seeds, overrides=(), scratch_epochs=None, families=FAMI
             cfg['growth'].update(g_over)
             cfg['growth']['schedule'] = [dict(step, **s_over) for step in cfg['growth']['schedule']]
             runs += [(f'{family}_chain' + (f'_{name}' if name else ''), seed, cfg) for seed in seeds]
-        if plan == 'ablations':
+        if plan in ('ablations', 'tau'):
             continue
         for size in stage_sizes(chain):
             cfg = copy.deepcopy(chain)
@@ -166,7 +179,10 @@ def run_all(runs, out: str, part=(0, 1), log=print) -> int:
             stage = sum(int(row['epoch']) >= b for b in bounds)
             total += flops[stage] * n_train
             points.append((total, float(row['top1'])))
-        result = dict(name=name, seed=seed, top1=res['top1'], compute=total, points=points,
+        jumps = [(float(r['val_loss']), float(r['val_loss_after_growth']), float(r['top1']), float(r['top1_after_growth']))
+                 for r in res['history'] if r.get('val_loss_after_growth') not in (None, '')]
+        result = dict(name=name, seed=seed, top1=res['top1'], test_top1=res['test_top1'], jumps=jumps,
+                      compute=total, points=points,
                       stage_ends=[b - 1 for b in bounds] + [cfg['epochs'] - 1], sizes=sizes,
                       flops_per_image=flops, schedule=cfg['growth']['schedule'],
                       growth={k: v for k, v in cfg['growth'].items() if k != 'schedule'})
@@ -266,6 +282,7 @@ def report(out: str) -> str:
         d = [r['top1'] - base[r['seed']] for r in rs if r['seed'] in base]
         dm, ds = _mean_std(d) if d else (math.nan, math.nan)
         lines.append(f'| {what} | {len(rs)} | {m:.2f} ± {s:.2f} | {dm:+.2f} ± {ds:.2f} |')
+    lines += _tau_lines(results)
     text = '\n'.join(lines) + '\n'
     with open(os.path.join(out, 'report.md'), 'w') as f:
         f.write(text)
@@ -274,6 +291,26 @@ def report(out: str) -> str:
         json.dump(dict(results=results, answers=answers), f, indent=1)
     _plot(results, os.path.join(out, 'accuracy_vs_compute.png'))
     return text
+
+
+def _tau_lines(results: dict) -> list:
+    """The report's τ table (:data:`TAU_VARIANTS`): validation and test top-1, and each step's jump of
+    the validation loss (after the step minus before it), means over seeds."""
+    if not any(f'tokenformer_chain_{n}' in results for n in TAU_VARIANTS):
+        return []
+    lines = ['', '## τ at a growth step (TokenFormer chain; validation split, test once)', '',
+             '| setting | seeds | final val top-1 | final test top-1 | val loss jump at each step | val top-1 jump at each step |',
+             '|---|---|---|---|---|---|']
+    for name, (what, _) in TAU_VARIANTS.items():
+        rs = results.get(f'tokenformer_chain_{name}')
+        if not rs:
+            continue
+        (m, s), (tm, ts) = _mean_std([r['top1'] for r in rs]), _mean_std([r['test_top1'] for r in rs])
+        steps = range(min(len(r['jumps']) for r in rs))
+        loss = ', '.join(f"{statistics.mean(r['jumps'][i][1] - r['jumps'][i][0] for r in rs):+.3f}" for i in steps)
+        top1 = ', '.join(f"{statistics.mean(r['jumps'][i][3] - r['jumps'][i][2] for r in rs):+.2f}" for i in steps)
+        lines.append(f'| {what} | {len(rs)} | {m:.2f} ± {s:.2f} | {tm:.2f} ± {ts:.2f} | {loss} | {top1} |')
+    return lines
 
 
 def _plot(results: dict, path: str):

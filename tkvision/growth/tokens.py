@@ -22,6 +22,7 @@ import torch
 from timm.utils import unwrap_model
 
 from ..layers import DECODER_KINDS, PATTENTION_KINDS, Pattention
+from ..layers.pattention import default_tau
 from ..models import adapt_state_dict, check_fit
 from .net2net import mlps, net2net_widen
 
@@ -64,7 +65,8 @@ def target_counts(variant: str, **model_kwargs) -> dict:
 
 
 def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ffn: int = 0, to=None,
-         key_init: str = 'zeros', value_init: str = 'normal', copy: bool = False, **decoder) -> torch.nn.Module:
+         key_init: str = 'zeros', value_init: str = 'normal', copy: bool = False, tau: str = 'keep',
+         **decoder) -> torch.nn.Module:
     """Append parameter tokens to every Pattention of ``model``, by kind.
 
     Args:
@@ -77,6 +79,10 @@ def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ff
             :meth:`Pattention.grow`. Zero keys (default) preserve the function exactly.
         copy: grow a deep copy and leave ``model`` untouched; otherwise grow **in place** (the
             parameters are replaced, so an optimizer must be remapped with :func:`grow_optimizer_state`).
+        tau: ``'keep'`` (default): every layer keeps its τ, so zero keys preserve the function exactly;
+            ``'recompute'``: a grown layer takes the τ a layer built at its new size has
+            (:func:`~tkvision.layers.pattention.default_tau`, √n for Eq. 5): the parametrisation of
+            the model from scratch at that size, not function-preserving (the scores' scale changes).
 
     Returns:
         The grown model (``model`` itself unless ``copy``). Its ``num_tokens_<kind>`` attributes
@@ -102,8 +108,12 @@ def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ff
         shrink = {k: (current[k], target[k]) for k in add if add[k] < 0}
         if shrink:
             raise ValueError(f'target has fewer tokens than the model (current, target): {shrink}')
+    if tau not in ('keep', 'recompute'):
+        raise ValueError(f"tau must be 'keep' or 'recompute', got {tau!r}")
     for name, (kind, layer) in pattention_layers(model).items():
         layer.grow(add[kind], key_init=key_init, value_init=value_init)
+        if tau == 'recompute' and add[kind]:
+            layer.tau.fill_(default_tau(layer.score_norm, layer.num_tokens))
     _sync_token_attrs(model)
     return model
 

@@ -49,13 +49,15 @@ def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict, exp
 
 
 def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema_model=None,
-                        key_init: str = 'zeros', value_init: str = 'normal', to=None, **add) -> dict:
+                        key_init: str = 'zeros', value_init: str = 'normal', to=None, tau: str = 'keep',
+                        **add) -> dict:
     """Grow a model in the middle of training, with the state that trains it (paper §3.3).
 
     ``model`` grows in place by ``add`` (``{kind: tokens}``) or to ``to`` (see :func:`grow`); the
     optimizer is remapped to the new parameters (:func:`grow_optimizer_state`: old rows keep their
     moments, new rows start at zero); the EMA copy, if any, grows to the same counts and takes the
-    new rows from the live model (an average of rows that did not exist would be meaningless). Call
+    new rows from the live model (an average of rows that did not exist would be meaningless); ``tau``
+    as :func:`grow` says, for both. Call
     it with the same torch seed on every rank so all ranks append identical tokens.
 
     A model without Pattentions (a timm ViT) is widened by Net2Net instead, ``to={'mlp_hidden': N}``
@@ -69,7 +71,7 @@ def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     if not layers:
         return _widen_training_state(model, optimizer, ema_model, to)
     before = {n: (m.keys, m.value_param_tokens) for n, (_, m) in layers.items()}
-    grow(model, key_init=key_init, value_init=value_init, to=to, **add)
+    grow(model, key_init=key_init, value_init=value_init, to=to, tau=tau, **add)
     old_to_new = {}
     for n, (_, m) in pattention_layers(model).items():
         old_to_new[before[n][0]] = m.keys
@@ -77,7 +79,7 @@ def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
     grow_optimizer_state(optimizer, old_to_new)
     counts = token_counts(model)
     if ema_model is not None:
-        grow(ema_model, to=counts, key_init='zeros', value_init='zeros')
+        grow(ema_model, to=counts, key_init='zeros', value_init='zeros', tau=tau)
         live = pattention_layers(model)
         with torch.no_grad():
             for n, (_, m) in pattention_layers(ema_model).items():
