@@ -9,7 +9,7 @@ TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: env data train train-long test test-lowest-deps benchmark bench-gpu sweep growth-experiment clean
+.PHONY: env data train train-long test test-lowest-deps test-timm-upstream benchmark bench-gpu sweep growth-experiment clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ test-lowest-deps: env data
 	PYTHONPATH=.lowest-deps $(PY) -c "import timm, safetensors, yaml, albumentations; print('lowest:', timm.__version__, safetensors.__version__, yaml.__version__, albumentations.__version__)"
 	TKVISION_NO_SKIPS=1 PYTHONPATH=.lowest-deps $(PY) -m pytest -q tests/test_models.py tests/test_checkpoints.py tests/test_config.py \
 		tests/test_timm_clients.py tests/test_growth.py tests/test_pattention.py $(ARGS)
+
+# timm's own tests/test_models.py (from the installed timm's source distribution) on our smallest
+# variants; ARGS="--models all" for every variant (tools/timm_upstream_tests.py).
+test-timm-upstream: env
+	$(PY) tools/timm_upstream_tests.py $(ARGS)
 
 benchmark: env
 	$(PY) tools/benchmark.py $(ARGS)

@@ -82,13 +82,24 @@ def test_features_only_and_intermediates(name):
 
 
 @pytest.mark.parametrize('name', VARIANTS)
-def test_torchscript_and_fx_equal_eager(name):
+def test_torchscript_or_torch_export_and_fx_equal_eager(name):
+    """TorchScript for the TokenFormer family; ``torch.export`` (TorchScript's successor) for the
+    recurrent families, which TorchScript cannot script (a level module is an argument of the shared
+    block) and which ``tools/timm_upstream_tests.py`` excludes from timm's TorchScript test as timm
+    excludes its own such models (``EXCLUDE_JIT_FILTERS``). The exported program also runs at another
+    batch size (a dynamic batch dimension)."""
     m = _model(name).eval()
     x = torch.randn(2, 3, 64, 64)
     with torch.no_grad():
         ref = m(x)
         if name in TOKENFORMER:
             torch.testing.assert_close(torch.jit.script(m)(x), ref)
+        else:
+            batch = torch.export.Dim('batch', min=1, max=64)
+            exported = torch.export.export(m, (x,), dynamic_shapes=({0: batch},)).module()
+            torch.testing.assert_close(exported(x), ref)
+            x3 = torch.randn(3, 3, 64, 64)
+            torch.testing.assert_close(exported(x3), m(x3))
         torch.testing.assert_close(torch.fx.symbolic_trace(m)(x), ref)
 
 
@@ -141,3 +152,29 @@ def test_onnx_export_matches_eager(name, tmp_path):
     sess = ort.InferenceSession(path)
     out = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(out), m(x).detach(), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize('name', VARIANTS)
+def test_no_weight_decay_names_parameters_only(name):
+    """timm's contract (its ``_assert_model_api_contract``): every ``no_weight_decay()`` entry is a
+    parameter; the recurrent families' fixed sin-cos table is a buffer and is not listed (it was, and
+    timm's upstream test failed on it)."""
+    m = _model(name)
+    assert set(m.no_weight_decay()) <= {n for n, _ in m.named_parameters()}
+    assert ('pos_embed' in m.no_weight_decay()) == isinstance(m.pos_embed, torch.nn.Parameter)
+
+
+@pytest.mark.parametrize('name', ['tokenformer_vit_s16', 'ringformer_vit_small_patch16_224',
+                                  'tokenformer_ring_vit_small_patch16_224'])
+def test_timms_factory_device_and_dtype(name):
+    """``create_model(..., device=, dtype=)`` (timm's factory arguments) puts every parameter and
+    buffer there; ``reset_classifier`` keeps the model's device, dtype and eval mode."""
+    m = timm.create_model(name, device='meta', dtype=torch.bfloat16, **SMALL).eval()
+    tensors = [*m.named_parameters(), *m.named_buffers()]
+    assert {t.device.type for _, t in tensors} == {'meta'}
+    assert {t.dtype for _, t in m.named_parameters()} == {torch.bfloat16}
+    m.to(dtype=torch.float64)
+    m.reset_classifier(3)
+    assert m.head.weight.device.type == 'meta' and m.head.weight.dtype == torch.float64 and not m.head.training
+    with pytest.raises(TypeError):
+        timm.create_model(name, device='meta', not_a_model_arg=1)

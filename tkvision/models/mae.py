@@ -257,7 +257,8 @@ class MaskedAutoencoder(nn.Module):
     @torch.jit.ignore
     def no_weight_decay(self):
         """Encoder's class / register tokens and position embedding, and the mask token (timm convention)."""
-        enc = {f'encoder.{n}' for n in ('pos_embed', 'cls_token', 'reg_token') if getattr(self.encoder, n, None) is not None}
+        enc = {f'encoder.{n}' for n in ('pos_embed', 'cls_token', 'reg_token')
+               if isinstance(getattr(self.encoder, n, None), torch.nn.Parameter)}
         return enc | {'decoder.mask_token'}
 
     @torch.jit.ignore

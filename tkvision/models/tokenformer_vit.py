@@ -17,6 +17,7 @@ Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypo
 (:class:`~tkvision.layers.PatchEmbed`, :class:`~tkvision.layers.Block`) live in :mod:`tkvision.layers`,
 where the recurrent families and the MAE decoder reuse them.
 """
+import contextlib
 import math
 import os
 from typing import List, Optional, Tuple
@@ -166,8 +167,9 @@ class TokenFormerViT(ViTContract, nn.Module):
 
     @torch.jit.ignore
     def no_weight_decay(self):
-        """Parameter names that get no weight decay (timm convention); 1-d params are excluded too."""
-        return {n for n in ('pos_embed', 'cls_token', 'reg_token') if getattr(self, n) is not None}
+        """Parameter names that get no weight decay (timm convention); 1-d params are excluded too. A
+        fixed sin-cos position table is a buffer, not a parameter, and is not listed."""
+        return {n for n in ('pos_embed', 'cls_token', 'reg_token') if isinstance(getattr(self, n), nn.Parameter)}
 
     @torch.jit.ignore
     def group_matcher(self, coarse=False):
@@ -185,13 +187,16 @@ class TokenFormerViT(ViTContract, nn.Module):
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
-        """Replace the head with a fresh ``Linear(embed_dim, num_classes)`` (Identity for 0)."""
+        """Replace the head with a fresh ``Linear(embed_dim, num_classes)`` (Identity for 0), on the
+        device and in the dtype and train / eval mode of the model; ``global_pool`` None keeps the pooling."""
         self.num_classes = num_classes
         if global_pool is not None:
             if global_pool not in ('', 'avg', 'token') or (global_pool == 'token' and not self.has_class_token):
                 raise ValueError(f'unsupported global_pool {global_pool!r}')
             self.global_pool = global_pool
-        self.head = nn.Linear(self.embed_dim, num_classes) if num_classes > 0 else nn.Identity()
+        ref = self.patch_embed.proj.weight
+        self.head = (nn.Linear(self.embed_dim, num_classes, device=ref.device, dtype=ref.dtype).train(self.training)
+                     if num_classes > 0 else nn.Identity())
 
     def _pos_embed(self, x, grid_size: Tuple[int, int]):
         """Add the position embedding and prepend the class / register tokens (before or after the
@@ -317,10 +322,20 @@ def _file_shapes(path: str, names) -> dict:
     return {n: tuple(state[n].shape) for n in names if n in state}
 
 
-def _create_tokenformer_vit(variant, pretrained=False, model_cls=None, **kwargs):
+def _create_tokenformer_vit(variant, pretrained=False, model_cls=None, device=None, dtype=None, **kwargs):
     """``build_model_with_cfg`` of ``model_cls`` (default :class:`TokenFormerViT`; the recurrent families
     pass theirs) with our checkpoint filter, a clear error when no weights file is given, and a local
-    file's own head size."""
+    file's own head size. ``device`` / ``dtype``: timm's factory arguments (``create_model(...,
+    device='meta', dtype=torch.bfloat16)``): the model is built under ``torch.device(device)``, so its
+    tensors are created there (no CPU copy of a large model first), then cast to ``dtype``."""
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        model = _build(variant, pretrained, model_cls, **kwargs)
+    if device is not None or dtype is not None:
+        model.to(device=device, dtype=dtype)
+    return model
+
+
+def _build(variant, pretrained, model_cls, **kwargs):
     if pretrained:
         cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get('pretrained_cfg'),
                                      pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
