@@ -143,3 +143,82 @@ def test_forward_intermediates_as_a_dict_and_with_an_attention_mask_as_timms_vit
         assert not torch.allclose(masked, ours.forward_features(x))
         torch.testing.assert_close(ours.forward_intermediates(x, attn_mask=hide_last)[0], masked)
         assert vit.forward_features(x, attn_mask=hide_last).shape == masked.shape
+
+
+# --- timm's scripts as clients (issue 26, item 4) ------------------------------------------------
+
+def test_the_timm_script_shim_registers_our_models_and_passes_the_arguments(tmp_path):
+    """``python -m tkvision.cli.timm_script script.py ARGS`` runs a timm script as ``__main__`` with our
+    families registered; a missing script is a one-line error, exit 2."""
+    import subprocess
+    import sys
+
+    from .helpers import ROOT
+    script = tmp_path / 'train.py'
+    script.write_text('import sys, timm\nif __name__ == "__main__":\n'
+                      '    m = timm.create_model(sys.argv[2], img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=1)\n'
+                      '    print(sys.argv[1:], type(m).__name__)\n')
+    out = subprocess.run([sys.executable, '-m', 'tkvision.cli.timm_script', str(script), '--model', 'tokenformer_vit_ti16'],
+                         cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['--model', 'tokenformer_vit_ti16'] TokenFormerViT"
+    bad = subprocess.run([sys.executable, '-m', 'tkvision.cli.timm_script', str(tmp_path / 'nope.py')], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and 'is not a file' in bad.stderr and 'pytorch-image-models' in bad.stderr
+
+
+def test_timms_script_entry_points_train_and_validate_our_models(tmp_path):
+    """What timm's ``train.py`` and ``validate.py`` call, on our model and real images (Fashion-MNIST
+    JPEGs in ImageNet layout; timm's scripts are not in its wheel and CI downloads nothing):
+    ``validate.py``'s path (``create_model``, ``load_checkpoint`` of our trainer's ``best.safetensors``,
+    ``resolve_data_config``, ``create_dataset``, ``create_loader``) gives our trainer's validation top-1
+    to the digit; ``train.py``'s path (``create_optimizer_v2`` with ``layer_decay``,
+    ``create_scheduler_v2``, ``ModelEmaV3``, ``create_loader(is_training=True)``) trains it."""
+    from timm.data import create_dataset, create_loader, resolve_data_config
+    from timm.models import load_checkpoint
+    from timm.optim import create_optimizer_v2
+    from timm.scheduler import create_scheduler_v2
+    from timm.utils import ModelEmaV3, accuracy
+
+    from tkvision.data.fashion_mnist import write_image_folder
+    from tkvision.engine import trainer as train_mod
+    from tkvision.engine.config import load_config
+    root = tmp_path / 'fm'
+    write_image_folder(str(root), size=32, train_per_class=12, val_per_class=5)
+    kwargs = dict(SMALL, num_tokens=16, num_classes=10)
+    ours = train_mod.train(load_config(None, dict(
+        model='tokenformer_vit_ti16', model_kwargs=kwargs, dataset='folder', data_dir=str(root), crop_pct=1.0,
+        val_split_fraction=0, rrc_scale=None, epochs=2, batch_size=12, warmup_epochs=0.5, lr=2e-3, threads=1,
+        progress=False, output=str(tmp_path / 'run'))))
+
+    model = timm.create_model('tokenformer_vit_ti16', **kwargs)
+    load_checkpoint(model, str(tmp_path / 'run' / 'best.safetensors'))
+    config = resolve_data_config({'crop_pct': 1.0, 'img_size': 32}, model=model)  # validate.py --img-size 32
+    loader = create_loader(create_dataset('', root=str(root / 'val')), input_size=config['input_size'], batch_size=8,
+                           use_prefetcher=False, interpolation=config['interpolation'], mean=config['mean'],
+                           std=config['std'], crop_pct=config['crop_pct'], num_workers=0)
+    model.eval()
+    with torch.no_grad():
+        correct = sum(accuracy(model(x), y, topk=(1,))[0].item() * len(y) / 100 for x, y in loader)
+    assert f'{100 * correct / 50:.2f}' == f"{ours['best_top1']:.2f}"
+
+    optimizer = create_optimizer_v2(model, 'adamw', lr=1e-3, weight_decay=0.05, layer_decay=0.65)
+    scheduler, epochs = create_scheduler_v2(optimizer, 'cosine', num_epochs=2, warmup_epochs=1, warmup_lr=1e-5)
+    ema = ModelEmaV3(model, decay=0.9)
+    train_loader = create_loader(create_dataset('', root=str(root / 'train')), input_size=config['input_size'],
+                                 batch_size=8, is_training=True, use_prefetcher=False, no_aug=True,
+                                 mean=config['mean'], std=config['std'], num_workers=0)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model.train()
+    for epoch in range(epochs):
+        for x, y in train_loader:
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            ema.update(model)
+        scheduler.step(epoch + 1)
+    assert epochs == 2 and torch.isfinite(loss)
+    assert all(not torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert not torch.equal(ema.module.head.weight, model.head.weight)
+    scales = sorted({g['lr_scale'] for g in optimizer.param_groups})
+    assert scales[0] < scales[-1] == 1.0  # layer decay: the stem's groups are scaled down
