@@ -288,28 +288,40 @@ def report(out: str) -> str:
         f.write(text)
     with open(os.path.join(out, 'results.json'), 'w') as f:
         answers = {f'{k}_{c}': answer(results, k, c) for k in FAMILIES for c in ['chain'] + [f'chain_{n}' for n in SHAPES]}
-        json.dump(dict(results=results, answers=answers), f, indent=1)
+        json.dump(dict(results=results, answers=answers, tau_rows=tau_rows(results)), f, indent=1)
     _plot(results, os.path.join(out, 'accuracy_vs_compute.png'))
     return text
 
 
-def _tau_lines(results: dict) -> list:
-    """The report's τ table (:data:`TAU_VARIANTS`): validation and test top-1, and each step's jump of
-    the validation loss (after the step minus before it), means over seeds."""
-    if not any(f'tokenformer_chain_{n}' in results for n in TAU_VARIANTS):
-        return []
-    lines = ['', '## τ at a growth step (TokenFormer chain; validation split, test once)', '',
-             '| setting | seeds | final val top-1 | final test top-1 | val loss jump at each step | val top-1 jump at each step |',
-             '|---|---|---|---|---|---|']
+def tau_rows(results: dict) -> list:
+    """One row per :data:`TAU_VARIANTS` setting with finished runs: ``setting, seeds, val_top1,
+    val_top1_std, test_top1, test_top1_std, loss_jumps, top1_jumps`` (each step's jump of the validation
+    loss / top-1, after the step minus before it, means over seeds, as text)."""
+    rows = []
     for name, (what, _) in TAU_VARIANTS.items():
         rs = results.get(f'tokenformer_chain_{name}')
         if not rs:
             continue
         (m, s), (tm, ts) = _mean_std([r['top1'] for r in rs]), _mean_std([r['test_top1'] for r in rs])
         steps = range(min(len(r['jumps']) for r in rs))
-        loss = ', '.join(f"{statistics.mean(r['jumps'][i][1] - r['jumps'][i][0] for r in rs):+.3f}" for i in steps)
-        top1 = ', '.join(f"{statistics.mean(r['jumps'][i][3] - r['jumps'][i][2] for r in rs):+.2f}" for i in steps)
-        lines.append(f'| {what} | {len(rs)} | {m:.2f} ± {s:.2f} | {tm:.2f} ± {ts:.2f} | {loss} | {top1} |')
+        rows.append(dict(
+            setting=what, seeds=len(rs), val_top1=m, val_top1_std=s, test_top1=tm, test_top1_std=ts,
+            loss_jumps=', '.join(f"{statistics.mean(r['jumps'][i][1] - r['jumps'][i][0] for r in rs):+.3f}" for i in steps),
+            top1_jumps=', '.join(f"{statistics.mean(r['jumps'][i][3] - r['jumps'][i][2] for r in rs):+.2f}" for i in steps)))
+    return rows
+
+
+def _tau_lines(results: dict) -> list:
+    """The report's τ table (:func:`tau_rows`)."""
+    rows = tau_rows(results)
+    if not rows:
+        return []
+    lines = ['', '## τ at a growth step (TokenFormer chain; validation split, test once)', '',
+             '| setting | seeds | final val top-1 | final test top-1 | val loss jump at each step | val top-1 jump at each step |',
+             '|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(f"| {r['setting']} | {r['seeds']} | {r['val_top1']:.2f} ± {r['val_top1_std']:.2f} | "
+                     f"{r['test_top1']:.2f} ± {r['test_top1_std']:.2f} | {r['loss_jumps']} | {r['top1_jumps']} |")
     return lines
 
 

@@ -1,0 +1,111 @@
+#!/usr/bin/env python
+"""Render the measured tables of README.md and docs/ from their results files; ``--check`` fails on a stale one.
+
+``python tools/render_docs.py`` rewrites every generated table; ``python tools/render_docs.py --check``
+(``tests/test_docs.py``, in CI) exits 1 naming each table that differs from its results file.
+
+A generated table is written between two comment lines that name its source and its columns::
+
+    <!-- table docs/ablations/results.csv | point={config} | val top-1 (%)={top1_mean:.2f} ± {top1_std:.2f} -->
+    | point | val top-1 (%) |
+    |---|---|
+    | norm_gelu_l2 | 86.55 ± 0.61 |
+    <!-- end table -->
+
+The source is a CSV file, or a JSON file with ``#key`` (``#key.sub``) naming a list of objects in it;
+``?column=value`` keeps the rows whose column equals the value (several ``?`` filters: all must hold).
+Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
+(an integer-valued one as an int). Rows keep the file's order. Nothing else of a document changes.
+"""
+import argparse
+import csv
+import glob
+import json
+import os
+import re
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BLOCK = re.compile(r'(?P<head><!-- table (?P<spec>.+?) -->\n)(?P<body>.*?)(?P<tail><!-- end table -->)', re.S)
+
+
+def _number(value: str):
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        return value
+    return int(x) if x.is_integer() and '.' not in value and 'e' not in value.lower() else x
+
+
+def load_rows(source: str) -> list:
+    """The rows of ``source`` (``path.csv`` or ``path.json#key``, with ``?column=value`` filters),
+    path relative to the repository root.
+
+    Raises:
+        FileNotFoundError: the file does not exist. KeyError: the JSON key does not.
+    """
+    path, *filters = source.split('?')
+    path, _, key = path.partition('#')
+    with open(os.path.join(ROOT, path)) as f:
+        if path.endswith('.json'):
+            rows = json.load(f)
+            for part in filter(None, key.split('.')):
+                rows = rows[part]
+        else:
+            rows = [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    for flt in filters:
+        column, _, value = flt.partition('=')
+        rows = [r for r in rows if str(r.get(column)) == value]
+    return rows
+
+
+def render(spec: str) -> str:
+    """The markdown table of one block's ``spec`` (``source | header=format | ...``)."""
+    source, *columns = [c.strip() for c in spec.split(' | ')]
+    headers, formats = zip(*(c.split('=', 1) for c in columns))
+    lines = ['| ' + ' | '.join(headers) + ' |', '|' + '---|' * len(headers)]
+    for row in load_rows(source):
+        lines.append('| ' + ' | '.join(fmt.format(**row) for fmt in formats) + ' |')
+    return '\n'.join(lines) + '\n'
+
+
+def documents() -> list:
+    """README.md and every markdown file under docs/."""
+    return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True))
+
+
+def update(text: str) -> tuple:
+    """``(new text, [specs of the tables that changed])``."""
+    stale = []
+
+    def replace(m):
+        body = render(m.group('spec'))
+        if body != m.group('body'):
+            stale.append(m.group('spec'))
+        return m.group('head') + body + m.group('tail')
+
+    return BLOCK.sub(replace, text), stale
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--check', action='store_true', help='change nothing; exit 1 if a table is stale')
+    args = ap.parse_args(argv)
+    failed = 0
+    for path in documents():
+        with open(path) as f:
+            text = f.read()
+        new, stale = update(text)
+        for spec in stale:
+            print(f"{os.path.relpath(path, ROOT)}: table from {spec.split(' | ')[0]} is "
+                  + ('stale: run python tools/render_docs.py' if args.check else 'updated'))
+        if stale and not args.check:
+            with open(path + '.tmp', 'w') as f:
+                f.write(new)
+            os.replace(path + '.tmp', path)
+        failed += bool(stale)
+    return 1 if failed and args.check else 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
