@@ -295,8 +295,10 @@ def report(out: str) -> str:
 
 def tau_rows(results: dict) -> list:
     """One row per :data:`TAU_VARIANTS` setting with finished runs: ``setting, seeds, val_top1,
-    val_top1_std, test_top1, test_top1_std, loss_jumps, top1_jumps`` (each step's jump of the validation
-    loss / top-1, after the step minus before it, means over seeds, as text)."""
+    val_top1_std, test_top1, test_top1_std, delta_val, delta_val_std, delta_test, delta_test_std,
+    loss_jumps, top1_jumps``: the deltas are paired by seed against ``tau_keep``; the jumps are each
+    step's change of the validation loss / top-1 (after the step minus before it), means over seeds, as text."""
+    keep = {r['seed']: r for r in results.get('tokenformer_chain_tau_keep', [])}
     rows = []
     for name, (what, _) in TAU_VARIANTS.items():
         rs = results.get(f'tokenformer_chain_{name}')
@@ -304,8 +306,11 @@ def tau_rows(results: dict) -> list:
             continue
         (m, s), (tm, ts) = _mean_std([r['top1'] for r in rs]), _mean_std([r['test_top1'] for r in rs])
         steps = range(min(len(r['jumps']) for r in rs))
+        (dv, dvs), (dt, dts) = (_mean_std([r[key] - keep[r['seed']][key] for r in rs if r['seed'] in keep] or [math.nan])
+                                for key in ('top1', 'test_top1'))
         rows.append(dict(
             setting=what, seeds=len(rs), val_top1=m, val_top1_std=s, test_top1=tm, test_top1_std=ts,
+            delta_val=dv, delta_val_std=dvs, delta_test=dt, delta_test_std=dts,
             loss_jumps=', '.join(f"{statistics.mean(r['jumps'][i][1] - r['jumps'][i][0] for r in rs):+.3f}" for i in steps),
             top1_jumps=', '.join(f"{statistics.mean(r['jumps'][i][3] - r['jumps'][i][2] for r in rs):+.2f}" for i in steps)))
     return rows
