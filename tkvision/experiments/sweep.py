@@ -112,7 +112,7 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
 
 def summarize(records, out, title='Ablation sweep') -> list:
     """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
-    parameters) in ``out``; returns one row per config:
+    parameters) and ``results_points.csv`` (every finished config and seed) in ``out``; returns one row per config:
     ``config, seeds, top1_mean, top1_std, test_top1_mean, test_top1_std, params, img_per_s, minutes, failed``
     (``top1``: the validation split's, on which a winner is chosen; ``test_top1``: reported beside it, nan
     without a test split)."""
@@ -133,6 +133,10 @@ def summarize(records, out, title='Ablation sweep') -> list:
                          minutes=statistics.mean(r['minutes'] for r in ok) if ok else float('nan'),
                          failed='; '.join(f"seed {r['seed']}: {r.get('error', '?')}" for r in failed)))
     os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, 'results_points.csv'), 'w', newline='') as f:  # every (config, seed): paired comparisons
+        w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'minutes'], extrasaction='ignore')
+        w.writeheader()
+        w.writerows(r for r in records if r.get('status') == 'ok')
     with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
         w.writeheader()
