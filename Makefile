@@ -61,7 +61,7 @@ benchmark: env
 # On a GPU machine (< 10 min on one H100): one report under docs/bench/ (tkvision/experiments/gpu_report.py).
 # Needs torch, timm, triton; the end-to-end part also albumentations. CPU check: ARGS="--device cpu --tiny".
 bench-gpu:
-	$(or $(wildcard $(PY)),python3) tools/gpu_report.py --out docs/bench/gpu $(ARGS)
+	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) tools/gpu_report.py --out docs/bench/gpu $(ARGS)
 
 # Growth chain vs from scratch (docs/growth.md): ~40 min per seed-set on 2 cores; ARGS='--seeds 0' for one seed.
 growth-experiment: env data

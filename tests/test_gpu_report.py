@@ -38,3 +38,17 @@ def test_the_gpu_report_refuses_cuda_without_a_gpu(tmp_path):
     res = subprocess.run([sys.executable, 'tools/gpu_report.py', '--out', str(tmp_path / 'gpu')], cwd=ROOT,
                          capture_output=True, text=True)
     assert res.returncode == 2 and 'no CUDA device here' in res.stderr and '--device cpu --tiny' in res.stderr
+
+
+def test_the_gpu_report_runs_without_albumentations_opencv_or_matplotlib(tmp_path):
+    """A lent GPU image has PyTorch, timm and Triton but not albumentations: the report runs there and
+    reports its end-to-end part as skipped, naming what to carry (issue 28)."""
+    code = ("import sys\nfor m in ('albumentations', 'cv2', 'matplotlib'):\n    sys.modules[m] = None\n"
+            "from tkvision.cli.gpu import gpu_report_main\n"
+            f"sys.exit(gpu_report_main(['--device', 'cpu', '--tiny', '--compile-modes', 'eager', '--steps', '1', "
+            f"'--repeats', '1', '--out', {str(tmp_path / 'gpu')!r}]))\n")
+    subprocess.run([sys.executable, '-c', code], cwd=ROOT, check=True, capture_output=True)
+    (path,) = tmp_path.glob('gpu_*.json')
+    parts = json.loads(path.read_text())['parts']
+    assert parts['throughput'] and parts['mae'][0]['img_per_s'] > 0
+    assert 'albumentations is not installed' in parts['end_to_end']['skipped']

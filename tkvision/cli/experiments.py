@@ -12,12 +12,11 @@ from ..engine.checkpoint import BEST_WEIGHTS
 from ..engine.config import load_config
 from ..experiments.attention_distance import dataset_mad, plot_mad
 from ..experiments.benchmark import PARTS, run_benchmark
-from ..experiments.gpu_report import gpu_report
 from ..experiments.growth_experiment import plan_runs, report, run_all
 from ..experiments.sweep import expand_configs, run_sweep, summarize
 from .common import run_cli
 
-__all__ = ['benchmark_main', 'gpu_report_main', 'sweep_main', 'growth_experiment_main', 'attention_distance_main']
+__all__ = ['benchmark_main', 'sweep_main', 'growth_experiment_main', 'attention_distance_main']
 
 
 def benchmark_main(argv=None) -> int:
@@ -42,24 +41,6 @@ def benchmark_main(argv=None) -> int:
     ap.add_argument('--out', default='runs/benchmark', help='prefix for .md / .csv / .json results')
     args = ap.parse_args(argv)
     run_benchmark(args, 'python tools/benchmark.py ' + ' '.join(argv if argv is not None else sys.argv[1:]))
-    return 0
-
-
-def gpu_report_main(argv=None) -> int:
-    """``tkvision-gpu-report`` / ``tools/gpu_report.py`` (``make bench-gpu``); see ``--help`` and
-    :mod:`tkvision.experiments.gpu_report`. Writes ``<out>_<date>.md`` and ``.json``."""
-    ap = argparse.ArgumentParser(description='Measure TokenFormer against timm ViT on a GPU: one markdown report.')
-    ap.add_argument('--device', default='cuda', help="'cuda' (the report), or 'cpu' with --tiny (its CI check)")
-    ap.add_argument('--out', default='docs/bench/gpu', help='prefix of the report; the date is appended')
-    ap.add_argument('--tiny', action='store_true', help='tiny models and images (the CPU check of the command)')
-    ap.add_argument('--compile-modes', nargs='+', default=['eager', 'compiled'], choices=['eager', 'compiled'])
-    ap.add_argument('--steps', type=int, default=3, help='steps per timed round')
-    ap.add_argument('--repeats', type=int, default=3, help='interleaved rounds; the median is reported')
-    args = ap.parse_args(argv)
-    if args.device.startswith('cuda') and not torch.cuda.is_available():
-        ap.error('no CUDA device here: run on a GPU machine, or pass --device cpu --tiny to check the command')
-    command = 'python tools/gpu_report.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
-    gpu_report(args.device, args.out, args.tiny, tuple(args.compile_modes), args.steps, args.repeats, command)
     return 0
 
 

@@ -8,14 +8,15 @@ albumentations for RandomResizedCrop (bicubic), translation and flip, timm's Ran
 quarter of float32's bytes through shared memory and the host-to-device copy); normalisation and
 random erasing run on the device in :class:`BatchPreprocessor`, as timm's ``PrefetchLoader`` does;
 mixup/cutmix and label smoothing are applied per batch by the trainer with timm's ``Mixup``.
+
+albumentations and OpenCV are imported where a pipeline is built, so the rest of :mod:`tkvision.data`
+(Fashion-MNIST, readers, :func:`resolve_data_cfg`) imports without them: a GPU image without
+albumentations runs ``tools/gpu_report.py``.
 """
-import albumentations as A
-import cv2
 import numpy as np
 import timm
 import timm.data
 import torch
-from albumentations.pytorch import ToTensorV2
 from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
 from timm.data.random_erasing import RandomErasing
@@ -50,23 +51,26 @@ def _rand_augment_op(config_str: str, img_size: int, mean):
     if 'mmax' not in config_str:
         hparams['magnitude_max'] = RAND_AUGMENT_MAGNITUDE_MAX
     ra = rand_augment_transform(config_str, hparams)
+    import albumentations as A
     return A.Lambda(image=_PILOp(ra), name='rand_augment')
 
 
-_CV2_INTERPOLATION = {'bicubic': cv2.INTER_CUBIC, 'bilinear': cv2.INTER_LINEAR, 'nearest': cv2.INTER_NEAREST,
-                      'area': cv2.INTER_AREA, 'lanczos': cv2.INTER_LANCZOS4}
+#: timm's interpolation names -> OpenCV's ``INTER_*`` attribute names.
+_CV2_INTERPOLATION = {'bicubic': 'INTER_CUBIC', 'bilinear': 'INTER_LINEAR', 'nearest': 'INTER_NEAREST',
+                      'area': 'INTER_AREA', 'lanczos': 'INTER_LANCZOS4'}
 
 
 def _interpolations(name: str, train: bool) -> list:
     """cv2 codes for ``name``; timm's 'random' is bilinear or bicubic drawn per image (bicubic at eval)."""
+    import cv2
     if name == 'random':
         return [cv2.INTER_LINEAR, cv2.INTER_CUBIC] if train else [cv2.INTER_CUBIC]
     if name not in _CV2_INTERPOLATION:
         raise ValueError(f"interpolation must be one of {', '.join(list(_CV2_INTERPOLATION) + ['random'])}, got {name!r}")
-    return [_CV2_INTERPOLATION[name]]
+    return [getattr(cv2, _CV2_INTERPOLATION[name])]
 
 
-def build_transform(data: dict, train: bool, seed: int, resize: bool = True) -> A.Compose:
+def build_transform(data: dict, train: bool, seed: int, resize: bool = True) -> 'albumentations.Compose':  # noqa: F821
     """albumentations pipeline of the data section ``data`` (resolved: :func:`resolve_data_cfg`):
     uint8 HWC array -> uint8 tensor ``[C, img_size, img_size]``; ``seed`` seeds its generators until a
     sample's own seed replaces it (:func:`tkvision.data.loader.seed_sample`).
@@ -84,6 +88,9 @@ def build_transform(data: dict, train: bool, seed: int, resize: bool = True) -> 
         ValueError: an unknown ``interpolation`` (the message lists the valid names), or a data key
             still null (call :func:`resolve_data_cfg` first).
     """
+    import albumentations as A
+    import cv2
+    from albumentations.pytorch import ToTensorV2
     unset = [k for k in DATA_CFG_KEYS if data[k] is None]
     if unset:
         raise ValueError(f'data keys {unset} are null: resolve them with resolve_data_cfg first')

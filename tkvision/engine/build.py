@@ -5,6 +5,7 @@ import contextlib
 import timm
 import torch
 
+from ..models._helpers import input_shape  # noqa: F401  (re-exported: the trainer's import)
 from ..models.mae import create_mae
 from ..utils.errors import ConfigError
 from .config import section
@@ -53,15 +54,6 @@ def _refusals_as_config_errors(where: str):
         yield
     except (TypeError, ValueError) as e:  # the model's own words follow the key
         raise ConfigError(f'{where}: {e}') from e
-
-
-def input_shape(model: torch.nn.Module):
-    """``(channels, (H, W) or None)`` a ViT-like model takes: its stem's input channels and, when the
-    stem checks the size (timm's ``strict_img_size``, ours without ``dynamic_img_size``), the image size."""
-    stem = model.patch_embed
-    channels = getattr(model, 'in_chans', None) or stem.proj.weight.shape[1]
-    strict = getattr(stem, 'strict_img_size', True) and not getattr(model, 'dynamic_img_size', False)
-    return channels, (tuple(stem.img_size) if strict and getattr(stem, 'img_size', None) else None)
 
 
 def default_num_classes(cfg: dict) -> int:

@@ -24,11 +24,10 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from ..engine.build import input_shape
+from ..models._helpers import input_shape
 from ..layers import Pattention
 from ..utils.errors import UsageError
 from ..utils.files import atomic_write
-from .data_benchmark import benchmark_data
 
 __all__ = ['COUNTERPARTS', 'parse_model_spec', 'available_memory_mib', 'check_train_memory', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
            'benchmark_pattention', 'machine_info', 'run_benchmark']
@@ -392,6 +391,7 @@ def _profile_part(args) -> tuple:
 
 
 def _data_part(args) -> tuple:
+    from .data_benchmark import benchmark_data  # albumentations: only this part needs it (GPU images lack it)
     tables = benchmark_data(args.data_root, args.data_images, tuple(args.workers))
     return tables, ['### JPEG decoding, one thread', _markdown(tables['decode'], ['decoder', 'img_per_s']), '',
                     '### Training augmentation at 224 px, one thread',

@@ -37,7 +37,7 @@ import time
 import torch
 
 from ..data.fashion_mnist import write_image_folder
-from ..engine.build import input_shape
+from ..models._helpers import input_shape
 from ..models.mae import create_mae
 from ..utils.files import atomic_write
 from .benchmark import _markdown, _sync, _time, benchmark_models, machine_info, parse_model_spec, profile_breakdown

@@ -110,6 +110,27 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
     return records
 
 
+def _write_tables(rows: list, records: list, out: str):
+    """``results_points.csv`` (every finished config and seed), ``results.csv`` and ``results.md`` in ``out``."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, 'results_points.csv'), 'w', newline='') as f:  # every (config, seed): paired comparisons
+        w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'minutes'], extrasaction='ignore')
+        w.writeheader()
+        w.writerows(r for r in records if r.get('status') == 'ok')
+    with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
+        w.writeheader()
+        w.writerows(rows)
+    lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |',
+             '|---|---|---|---|---|---|---|---|']
+    for r in rows:
+        lines.append(f"| {r['config']} | {r['top1_mean']:.2f} ± {r['top1_std']:.2f} | "
+                     f"{r['test_top1_mean']:.2f} ± {r['test_top1_std']:.2f} | {r['seeds']} | {r['params']} | "
+                     f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
+    with open(os.path.join(out, 'results.md'), 'w') as f:
+        f.write('\n'.join(lines) + '\n')
+
+
 def summarize(records, out, title='Ablation sweep') -> list:
     """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
     parameters) and ``results_points.csv`` (every finished config and seed) in ``out``; returns one row per config:
@@ -132,23 +153,7 @@ def summarize(records, out, title='Ablation sweep') -> list:
                          img_per_s=statistics.mean(r['img_per_s'] for r in ok) if ok else float('nan'),
                          minutes=statistics.mean(r['minutes'] for r in ok) if ok else float('nan'),
                          failed='; '.join(f"seed {r['seed']}: {r.get('error', '?')}" for r in failed)))
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, 'results_points.csv'), 'w', newline='') as f:  # every (config, seed): paired comparisons
-        w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'minutes'], extrasaction='ignore')
-        w.writeheader()
-        w.writerows(r for r in records if r.get('status') == 'ok')
-    with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
-        w.writeheader()
-        w.writerows(rows)
-    lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |',
-             '|---|---|---|---|---|---|---|---|']
-    for r in rows:
-        lines.append(f"| {r['config']} | {r['top1_mean']:.2f} ± {r['top1_std']:.2f} | "
-                     f"{r['test_top1_mean']:.2f} ± {r['test_top1_std']:.2f} | {r['seeds']} | {r['params']} | "
-                     f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
-    with open(os.path.join(out, 'results.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+    _write_tables(rows, records, out)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
     ax.bar(range(len(rows)), [r['top1_mean'] for r in rows], yerr=[r['top1_std'] for r in rows], capsize=4,
            color='tab:blue')

@@ -14,7 +14,7 @@ from timm.utils import unwrap_model
 
 from ..utils.errors import UsageError, WeightsMismatchError
 
-__all__ = ['load_state_dict_file', 'adapt_state_dict', 'check_fit']
+__all__ = ['load_state_dict_file', 'adapt_state_dict', 'check_fit', 'input_shape']
 
 
 def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
@@ -64,3 +64,12 @@ def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoin
         if unexpected:
             parts.append('not in the model:\n  ' + '\n  '.join(unexpected))
         raise WeightsMismatchError(f'{source} does not fit the model:\n' + '\n'.join(parts))
+
+
+def input_shape(model: torch.nn.Module):
+    """``(channels, (H, W) or None)`` a ViT-like model takes: its stem's input channels and, when the
+    stem checks the size (timm's ``strict_img_size``, ours without ``dynamic_img_size``), the image size."""
+    stem = model.patch_embed
+    channels = getattr(model, 'in_chans', None) or stem.proj.weight.shape[1]
+    strict = getattr(stem, 'strict_img_size', True) and not getattr(model, 'dynamic_img_size', False)
+    return channels, (tuple(stem.img_size) if strict and getattr(stem, 'img_size', None) else None)
