@@ -23,9 +23,9 @@ from torch.utils.data import Dataset, Subset
 from .fashion_mnist import ArrayDataset, load_fashion_mnist
 from .loader import SeededDataset
 from .readers import ReaderDataset, check_same_classes, create_split_reader
-from .shards import ShardStream, read_info
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
+from .shards import ShardStream, read_info
 from .transforms import build_transform
 
 __all__ = ['build_dataset', 'holdout_indices', 'has_test_split', 'train_class_map', 'dataset_size', 'dataset_classes']
@@ -99,7 +99,7 @@ def _carve(data: dict, split: str, seed: int, class_to_idx):
     return Subset(ds, (train_idx if train else val_idx).tolist())
 
 
-def _evaluation_split(data: dict, split: str, seed: int, class_to_idx):
+def _evaluation_split(data: dict, split: str, seed: int, class_to_idx, rank: int, world_size: int):
     """The dataset's own training or evaluation split, with the evaluation transform for the latter."""
     train, name = split == 'train', data['dataset']
     if name == 'fashion_mnist':
@@ -107,8 +107,8 @@ def _evaluation_split(data: dict, split: str, seed: int, class_to_idx):
         return ArrayDataset(images, labels, build_transform(data, train, seed, resize=data['img_size'] != images.shape[1]))
     if name.startswith('wds/'):
         ds = ShardStream(data['data_dir'], split, build_transform(data, train, seed), train=train,
-                         batch_size=data['batch_size'], num_workers=data['num_workers'], rank=data['_rank'],
-                         world=data['_world'], seed=seed, limit=data['train_subset' if train else 'val_subset'])
+                         batch_size=data['batch_size'], num_workers=data['num_workers'], rank=rank,
+                         world=world_size, seed=seed, limit=data['train_subset' if train else 'val_subset'])
         if class_to_idx is not None and ds.classes:
             counts = read_info(data['data_dir'])['splits']
             check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data['data_dir'])
@@ -135,15 +135,14 @@ def build_dataset(data: dict, split: str, seed: int, rank: int = 0, world_size: 
     if split not in SPLITS:
         raise ConfigError(f'split must be one of {SPLITS}, got {split!r}')
     name = data['dataset']
-    if not data['data_dir'] and name not in ('fashion_mnist',) and not name.startswith('hfds/'):
+    if not data['data_dir'] and name != 'fashion_mnist' and not name.startswith('hfds/'):
         raise FileNotFoundError(f'dataset {name} needs data_dir (--data-dir /path/to/data with train and val)')
-    data = dict(data, _rank=rank, _world=world_size)
     if split == 'test' and not has_test_split(data):
         raise ConfigError(f'{name} has no test split with val_split_fraction 0: its own evaluation split validates')
     if has_test_split(data) and split != 'test':
         ds = _carve(data, split, seed, class_to_idx)
     else:
-        ds = _evaluation_split(data, 'train' if split == 'train' else 'val', seed, class_to_idx)
+        ds = _evaluation_split(data, 'train' if split == 'train' else 'val', seed, class_to_idx, rank, world_size)
     if isinstance(ds, ShardStream):
         return ds
     limit = {'train': data['train_subset'], 'val': data['val_subset'], 'test': None}[split]

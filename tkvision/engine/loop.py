@@ -104,8 +104,8 @@ class RunContext:
         self.updates_per_epoch = math.ceil(self.batches_per_epoch / self.accum)
 
     def test_loader(self):
-        """The test split's loader (:func:`tkvision.data.build_dataset` ``'test'``), built when first asked
-        for: it is read once, at the end of a run."""
+        """A loader of the test split (:func:`tkvision.data.build_dataset` ``'test'``), built when asked
+        for: the trainer asks once, at the end of a run (kept for :meth:`close`)."""
         data = section(self.cfg, 'data')
         ds = build_dataset(data, 'test', self.cfg['seed'], self.rank, self.world,
                            class_to_idx=dataset_classes(self.train_ds))
