@@ -24,6 +24,8 @@ import sys
 import tempfile
 import time
 
+import torch
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         a = ours(os.path.abspath(args.data), os.path.join(tmp, 'ours'), args.epochs, args.threads)
         b = timms(os.path.abspath(args.timm_dir), os.path.abspath(args.data), os.path.join(tmp, 'timm'), args.epochs,
                   args.threads)
-    result = dict(machine=machine_info(__import__('torch').device('cpu')), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
+    result = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
                   command='python tools/trainer_vs_timm.py ' + ' '.join(argv if argv is not None else sys.argv[1:]),
                   rows=[dict(trainer='tkvision (tools/train.py)', **a), dict(trainer="timm's train.py", **b)],
                   ratio=a['img_per_s'] / b['img_per_s'])
