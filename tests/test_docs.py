@@ -4,6 +4,8 @@ import importlib.util
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import ROOT
 
 
@@ -31,3 +33,46 @@ def test_a_table_typed_by_hand_is_caught(tmp_path):
     edited = good.replace('86.55', '86.56')
     new, stale = docs.update('intro\n' + edited + '\nafter\n')
     assert stale == [spec] and new == 'intro\n' + good + '\nafter\n'
+
+
+def test_every_runs_csv_equals_its_metrics_files():
+    """docs/*/runs.csv (the source of the README's training tables) is what tools/summarize_runs.py
+    derives from the stored metrics.csv files today."""
+    res = subprocess.run([sys.executable, 'tools/summarize_runs.py', '--check'], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_run_summary_is_computed_from_the_metrics_file(tmp_path):
+    """The derived figures against a hand computation on a three-epoch file: training minutes are the
+    sum of epoch_time, s/epoch skips the first (compiling) epoch, best and final top-1, the lowest loss's
+    1-based epoch; a missing column is empty; a manifest entry without its machine is refused by name."""
+    spec = importlib.util.spec_from_file_location('summarize_runs', f'{ROOT}/tools/summarize_runs.py')
+    runs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(runs)
+    metrics = tmp_path / 'm.csv'
+    metrics.write_text('epoch,epoch_time,top1,val_loss,test_top1\n0,100,80.0,0.5,\n1,50,85.5,0.4,\n2,70,85.0,0.45,84.1\n')
+    got = runs.derive(str(metrics))
+    assert got['epochs'] == 3 and got['train_minutes'] == round(220 / 60, 1)
+    assert (got['s_per_epoch_min'], got['s_per_epoch_max']) == (50, 70)
+    assert (got['top1_final'], got['top1_best'], got['test_top1']) == (85.0, 85.5, 84.1)
+    assert (got['val_loss_min'], got['val_loss_min_epoch'], got['val_loss_final']) == (0.4, 2, 0.45)
+    assert got['ema_top1_final'] == ''
+    manifest = tmp_path / 'runs.yaml'
+    manifest.write_text(f'runs:\n  - {{name: a, group: g, metrics: {metrics}, eval_split: val, command: c, date: d}}\n')
+    with pytest.raises(KeyError, match=r"'a' lacks \['machine'\]"):
+        runs.summarize(str(manifest))
+
+
+def test_model_table_equals_what_the_code_builds():
+    """docs/models.csv (the README's model tables) holds today's parameter counts, built on meta."""
+    res = subprocess.run([sys.executable, 'tools/model_table.py', '--check'], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
+    """A baseline row has no ratio to itself: an empty or NaN value shows as – under any format spec."""
+    docs = _render_docs()
+    source = tmp_path / 'r.json'
+    source.write_text('{"rows": [{"model": "a", "ratio": 0.9871}, {"model": "b", "ratio": NaN}, {"model": "c"}]}')
+    table = docs.render(f'{source}#rows | model={{model}} | ratio={{ratio:.3f}}')
+    assert table.splitlines()[2:] == ['| a | 0.987 |', '| b | – |', '| c | – |']

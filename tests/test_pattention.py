@@ -235,3 +235,11 @@ def test_a_registered_normalisation_works_in_every_model_path(monkeypatch):
         torch.testing.assert_close(torch.jit.script(m)(x), before)
         growth.grow(m, qkv=8, ffn=16)
         assert (m(x) - before).abs().max().item() <= 1e-6
+
+
+def test_repr_of_a_model_built_on_the_meta_device():
+    """Printing a model built on the meta device (how parameter counts and shape checks build the large
+    variants) used to raise 'Tensor.item() cannot be called on meta tensors' on tau."""
+    with torch.device('meta'):
+        layer = Pattention(4, 6, num_tokens=9)
+    assert 'tau=meta' in repr(layer) and 'num_tokens=9' in repr(layer)

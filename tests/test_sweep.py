@@ -61,3 +61,9 @@ def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
     text = report(out)
     assert 'tokenformer: from scratch the largest size (16-64)' in text and f"{100 * chain['compute'] / big['compute']:.0f}%" in text
     assert open(os.path.join(out, 'accuracy_vs_compute.png'), 'rb').read(4) == b'\x89PNG'
+    # The docs' tables come from results.json's rows; --from-results rebuilds the report without the runs.
+    stored = json.load(open(os.path.join(out, 'results.json')))
+    rows = {r['name']: r for r in stored['run_rows']}
+    assert abs(rows['tokenformer_chain']['of_largest'] - 100 * chain['compute'] / big['compute']) < 1e-9
+    assert rows['tokenformer_chain']['size'].endswith('→ 16-64') and rows['tokenformer_scratch_16-64']['of_largest'] == 100
+    assert report(str(tmp_path / 'again'), stored['results']) == text

@@ -15,14 +15,16 @@ A generated table is written between two comment lines that name its source and 
 The source is a CSV file, or a JSON file with ``#key`` (``#key.sub``) naming a list of objects in it;
 ``?column=value`` keeps the rows whose column equals the value (several ``?`` filters: all must hold).
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
-(an integer-valued one as an int). Rows keep the file's order. Nothing else of a document changes.
+(an integer-valued one as an int); an empty, None or NaN value is shown as –. Rows keep the file's order. Nothing else of a document changes.
 """
 import argparse
 import csv
 import glob
 import json
+import math
 import os
 import re
+import string
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -59,13 +61,34 @@ def load_rows(source: str) -> list:
     return rows
 
 
+class _Formatter(string.Formatter):
+    """``str.format`` that shows a figure a row lacks (absent, empty, None, NaN) as – whatever its format
+    spec; a column no row of the source has is a typo in the spec and raises KeyError."""
+
+    def __init__(self, columns: set):
+        super().__init__()
+        self.columns = columns
+
+    def get_value(self, key, args, kwargs):
+        if key not in kwargs and key in self.columns:
+            return None
+        return super().get_value(key, args, kwargs)
+
+    def format_field(self, value, format_spec):
+        if value in ('', None) or (isinstance(value, float) and math.isnan(value)):
+            return '–'
+        return super().format_field(value, format_spec)
+
+
 def render(spec: str) -> str:
     """The markdown table of one block's ``spec`` (``source | header=format | ...``)."""
     source, *columns = [c.strip() for c in spec.split(' | ')]
     headers, formats = zip(*(c.split('=', 1) for c in columns))
     lines = ['| ' + ' | '.join(headers) + ' |', '|' + '---|' * len(headers)]
-    for row in load_rows(source):
-        lines.append('| ' + ' | '.join(fmt.format(**row) for fmt in formats) + ' |')
+    rows = load_rows(source)
+    formatter = _Formatter({k for row in rows for k in row})
+    for row in rows:
+        lines.append('| ' + ' | '.join(formatter.format(fmt, **row) for fmt in formats) + ' |')
     return '\n'.join(lines) + '\n'
 
 

@@ -76,6 +76,9 @@ def growth_experiment_main(argv=None) -> int:
     ap.add_argument('--part', default='0/1', help='i/n: run only every n-th run, starting at i (one process per core)')
     ap.add_argument('--only', nargs='+', help='run only these runs (names as --print-runs lists them; * wildcards)')
     ap.add_argument('--report', action='store_true', help='only write the report from finished runs')
+    ap.add_argument('--from-results', metavar='RESULTS_JSON',
+                    help="with --report: the per-seed results of a stored results.json instead of runs under --out "
+                         "(python tools/growth_experiment.py --report --from-results docs/growth/results.json --out docs/growth)")
     ap.add_argument('--print-runs', action='store_true', help='list the runs of the plan and exit')
     args, rest = ap.parse_known_args(argv)
     if not args.report:
@@ -88,7 +91,11 @@ def growth_experiment_main(argv=None) -> int:
             return 0
         i, n = (int(x) for x in args.part.split('/'))
         run_all(runs, args.out, (i, n))
-    print(report(args.out))
+    stored = None
+    if args.from_results:
+        with open(args.from_results) as f:
+            stored = json.load(f)['results']
+    print(report(args.out, stored))
     print(f'wrote {args.out}/report.md, results.json, accuracy_vs_compute.png')
     return 0
 

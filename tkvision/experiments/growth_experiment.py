@@ -57,15 +57,17 @@ ABLATION_BASE = ({'stage_lr': 'restart', 'key_init': 'zeros', 'optimizer_state':
 #: on top of :data:`ABLATION_BASE` (``base``: nothing changed; the ViT chain runs ``base`` only).
 ABLATIONS = {
     'base': ('the first recipe: restart per stage, re-warm 0.25 epoch to x0.5 peak', {}, {}),
-    'keys_normal': ('new keys N(0, 0.02²) instead of zeros', {'key_init': 'normal'}, {}),
-    'moments_reset': ('optimizer reset at every step (student report)', {'optimizer_state': 'reset'}, {}),
-    'freeze_old': ('only the new tokens (+ head) trained after a step', {'freeze_old_tokens': True}, {}),
-    'no_rewarm': ('no re-warmup after a step', {}, {'warmup_epochs': 0}),
-    'long_rewarm': ('re-warmup of 1 epoch', {}, {'warmup_epochs': 1.0}),
+    'keys_normal': ("new keys N(0, 0.02²) instead of zeros (the public code's init)", {'key_init': 'normal'}, {}),
+    'moments_reset': ('optimizer reset at every step (the student report, `shared/papers/001`)',
+                      {'optimizer_state': 'reset'}, {}),
+    'freeze_old': ('only the new tokens (+ head) trained after a step (`freeze_old_tokens`, paper §5)',
+                   {'freeze_old_tokens': True}, {}),
+    'no_rewarm': ('no re-warm after a step', {}, {'warmup_epochs': 0}),
+    'long_rewarm': ('re-warm of 1 epoch', {}, {'warmup_epochs': 1.0}),
     'peak_full': ('re-warm to the full peak lr (x1.0)', {}, {'lr_scale': 1.0}),
     'peak_quarter': ('re-warm to a quarter of the peak lr (x0.25)', {}, {'lr_scale': 0.25}),
-    'continue': ('one cosine over the chain, re-warm 0.25 epoch, no restart', {'stage_lr': 'continue'},
-                 {'lr_scale': 1.0}),
+    'continue': ('one cosine over the chain, re-warm 0.25 epoch (`stage_lr: continue`; the recipe now)',
+                 {'stage_lr': 'continue'}, {'lr_scale': 1.0}),
     'continue_no_rewarm': ('one cosine over the chain, no re-warm', {'stage_lr': 'continue'},
                            {'lr_scale': 1.0, 'warmup_epochs': 0}),
 }
@@ -252,43 +254,87 @@ def _sentence(a: dict, family: str) -> str:
     return head + tail
 
 
-def report(out: str) -> str:
-    """Write ``report.md``, ``results.json`` and ``accuracy_vs_compute.png`` from the finished runs
-    under ``out``; returns the report's text."""
-    results = _load_results(out)
+def _size(sizes: dict) -> str:
+    """A stage's size as the tables print it: ``qkv-ffn`` tokens (TokenFormer) or the MLP hidden width (ViT)."""
+    return f"{sizes['qkv']}-{sizes['ffn']}" if 'qkv' in sizes else str(sizes['mlp_hidden'])
+
+
+def run_rows(results: dict) -> list:
+    """One row per run name (chains first, then from scratch by size): ``name, family, group ('main':
+    the chains and every size from scratch, 'ablation': the settings of :data:`ABLATIONS`), size,
+    seeds, stage_top1 (mean top-1 at each stage end, as text), top1, top1_std, compute_tflops,
+    of_largest (percent of the compute of the family's largest size from scratch)``."""
+    order = sorted(results, key=lambda n: (n.split('_')[0], '_scratch_' in n, results[n][0]['flops_per_image'][0], n))
+    rows = []
+    for name in order:
+        rs, family = results[name], name.split('_')[0]
+        largest = answer(results, family).get('scratch_compute')
+        m, s = _mean_std([r['top1'] for r in rs])
+        main = '_scratch_' in name or name in (f'{family}_chain', *(f'{family}_chain_{k}' for k in SHAPES))
+        rows.append(dict(
+            name=name, family=family, group='main' if main else 'ablation',
+            size=' → '.join(_size(x) for x in rs[0]['sizes']), seeds=len(rs),
+            stage_top1=' → '.join(f'{statistics.mean(r["points"][e][1] for r in rs):.2f}' for e in rs[0]['stage_ends']),
+            top1=m, top1_std=s, compute_tflops=rs[0]['compute'] / 1e12,
+            of_largest=100 * rs[0]['compute'] / largest if largest else math.nan))
+    return rows
+
+
+def ablation_rows(results: dict) -> list:
+    """One row per :data:`ABLATIONS` setting with finished runs: ``setting, seeds, top1, top1_std, delta,
+    delta_std, test_top1, test_top1_std, test_delta, test_delta_std``, the deltas paired by seed against
+    ``tokenformer_chain_base`` (the first recipe). ``top1`` is the split evaluated every epoch (validation
+    when the run has one); the test columns are NaN for runs without a validation split."""
+    base = {r['seed']: r for r in results.get('tokenformer_chain_base', [])}
+    rows = []
+    for name, (what, _, _) in ABLATIONS.items():
+        rs = results.get(f'tokenformer_chain_{name}')
+        if not rs:
+            continue
+        row = dict(setting=what, seeds=len(rs))
+        for key, prefix in (('top1', ''), ('test_top1', 'test_')):
+            values = [r.get(key) for r in rs]
+            paired = [r[key] - base[r['seed']][key] for r in rs if r.get(key) is not None
+                      and base.get(r['seed'], {}).get(key) is not None]
+            m, s = _mean_std(values) if None not in values else (math.nan, math.nan)
+            dm, ds = _mean_std(paired) if paired else (math.nan, math.nan)
+            row.update({f'{prefix}top1': m, f'{prefix}top1_std': s, f'{prefix}delta': dm, f'{prefix}delta_std': ds})
+        rows.append(row)
+    return rows
+
+
+def report(out: str, results: dict = None) -> str:
+    """Write ``report.md``, ``results.json`` and ``accuracy_vs_compute.png`` under ``out`` from the
+    finished runs there, or from ``results`` (the ``results`` of a stored ``results.json``: the docs'
+    tables are re-rendered from it without the runs); returns the report's text. ``results.json`` holds
+    the per-seed results, the answers and the rows of every table (``run_rows``, ``ablation_rows``,
+    ``tau_rows``), which ``docs/growth.md`` renders (``tools/render_docs.py``)."""
+    results = _load_results(out) if results is None else results
     lines = ['## Answer', '']
     for family in FAMILIES:
         lines.append('- ' + _sentence(answer(results, family), family))
         for name, (what, _, _) in SHAPES.items():
             if f'{family}_chain_{name}' in results:
                 lines.append('- ' + _sentence(answer(results, family, f'chain_{name}'), f'{family}, chain {what}'))
-    lines += ['', '## Runs (test top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
+    lines += ['', '## Runs (top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
               '| run | seeds | top-1 at each stage end | final top-1 | compute |', '|---|---|---|---|---|']
-    order = sorted(results, key=lambda n: (n.split('_')[0], '_scratch_' in n, results[n][0]['flops_per_image'][0], n))
-    for name in order:
-        rs = results[name]
-        ends = rs[0]['stage_ends']
-        stage = ' → '.join(f'{statistics.mean(r["points"][e][1] for r in rs):.2f}' for e in ends)
-        m, s = _mean_std([r['top1'] for r in rs])
-        lines.append(f"| {name} | {len(rs)} | {stage} | {m:.2f} ± {s:.2f} | {rs[0]['compute'] / 1e12:.1f} |")
+    for r in run_rows(results):
+        lines.append(f"| {r['name']} | {r['seeds']} | {r['stage_top1']} | {r['top1']:.2f} ± {r['top1_std']:.2f} | "
+                     f"{r['compute_tflops']:.1f} |")
     lines += ['', '## What makes a growth step work (TokenFormer chain, one setting changed from the first recipe)', '',
               '| setting | seeds | final top-1 | Δ vs the first recipe (same seeds) |', '|---|---|---|---|']
-    base = {r['seed']: r['top1'] for r in results.get('tokenformer_chain_base', [])}
-    for name, (what, _, _) in ABLATIONS.items():
-        rs = results.get(f'tokenformer_chain_{name}')
-        if not rs:
-            continue
-        m, s = _mean_std([r['top1'] for r in rs])
-        d = [r['top1'] - base[r['seed']] for r in rs if r['seed'] in base]
-        dm, ds = _mean_std(d) if d else (math.nan, math.nan)
-        lines.append(f'| {what} | {len(rs)} | {m:.2f} ± {s:.2f} | {dm:+.2f} ± {ds:.2f} |')
+    for r in ablation_rows(results):
+        lines.append(f"| {r['setting']} | {r['seeds']} | {r['top1']:.2f} ± {r['top1_std']:.2f} | "
+                     f"{r['delta']:+.2f} ± {r['delta_std']:.2f} |")
     lines += _tau_lines(results)
     text = '\n'.join(lines) + '\n'
+    os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'report.md'), 'w') as f:
         f.write(text)
+    answers = {f'{k}_{c}': answer(results, k, c) for k in FAMILIES for c in ['chain'] + [f'chain_{n}' for n in SHAPES]}
     with open(os.path.join(out, 'results.json'), 'w') as f:
-        answers = {f'{k}_{c}': answer(results, k, c) for k in FAMILIES for c in ['chain'] + [f'chain_{n}' for n in SHAPES]}
-        json.dump(dict(results=results, answers=answers, tau_rows=tau_rows(results)), f, indent=1)
+        json.dump(dict(results=results, answers=answers, run_rows=run_rows(results),
+                       ablation_rows=ablation_rows(results), tau_rows=tau_rows(results)), f, indent=1)
     _plot(results, os.path.join(out, 'accuracy_vs_compute.png'))
     return text
 

@@ -317,6 +317,7 @@ class Pattention(nn.Module):
         return self
 
     def extra_repr(self) -> str:
+        # A model built on the meta device (shape checks, parameter counts) has no value for tau to print.
+        tau = 'meta' if self.tau.is_meta else f'{self.tau.item():.4g}'
         return (f'in_features={self.in_features}, out_features={self.out_features}, '
-                f'num_tokens={self.num_tokens}, score_norm={self.score_norm}, tau={self.tau.item():.4g}, '
-                f'kind={self.kind}')
+                f'num_tokens={self.num_tokens}, score_norm={self.score_norm}, tau={tau}, kind={self.kind}')
