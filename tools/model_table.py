@@ -25,10 +25,12 @@ import torch.nn.functional as F
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tkvision  # noqa: E402,F401  (registers the models)
 from tkvision.engine.config import load_config  # noqa: E402
 from tkvision.experiments.benchmark import flop_counter  # noqa: E402
 from tkvision.layers import Pattention  # noqa: E402
+from render_docs import write_generated  # noqa: E402
 
 OUT = os.path.join(ROOT, 'docs', 'models.csv')
 CHAINS_OUT = os.path.join(ROOT, 'docs', 'growth', 'imagenet_chains.csv')
@@ -118,17 +120,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--check', action='store_true', help='change nothing; exit 1 if a file is stale')
     args = ap.parse_args(argv)
-    stale = 0
-    for path, text in tables().items():
-        if os.path.exists(path) and open(path).read() == text:
-            continue
-        stale += 1
-        print(f"{os.path.relpath(path, ROOT)} " + ('is stale: run python tools/model_table.py' if args.check else 'written'))
-        if not args.check:
-            with open(path + '.tmp', 'w') as f:
-                f.write(text)
-            os.replace(path + '.tmp', path)
-    return 1 if stale and args.check else 0
+    return write_generated(tables(), args.check, 'python tools/model_table.py')
 
 
 if __name__ == '__main__':

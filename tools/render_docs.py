@@ -110,6 +110,23 @@ def update(text: str) -> tuple:
     return BLOCK.sub(replace, text), stale
 
 
+def write_generated(outputs: dict, check: bool, command: str) -> int:
+    """Write each ``{path: text}`` whose file differs (atomically), or with ``check`` only report it;
+    returns 1 when ``check`` found a stale file, else 0. Shared by the tools that derive results files
+    (``summarize_runs.py``, ``model_table.py``); ``command`` is what the message tells the user to run."""
+    stale = 0
+    for path, text in outputs.items():
+        if os.path.exists(path) and open(path).read() == text:
+            continue
+        stale += 1
+        print(f"{os.path.relpath(path, ROOT)}: " + (f'stale: run {command}' if check else 'updated'))
+        if not check:
+            with open(path + '.tmp', 'w') as f:
+                f.write(text)
+            os.replace(path + '.tmp', path)
+    return 1 if stale and check else 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--check', action='store_true', help='change nothing; exit 1 if a table is stale')

@@ -22,6 +22,9 @@ import sys
 
 import yaml
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from render_docs import write_generated  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST_KEYS = ('name', 'group', 'metrics', 'eval_split', 'command', 'machine', 'date')
 DERIVED = ('epochs', 'train_minutes', 's_per_epoch_min', 's_per_epoch_max', 'top1_final', 'top1_best',
@@ -85,21 +88,9 @@ def main(argv=None) -> int:
                     help='run manifests (YAML, relative to the repository root); each writes <dir>/runs.csv')
     ap.add_argument('--check', action='store_true', help='change nothing; exit 1 if a runs.csv is stale')
     args = ap.parse_args(argv)
-    failed = 0
-    for manifest in args.manifests:
-        path = os.path.join(ROOT, manifest)
-        out = os.path.join(os.path.dirname(path), 'runs.csv')
-        text = summarize(path)
-        old = open(out).read() if os.path.exists(out) else None
-        if text == old:
-            continue
-        failed += 1
-        print(f"{os.path.relpath(out, ROOT)}: " + ('stale: run python tools/summarize_runs.py' if args.check else 'updated'))
-        if not args.check:
-            with open(out + '.tmp', 'w') as f:
-                f.write(text)
-            os.replace(out + '.tmp', out)
-    return 1 if failed and args.check else 0
+    outputs = {os.path.join(os.path.dirname(os.path.join(ROOT, m)), 'runs.csv'): summarize(os.path.join(ROOT, m))
+               for m in args.manifests}
+    return write_generated(outputs, args.check, 'python tools/summarize_runs.py')
 
 
 if __name__ == '__main__':
