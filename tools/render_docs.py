@@ -15,7 +15,8 @@ A generated table is written between two comment lines that name its source and 
 The source is a CSV file, or a JSON file with ``#key`` (``#key.sub``) naming a list of objects in it;
 ``?column=value`` keeps the rows whose column equals the value (several ``?`` filters: all must hold).
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
-(an integer-valued one as an int); an empty, None or NaN value is shown as –. Rows keep the file's order. Nothing else of a document changes.
+(an integer-valued one as an int); an empty, None or NaN value is shown as –. Rows keep the file's
+order. Nothing else of a document changes.
 """
 import argparse
 import csv

@@ -265,10 +265,11 @@ def run_rows(results: dict) -> list:
     seeds, stage_top1 (mean top-1 at each stage end, as text), top1, top1_std, compute_tflops,
     of_largest (percent of the compute of the family's largest size from scratch)``."""
     order = sorted(results, key=lambda n: (n.split('_')[0], '_scratch_' in n, results[n][0]['flops_per_image'][0], n))
+    largest_compute = {family: answer(results, family).get('scratch_compute') for family in {n.split('_')[0] for n in results}}
     rows = []
     for name in order:
         rs, family = results[name], name.split('_')[0]
-        largest = answer(results, family).get('scratch_compute')
+        largest = largest_compute[family]
         m, s = _mean_std([r['top1'] for r in rs])
         main = '_scratch_' in name or name in (f'{family}_chain', *(f'{family}_chain_{k}' for k in SHAPES))
         rows.append(dict(
@@ -316,25 +317,25 @@ def report(out: str, results: dict = None) -> str:
         for name, (what, _, _) in SHAPES.items():
             if f'{family}_chain_{name}' in results:
                 lines.append('- ' + _sentence(answer(results, family, f'chain_{name}'), f'{family}, chain {what}'))
+    tables = dict(run_rows=run_rows(results), ablation_rows=ablation_rows(results), tau_rows=tau_rows(results))
     lines += ['', '## Runs (top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
               '| run | seeds | top-1 at each stage end | final top-1 | compute |', '|---|---|---|---|---|']
-    for r in run_rows(results):
+    for r in tables['run_rows']:
         lines.append(f"| {r['name']} | {r['seeds']} | {r['stage_top1']} | {r['top1']:.2f} ± {r['top1_std']:.2f} | "
                      f"{r['compute_tflops']:.1f} |")
     lines += ['', '## What makes a growth step work (TokenFormer chain, one setting changed from the first recipe)', '',
               '| setting | seeds | final top-1 | Δ vs the first recipe (same seeds) |', '|---|---|---|---|']
-    for r in ablation_rows(results):
+    for r in tables['ablation_rows']:
         lines.append(f"| {r['setting']} | {r['seeds']} | {r['top1']:.2f} ± {r['top1_std']:.2f} | "
                      f"{r['delta']:+.2f} ± {r['delta_std']:.2f} |")
-    lines += _tau_lines(results)
+    lines += _tau_lines(tables['tau_rows'])
     text = '\n'.join(lines) + '\n'
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'report.md'), 'w') as f:
         f.write(text)
     answers = {f'{k}_{c}': answer(results, k, c) for k in FAMILIES for c in ['chain'] + [f'chain_{n}' for n in SHAPES]}
     with open(os.path.join(out, 'results.json'), 'w') as f:
-        json.dump(dict(results=results, answers=answers, run_rows=run_rows(results),
-                       ablation_rows=ablation_rows(results), tau_rows=tau_rows(results)), f, indent=1)
+        json.dump(dict(results=results, answers=answers, **tables), f, indent=1)
     _plot(results, os.path.join(out, 'accuracy_vs_compute.png'))
     return text
 
@@ -362,9 +363,8 @@ def tau_rows(results: dict) -> list:
     return rows
 
 
-def _tau_lines(results: dict) -> list:
-    """The report's τ table (:func:`tau_rows`)."""
-    rows = tau_rows(results)
+def _tau_lines(rows: list) -> list:
+    """The report's τ table from :func:`tau_rows`' rows."""
     if not rows:
         return []
     lines = ['', '## τ at a growth step (TokenFormer chain; validation split, test once)', '',
