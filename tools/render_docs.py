@@ -98,12 +98,37 @@ def documents() -> list:
     return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True))
 
 
-def update(text: str) -> tuple:
-    """``(new text, [specs of the tables that changed])``."""
+class SpecError(ValueError):
+    """A table spec that cannot be rendered: a column or JSON key its results file lacks, or no such file."""
+
+
+def _render_block(spec: str, where: str) -> str:
+    """:func:`render`, its failures as one :class:`SpecError` line naming ``where`` (file:line of the spec),
+    what is missing and, for a missing column, the columns the results file has."""
+    try:
+        return render(spec)
+    except FileNotFoundError as e:
+        raise SpecError(f'{where}: results file {e.filename} not found (table spec: {spec})') from None
+    except KeyError as e:
+        source = spec.split(' | ')[0]
+        try:
+            columns = ', '.join(dict.fromkeys(k for row in load_rows(source) for k in row)) or 'no rows'
+        except KeyError:  # the JSON key itself is missing: there are no columns to list
+            raise SpecError(f'{where}: {source} has no key {e.args[0]!r}') from None
+        raise SpecError(f'{where}: column {e.args[0]!r} is not in {source} (its columns: {columns})') from None
+
+
+def update(text: str, path: str = '<text>') -> tuple:
+    """``(new text, [specs of the tables that changed])``; ``path`` names the document in errors.
+
+    Raises:
+        SpecError: a spec names a column, key or file that does not exist (one line: file, line, columns).
+    """
     stale = []
 
     def replace(m):
-        body = render(m.group('spec'))
+        line = text.count('\n', 0, m.start()) + 1
+        body = _render_block(m.group('spec'), f'{path}:{line}')
         if body != m.group('body'):
             stale.append(m.group('spec'))
         return m.group('head') + body + m.group('tail')
@@ -136,7 +161,11 @@ def main(argv=None) -> int:
     for path in documents():
         with open(path) as f:
             text = f.read()
-        new, stale = update(text)
+        try:
+            new, stale = update(text, os.path.relpath(path, ROOT))
+        except SpecError as e:
+            print(f'render_docs: {e}', file=sys.stderr)
+            return 2
         for spec in stale:
             print(f"{os.path.relpath(path, ROOT)}: table from {spec.split(' | ')[0]} is "
                   + ('stale: run python tools/render_docs.py' if args.check else 'updated'))

@@ -22,14 +22,17 @@ def main(argv=None) -> int:
     """Run ``argv[0]`` (a timm script) as ``__main__`` with ``argv[1:]`` as its arguments.
 
     Raises:
-        SystemExit: whatever status the script exits with. Returns 2 (a one-line message on stderr)
-        when no script is given or the file does not exist.
+        SystemExit: whatever status the script exits with. Returns 2 (the usage line and what is wrong,
+        on stderr) when no script is given or the file does not exist.
     """
     argv = sys.argv[1:] if argv is None else list(argv)
-    if not argv or not os.path.isfile(argv[0]):
-        print(f'usage: python -m tkvision.cli.timm_script path/to/timm_script.py [its arguments]; '
-                 f'{argv[0] if argv else "no script"} is not a file (timm\'s scripts are in its repository: '
-                 'git clone https://github.com/huggingface/pytorch-image-models)', file=sys.stderr)
+    usage = 'usage: python -m tkvision.cli.timm_script path/to/timm_script.py [its arguments]'
+    where = "timm's scripts are in its repository: git clone https://github.com/huggingface/pytorch-image-models"
+    if not argv:
+        print(f'{usage}\nthe path of the timm script to run is missing ({where})', file=sys.stderr)
+        return 2
+    if not os.path.isfile(argv[0]):
+        print(f'{usage}\n{argv[0]} is not a file ({where})', file=sys.stderr)
         return 2
     sys.argv = argv
     runpy.run_path(argv[0], run_name='__main__')

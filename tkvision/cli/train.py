@@ -12,21 +12,35 @@ from ..engine.checkpoint import (BEST_WEIGHTS, CURVES_FILE, LAST_CHECKPOINT, LAS
 from ..engine.config import DEFAULTS, load_config, parse_overrides, section
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
+from ..engine.recipes import format_recipes, list_recipes
 from ..engine.trainer import EXIT_PREEMPTED, Preempted, check_model_input, resolve_run_config, train
 from .common import run_cli
 
 __all__ = ['parse_train_args', 'train_main', 'validate_main']
 
 
+class _ListRecipes(argparse.Action):
+    """``--list-recipes``: print the shipped recipes and exit, as ``--help`` does."""
+
+    def __init__(self, option_strings, dest, **kwargs):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        print(format_recipes(list_recipes()))
+        parser.exit()
+
+
 def parse_train_args(argv=None):
-    """``--config``, ``--data-dir``, ``--resume [PATH]``; every other ``--key value`` overrides the config.
-    ``--resume`` without ``--config`` starts from the checkpoint's own config.
+    """``--config``, ``--data-dir``, ``--resume [PATH]``, ``--list-recipes``; every other ``--key value``
+    overrides the config. ``--resume`` without ``--config`` starts from the checkpoint's own config.
 
     Returns:
         ``(cfg, resume)``. Raises ConfigError: a bad key or value (named).
     """
     ap = argparse.ArgumentParser(description='Train a TokenFormer ViT (or any timm model).', allow_abbrev=False)
-    ap.add_argument('--config', help='YAML recipe (configs/...)')
+    ap.add_argument('--config', help='YAML recipe: a file, or the name of a shipped recipe (imagenet/tokenformer_vit_b16)')
+    ap.add_argument('--list-recipes', action=_ListRecipes, help='list the shipped recipes (name, what each reproduces, '
+                    'its figures) and exit')
     ap.add_argument('--data-dir', help='dataset root (ImageNet folder with train/ and val/)')
     ap.add_argument('--resume', nargs='?', const=True, default=None,
                     help='continue from <output>/last.pth, or from PATH')

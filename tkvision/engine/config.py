@@ -26,6 +26,7 @@ import yaml
 
 from ..utils.errors import ConfigError
 from .config_rules import INTERPOLATIONS, SCHEDULERS, resolve_accum_steps, validate_config
+from .recipes import config_path
 
 __all__ = ['SECTIONS', 'DEFAULTS', 'RENAMED', 'SCHEDULERS', 'INTERPOLATIONS', 'RESUME_MUTABLE', 'section',
            'load_config', 'parse_overrides', 'merge', 'migrate', 'config_changes', 'resolve_lr',
@@ -282,13 +283,14 @@ def parse_overrides(args) -> dict:
 
 def load_config(path=None, overrides=None, base: dict = None) -> dict:
     """Config from ``path`` (or ``base``, a config such as a checkpoint's, or the defaults) with
-    ``overrides`` (a dict or ``--key value`` list).
+    ``overrides`` (a dict or ``--key value`` list). ``path``: a YAML file, or the name of a shipped
+    recipe (``imagenet/tokenformer_vit_b16``: :func:`tkvision.engine.recipes.config_path`).
 
     Raises:
         ConfigError: unknown key (named), missing file, ``_base_`` cycle, or a value of the wrong type
             or range (:func:`~tkvision.engine.config_rules.validate_config`).
     """
-    cfg = _read_yaml(path) if path else merge(DEFAULTS, base or {}, 'base config')
+    cfg = _read_yaml(config_path(path)) if path else merge(DEFAULTS, base or {}, 'base config')
     if overrides:
         if not isinstance(overrides, dict):
             overrides = parse_overrides(list(overrides))
