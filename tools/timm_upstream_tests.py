@@ -8,7 +8,8 @@ registry (``pip download timm==<version> --no-binary :all:``; cached under ``.ca
 for the two lists timm itself uses to exclude its own models from tests that do not apply to them:
 
 - ``NON_STD_FILTERS`` gets ``tokenformer_*`` and ``ringformer_*``: ViTs, whose features are tokens
-  ``[B, N, C]`` rather than a feature map, as timm lists its own ``vit_*``;
+  ``[B, N, C]`` rather than a feature map, as timm lists its own ``vit_*`` (the NaFlex family,
+  ``naflexvit_tokenformer_*``, falls under timm's own ``naflexvit*`` and ``*naflex*`` patterns);
 - ``EXCLUDE_JIT_FILTERS`` gets ``ringformer_*`` and ``tokenformer_ring_*``: the recurrent families pass a
   level module to their shared block as an argument, which TorchScript cannot script (timm excludes its
   ``hiera_*`` / ``*naflex*`` the same way); ``tests/test_timm_contract.py`` tests ``torch.export`` for them.
@@ -31,7 +32,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OUR_NON_STD = ("'tokenformer_*'", "'ringformer_*'")
 OUR_NO_JIT = ("'ringformer_*'", "'tokenformer_ring_*'")
 SELECTIONS = {
-    'small': 'tokenformer_vit_ti16 or ringformer_vit_small_patch16_224 or tokenformer_ring_vit_small_patch16_224',
+    'small': 'tokenformer_vit_ti16 or naflexvit_tokenformer_ti16 or ringformer_vit_small_patch16_224 or '
+             'tokenformer_ring_vit_small_patch16_224',
     'all': 'tokenformer or ringformer',
 }
 

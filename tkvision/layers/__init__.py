@@ -1,9 +1,9 @@
 """Layers of tkvision: :class:`Pattention` (paper Eq. 4-5) and its score-normalisation registry; the
 TokenFormer stem (:class:`PatchEmbed`) and block (:class:`Block`, :class:`Attention`)."""
 from .block import Attention, Block
-from .patch_embed import PatchEmbed, PatchPattention
+from .patch_embed import FlexPatchPattention, PatchEmbed, PatchPattention
 from .pattention import (DECODER_KINDS, ENCODER_KINDS, PATTENTION_KINDS, SCORE_NORMS, Normalize, Pattention,
                          ScoreNorm, default_tau, normalize_scores, register_score_norm, score_norm_entry)
 
-__all__ = ['Attention', 'Block', 'PatchEmbed', 'PatchPattention', 'Pattention', 'SCORE_NORMS', 'ScoreNorm', 'Normalize', 'register_score_norm', 'score_norm_entry',
+__all__ = ['Attention', 'Block', 'FlexPatchPattention', 'PatchEmbed', 'PatchPattention', 'Pattention', 'SCORE_NORMS', 'ScoreNorm', 'Normalize', 'register_score_norm', 'score_norm_entry',
            'default_tau', 'normalize_scores', 'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS']

@@ -1,8 +1,11 @@
-"""The TokenFormer stem: a Pattention over image patches whose key tokens are a conv filter bank.
+"""The TokenFormer stem: a Pattention over image patches whose key tokens are a conv filter bank
+(:class:`PatchPattention`, the fixed-grid family's), or rows over pre-cut patches of any patch size
+(:class:`FlexPatchPattention`, the NaFlex family's).
 
 Design choice where the paper is silent (``shared/reference/README.md``, "Vision model"): the patch
 embedding is a Pattention over flattened ``p x p`` patches with ``num_tokens`` tokens.
 """
+import math
 from typing import List, Tuple
 
 import torch
@@ -12,7 +15,7 @@ from torch import nn
 
 from .pattention import Pattention
 
-__all__ = ['PatchPattention', 'PatchEmbed']
+__all__ = ['PatchPattention', 'FlexPatchPattention', 'PatchEmbed']
 
 
 class PatchPattention(Pattention):
@@ -37,6 +40,45 @@ class PatchPattention(Pattention):
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """A for every patch: ``[B, C, H, W] -> [B, H/p * W/p, n]``."""
         return F.conv2d(x, self.weight, stride=self.patch_size).flatten(2).transpose(1, 2)
+
+
+class FlexPatchPattention(Pattention):
+    """The patch embedding's Pattention on patches cut beforehand, of any square patch size (NaFlex).
+
+    ``[B, N, ph * pw * C] -> [B, N, out_features]``, patches flattened channels-last ``(ph, pw, C)`` as
+    timm's NaFlex loader and ``batch_patchify`` cut them. ``weight`` ``[n, p * p * C]`` is K_P in that
+    layout, at the base patch size ``p``. Patches of another size ``q`` (``q * q * C`` values) are scored
+    against the key tokens resampled to ``q`` as FlexiViT resamples a patch-embedding kernel (timm's
+    ``resample_patch_embed``, pseudo-inverse resize: FlexiViT Sec. 3.4), so a patch resized with the
+    same interpolation keeps its scores A = X K_Pᵀ; V_P and τ are the same for every patch size.
+
+    Raises:
+        ValueError (in forward): a patch length that is not ``q * q * in_chans`` for an integer ``q``.
+    """
+
+    key_name = 'weight'
+
+    def __init__(self, in_chans, patch_size, out_features, num_tokens, score_norm='l2_norm_gelu', **kwargs):
+        kwargs.setdefault('kind', 'patch')
+        super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
+        self.in_chans, self.patch_size = in_chans, patch_size
+
+    def keys_for(self, patch_length: int) -> torch.Tensor:
+        """K_P for patches of ``patch_length`` values: ``weight`` itself at the base size, else resampled
+        (``[n, patch_length]``)."""
+        if patch_length == self.weight.shape[1]:
+            return self.weight
+        q = math.isqrt(patch_length // self.in_chans)
+        if q * q * self.in_chans != patch_length:
+            raise ValueError(f'patches of {patch_length} values are not q x q x {self.in_chans} (in_chans) for any '
+                             f'integer q: cut square patches, channels last')
+        p, n = self.patch_size, self.weight.shape[0]
+        kernel = self.weight.view(n, p, p, self.in_chans).permute(0, 3, 1, 2)  # channels-last rows -> [n, C, p, p]
+        return resample_patch_embed(kernel, [q, q]).permute(0, 2, 3, 1).reshape(n, patch_length)
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """A for every patch: ``[B, N, q * q * C] -> [B, N, n]``."""
+        return F.linear(x, self.keys_for(x.shape[-1]))
 
 
 class PatchEmbed(nn.Module):

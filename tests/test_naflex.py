@@ -1,0 +1,113 @@
+"""The NaFlex TokenFormer (issue 36): timm's NaFlex contract on a TokenFormer, held against the fixed-grid
+family (an independent implementation of the same function on a full grid) in float64."""
+import pytest
+import timm
+import torch
+from timm.data.naflex_dataset import NaFlexCollator
+from timm.data.naflex_transforms import patchify_image
+
+from tkvision.growth import grow
+from tkvision.models.naflex_tokenformer import NaFlexTokenFormer, checkpoint_filter_fn
+
+KW = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_tokens=16, num_classes=10)
+
+
+def _pair(fixed_only=None, **kwargs):
+    """A fixed-grid TokenFormer (with ``fixed_only`` kwargs too) and the NaFlex one holding its weights
+    (float64, eval)."""
+    torch.manual_seed(0)
+    fixed = timm.create_model('tokenformer_vit_ti16', **dict(KW, **kwargs, **(fixed_only or {}))).double().eval()
+    flex = timm.create_model('naflexvit_tokenformer_ti16', **dict(KW, **kwargs)).double().eval()
+    flex.load_state_dict(checkpoint_filter_fn(fixed.state_dict(), flex))
+    return fixed, flex
+
+
+def _batch(images, patch_size=7, max_seq_len=None):
+    """timm's NaFlex collation of ``images`` (each ``[C, H, W]``): the loader's patch dictionary."""
+    samples = []
+    for img in images:
+        patches, coord, valid = patchify_image(img, (patch_size, patch_size))
+        samples.append((dict(patches=patches, patch_coord=coord, patch_valid=valid), 0))
+    batch, _ = NaFlexCollator(max_seq_len or max(s[0]['patches'].shape[0] for s in samples))(samples)
+    return {k: v.double() if k == 'patches' else v for k, v in batch.items() if k != 'seq_len'}
+
+
+@torch.no_grad()
+def test_fixed_grid_weights_give_the_same_outputs_on_a_full_grid():
+    """Images and the loader's patch dictionary both give the fixed-grid model's logits; the checkpoint's
+    own tensors are left as they were (timm's filter adds to the class token in place)."""
+    fixed, flex = _pair()
+    cls_before = fixed.cls_token.clone()
+    x = torch.randn(3, 1, 28, 28, dtype=torch.float64)
+    expected = fixed(x)
+    torch.testing.assert_close(flex(x), expected, rtol=0, atol=1e-12)
+    # the patch dictionary's path: timm resamples the position grid per image in float32
+    torch.testing.assert_close(flex(_batch(list(x))), expected, rtol=0, atol=1e-6)
+    assert torch.equal(fixed.cls_token, cls_before)
+
+
+@torch.no_grad()
+@pytest.mark.parametrize('global_pool', ['token', 'avg'])
+def test_padding_tokens_change_nothing_in_attention_or_pooling(global_pool):
+    """Images of other sizes and aspect ratios packed into one padded batch: each row equals that image
+    alone, whatever the padding slots hold."""
+    _, flex = _pair(global_pool=global_pool, class_token=global_pool == 'token')
+    images = [torch.randn(1, h, w, dtype=torch.float64) for h, w in ((28, 28), (14, 42), (21, 7))]
+    alone = torch.cat([flex(_batch([img])) for img in images])
+    packed = _batch(images, max_seq_len=20)
+    packed['patches'][~packed['patch_valid']] = 1e3 * torch.randn_like(packed['patches'][~packed['patch_valid']])
+    torch.testing.assert_close(flex(packed), alone, rtol=0, atol=1e-9)
+
+
+@torch.no_grad()
+def test_another_patch_size_equals_the_fixed_grid_model_with_set_input_size():
+    """14 x 14 patches (the loader's variable patch size) against key tokens resampled as FlexiViT does
+    equal the fixed-grid model after ``set_input_size(patch_size=14)`` (conv stem, resampled kernel)."""
+    fixed, flex = _pair(fixed_only=dict(dynamic_img_size=True))
+    x = torch.randn(2, 1, 28, 28, dtype=torch.float64)
+    fixed.set_input_size(patch_size=14)
+    patches = [patchify_image(img, (14, 14), flatten_patches=False) for img in x]
+    batch = dict(patches=torch.stack([p for p, _, _ in patches]), patch_coord=torch.stack([c for _, c, _ in patches]),
+                 patch_valid=torch.stack([v for _, _, v in patches]))
+    assert batch['patches'].shape == (2, 4, 14, 14, 1)
+    torch.testing.assert_close(flex(batch), fixed(x), rtol=0, atol=1e-6)  # float32 position grid (timm)
+
+
+def test_growth_with_zero_keys_keeps_the_function_on_a_padded_batch():
+    """Eq. 12-13 on the NaFlex family: every kind grown with zero keys, same logits (and the grown model
+    has the new token counts)."""
+    _, flex = _pair()
+    batch = _batch([torch.randn(1, 28, 14, dtype=torch.float64), torch.randn(1, 7, 28, dtype=torch.float64)])
+    with torch.no_grad():
+        before = flex(batch)
+    grow(flex, patch=4, qkv=8, proj=8, ffn=16)
+    assert (flex.embeds.proj.num_tokens, flex.blocks[0].attn.q.num_tokens, flex.blocks[1].ffn.num_tokens) == (20, 24, 80)
+    with torch.no_grad():
+        torch.testing.assert_close(flex(batch), before, rtol=0, atol=1e-12)
+
+
+def test_bad_patches_and_options_that_would_be_ignored_are_refused():
+    """A patch length that is no square patch names in_chans; NaFlexVit options that configure layers a
+    TokenFormer has not (an MLP ratio, biases, the attention pool) are refused, not ignored."""
+    flex = NaFlexTokenFormer(**{k: v for k, v in KW.items()})
+    bad = dict(patches=torch.randn(1, 4, 50), patch_coord=torch.zeros(1, 4, 2, dtype=torch.long),
+               patch_valid=torch.ones(1, 4, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r'patches of 50 values are not q x q x 1 \(in_chans\)'):
+        flex(bad)
+    with pytest.raises(ValueError, match=r'mlp_ratio=2.0: a NaFlex TokenFormer has no Linear'):
+        NaFlexTokenFormer(**KW, mlp_ratio=2.0)
+    with pytest.raises(ValueError, match=r"qkv_bias=True"):
+        NaFlexTokenFormer(**KW, qkv_bias=True)
+    with pytest.raises(ValueError, match=r"global_pool='map'"):
+        NaFlexTokenFormer(**KW, global_pool='map')
+
+
+def test_the_family_is_registered_beside_timms_naflexvit_with_the_fixed_grid_token_counts():
+    """``timm.list_models('naflexvit*')`` lists ours; B/16† has the fixed-grid B/16†'s parameters but for
+    the class token's position embedding (folded into the class token)."""
+    assert {'naflexvit_tokenformer_ti16', 'naflexvit_tokenformer_b16', 'naflexvit_tokenformer_b16_matched'} <= \
+        set(timm.list_models('naflexvit*'))
+    flex = timm.create_model('naflexvit_tokenformer_b16_matched', device='meta')
+    fixed = timm.create_model('tokenformer_vit_b16_matched', device='meta')
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+    assert count(fixed) - count(flex) == 768

@@ -1,0 +1,191 @@
+"""NaFlex TokenFormer: a TokenFormer ViT on patch sequences of any resolution and aspect ratio.
+
+A TokenFormer whose blocks are :class:`~tkvision.layers.Block` (every projection a Pattention) and whose
+stem is a :class:`~tkvision.layers.FlexPatchPattention`, inside timm's ``NaFlexVit``: it takes what
+NaFlexViT takes, the patch dictionary of timm's NaFlex loader (``patches [B, N, p*p*C]``, ``patch_coord
+[B, N, 2]``, ``patch_valid [B, N]``) or plain images ``[B, C, H, W]``; padding tokens are masked in
+attention and in pooling, position embeddings are NaFlexViT's (a learned grid resampled to each
+image's grid), and patches of another square size are scored against resampled key tokens.
+
+Why it fits: a Pattention acts on each token alone, so only the patch embedding and the position
+embedding see the grid; everything else is the fixed-grid family's, parameter for parameter, and a
+fixed-grid checkpoint loads (:func:`checkpoint_filter_fn`) and gives the same outputs on a full grid.
+
+Papers: `TokenFormer` (Wang et al. 2024, arXiv:2410.23168, Eq. 4-11); `Patch n' Pack: NaViT`
+(Dehghani et al. 2023, arXiv:2307.06304: packed sequences of any aspect ratio, masked attention and
+pooling); `FlexiViT` (Beyer et al. 2023, arXiv:2212.08013: one model for every patch size by
+resampling the patch-embedding kernel). The contract is timm's ``timm.models.naflexvit`` and
+``timm.data.create_naflex_loader``.
+
+Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypoints; the layers live in
+:mod:`tkvision.layers`.
+"""
+import contextlib
+import dataclasses
+import math
+
+import torch
+from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import naflexvit
+from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
+
+from ..layers import Block, FlexPatchPattention
+from .tokenformer_vit import checkpoint_filter_fn as fixed_grid_filter
+
+__all__ = ['NaFlexTokenFormer', 'checkpoint_filter_fn']
+
+#: NaFlexVitCfg values of a TokenFormer: no biases (Pattentions have none), a class token pooled as in
+#: the fixed-grid family, no init rescaling of Linear projections that do not exist here, the position grid of
+#: the default 224 px at 16 px patches (NaFlexViT's default is 256 px).
+TOKENFORMER_CFG = dict(qkv_bias=False, proj_bias=False, class_token=True, global_pool='token', fix_init=False,
+                       embed_proj_type='linear', pos_embed='learned', pos_embed_grid_size=(14, 14))
+
+#: NaFlexVitCfg fields a TokenFormer cannot honour (they configure Linear / MLP / EVA layers), with the
+#: value it runs with: anything else is refused rather than silently ignored.
+UNSUPPORTED = dict(mlp_ratio=4.0, qkv_bias=False, proj_bias=False, attn_type='standard', rope_type='',
+                   swiglu_mlp=False, attn_gated=False, num_kv_heads=None, attn_only_layer_scale=False,
+                   embed_proj_type='linear', input_norm_layer=None, embed_norm_layer=None, norm_layer=None,
+                   act_layer=None, block_fn=None, mlp_layer=None, attn_layer=None, scale_mlp_norm=False,
+                   scale_attn_inner_norm=False, fix_init=False, enable_patch_interpolator=False,
+                   patchify_channels_last=True, pre_norm=False)
+
+
+class NaFlexTokenFormer(NaFlexVit):
+    """TokenFormer ViT in timm's NaFlex contract (any resolution, aspect ratio and square patch size).
+
+    Args:
+        cfg: a ``NaFlexVitCfg`` (default: :data:`TOKENFORMER_CFG` over NaFlexViT's defaults); keyword
+            arguments that name its fields (``patch_size``, ``embed_dim``, ``depth``, ``num_heads``,
+            ``global_pool``, ``reg_tokens``, ``pos_embed``, ``pos_embed_grid_size``, ``qk_norm``,
+            ``init_values``, ``drop_path_rate``, ...) override it.
+        in_chans / num_classes: as timm.
+        img_size: the default image size; sets the learned position grid (``img_size / patch_size``)
+            unless ``pos_embed_grid_size`` is given.
+        num_tokens: shorthand as in :class:`~tkvision.models.TokenFormerViT`: patch embedding, Q/K/V and
+            output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
+            ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each.
+        score_norm / block_norm_weight / block_norm_bias / fused_qkv: the fixed-grid family's.
+
+    Shapes: ``forward(dict(patches [B, N, p*p*C], patch_coord [B, N, 2], patch_valid [B, N]))`` or
+    ``forward([B, C, H, W])`` -> ``[B, num_classes]``; ``forward_features`` returns NaFlexVit's
+    (``{'patches', 'patch_valid'}`` in NaFlex mode, ``[B, num_prefix_tokens + N, embed_dim]`` otherwise).
+
+    Raises:
+        ValueError: a NaFlexVit option that configures layers a TokenFormer does not have (``mlp_ratio``,
+            biases, RoPE / EVA attention, SwiGLU, ``global_pool='map'``, ...), named.
+        TypeError: an unknown keyword (timm's message).
+    """
+
+    def __init__(self, cfg=None, in_chans=3, num_classes=1000, img_size=None, num_tokens=768, num_tokens_patch=None,
+                 num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
+                 block_norm_weight=False, block_norm_bias=False, fused_qkv=False, device=None, dtype=None, **kwargs):
+        if img_size is not None and 'pos_embed_grid_size' not in kwargs:
+            kwargs['pos_embed_grid_size'] = None  # NaFlexVit then derives the grid from img_size
+        cfg = dataclasses.replace(cfg or NaFlexVitCfg(**TOKENFORMER_CFG), **kwargs)
+        _check_supported(cfg)
+        self.num_tokens_patch = num_tokens_patch or num_tokens
+        self.num_tokens_qkv = num_tokens_qkv or num_tokens
+        self.num_tokens_proj = num_tokens_proj or num_tokens
+        self.num_tokens_ffn = num_tokens_ffn or 4 * num_tokens
+        block = _block_builder(dict(
+            num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
+            num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm,
+            value_std=2 / (cfg.depth * math.sqrt(cfg.embed_dim)), norm_weight=block_norm_weight,
+            norm_bias=block_norm_bias, fused_qkv=fused_qkv))
+        # our layers take no device argument: build them under the device, as timm's factory does
+        with torch.device(device) if device is not None else contextlib.nullcontext():
+            super().__init__(dataclasses.replace(cfg, block_fn=block), in_chans=in_chans, num_classes=num_classes,
+                             img_size=img_size, device=device, dtype=dtype)
+            patch = self.embeds.patch_size
+            if patch[0] != patch[1]:
+                raise ValueError(f'patch_size {patch}: the NaFlex TokenFormer takes square patches')
+            self.embeds.proj = FlexPatchPattention(in_chans, patch[0], cfg.embed_dim, self.num_tokens_patch,
+                                                   score_norm, dtype=dtype)
+
+    @torch.jit.ignore
+    def checkpoint_filter(self, state_dict: dict) -> dict:
+        """``state_dict`` adapted by :func:`checkpoint_filter_fn` (what :func:`tkvision.models.adapt_state_dict`,
+        and so the trainer's ``init_from`` and ``tools/validate.py``, apply to any model with this method)."""
+        return checkpoint_filter_fn(state_dict, self)
+
+
+def _check_supported(cfg: NaFlexVitCfg):
+    """Raise ValueError naming the first NaFlexVit option a TokenFormer would have to ignore."""
+    for name, value in UNSUPPORTED.items():
+        if getattr(cfg, name) != value:
+            raise ValueError(f'{name}={getattr(cfg, name)!r}: a NaFlex TokenFormer has no Linear / MLP / EVA layers '
+                             f'that this option configures (it runs with {name}={value!r})')
+    if cfg.global_pool == 'map':
+        raise ValueError("global_pool='map': the attention pool is a Linear / MLP head; use 'token' or 'avg'")
+
+
+def _block_builder(tokenformer: dict):
+    """A ``block_fn`` for NaFlexVit: builds a TokenFormer :class:`~tkvision.layers.Block` from the
+    arguments NaFlexVit passes (the ones a TokenFormer has: heads, qk_norm, LayerScale, dropouts, drop
+    path) and ``tokenformer``'s (token counts, normalisation, value init)."""
+    def build(dim, num_heads, qk_norm=False, init_values=None, proj_drop=0., attn_drop=0., drop_path=0.,
+              **linear_layers):  # mlp_ratio, biases, norm / act / mlp layers: refused in _check_supported
+        return Block(dim, num_heads, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop,
+                     attn_drop=attn_drop, drop_path=drop_path, **tokenformer)
+    return build
+
+
+def checkpoint_filter_fn(state_dict: dict, model: NaFlexTokenFormer) -> dict:
+    """Adapt a checkpoint to ``model`` (timm's ``pretrained_filter_fn``): the fixed-grid family's layout
+    (``patch_embed.proj.weight [n, C, p, p]``, ``pos_embed [1, prefix + N, d]``, ``cls_token``) becomes
+    this one's by timm's own NaFlexViT filter (key tokens flattened channels-last, the class token's
+    position embedding folded into the class token, the grid as ``[1, h, w, d]``); EMA / ``module.``
+    wrappers are unwrapped first. A NaFlex checkpoint passes through. The input is not modified.
+    """
+    state_dict = dict(fixed_grid_filter(state_dict, None))
+    if 'pos_embed' in state_dict or any(k.startswith('patch_embed.') for k in state_dict):
+        for key in ('cls_token', 'reg_token'):  # timm's filter adds to them in place
+            if key in state_dict:
+                state_dict[key] = state_dict[key].clone()
+        state_dict = naflexvit.checkpoint_filter_fn(state_dict, model)
+    return state_dict
+
+
+def _create(variant, pretrained=False, **kwargs):
+    out_indices = kwargs.pop('out_indices', 3)
+    return build_model_with_cfg(NaFlexTokenFormer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
+                                feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
+
+
+def _cfg(url='', **kwargs):
+    return {
+        'url': url, 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None, 'crop_pct': 0.875,
+        'interpolation': 'bicubic', 'fixed_input_size': False, 'mean': IMAGENET_DEFAULT_MEAN,
+        'std': IMAGENET_DEFAULT_STD, 'first_conv': 'embeds.proj', 'classifier': 'head', 'license': 'apache-2.0',
+        'paper_ids': 'arXiv:2410.23168', 'paper_name': 'TokenFormer', **kwargs,
+    }
+
+
+# No weights are published: pretrained=True needs a local file (a fixed-grid family's loads too).
+default_cfgs = generate_default_cfgs({
+    'naflexvit_tokenformer_ti16.untrained': _cfg(),
+    'naflexvit_tokenformer_b16.untrained': _cfg(),
+    'naflexvit_tokenformer_b16_matched.untrained': _cfg(),
+})
+
+
+@register_model
+def naflexvit_tokenformer_ti16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
+    """NaFlex TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (tokenformer_vit_ti16's)."""
+    args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
+    return _create('naflexvit_tokenformer_ti16', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def naflexvit_tokenformer_b16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
+    """NaFlex TokenFormer-B/16: d 768, 12 blocks, 12 heads, 768 / 3072 tokens (tokenformer_vit_b16's)."""
+    args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
+    return _create('naflexvit_tokenformer_b16', pretrained, **dict(args, **kwargs))
+
+
+@register_model
+def naflexvit_tokenformer_b16_matched(pretrained=False, **kwargs) -> NaFlexTokenFormer:
+    """NaFlex TokenFormer-B/16†: ViT-B/16's parameter count, 576 / 2304 tokens (tokenformer_vit_b16_matched's)."""
+    args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
+    return _create('naflexvit_tokenformer_b16_matched', pretrained, **dict(args, **kwargs))
