@@ -3,6 +3,7 @@ import csv
 import json
 import os
 
+import pytest
 import yaml
 
 from tkvision.experiments.growth_experiment import plan_runs, report, run_all
@@ -67,3 +68,25 @@ def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
     assert abs(rows['tokenformer_chain']['of_largest'] - 100 * chain['compute'] / big['compute']) < 1e-9
     assert rows['tokenformer_chain']['size'].endswith('→ 16-64') and rows['tokenformer_scratch_16-64']['of_largest'] == 100
     assert report(str(tmp_path / 'again'), stored['results']) == text
+
+
+def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path):
+    """docs/comparison.md's rows: mean and sample std over seeds, compute = counted GFLOPs x training
+    images x epochs, and each ratio against the reference (ViT) row, here from hand-written points."""
+    from tkvision.experiments.comparison import comparison_rows
+    base = dict(model_kwargs=dict(TINY_FMNIST), rrc_scale=None, batch_size=64, train_subset=512, threads=1)
+    tf = _write(tmp_path / 'tf.yaml', dict(base, model='tokenformer_vit_ti16', epochs=2))
+    vit_kwargs = {k: v for k, v in TINY_FMNIST.items() if k != 'num_tokens'}
+    vit = _write(tmp_path / 'vit.yaml', dict(base, model='vit_tiny_patch16_224', model_kwargs=vit_kwargs, epochs=3))
+    points = [dict(config='tf', seed=0, top1=80.0, test_top1=79.0, img_per_s=100.0, minutes=2.0),
+              dict(config='tf', seed=1, top1=82.0, test_top1=80.0, img_per_s=300.0, minutes=4.0),
+              dict(config='vit', seed=0, top1=84.0, test_top1=83.0, img_per_s=400.0, minutes=1.5)]
+    rows = {r['config']: r for r in comparison_rows([tf, vit], points, reference='vit')}
+    assert (rows['tf']['top1_mean'], rows['tf']['top1_std']) == (81.0, 1.41)  # sqrt(2)
+    assert (rows['tf']['img_per_s_vs_reference'], rows['tf']['minutes_vs_reference']) == (0.5, 2.0)
+    assert rows['tf']['train_pflops'] == rows['tf']['train_gflops_per_image'] * 512 * 2 / 1e6
+    flops_ratio = (2 * rows['tf']['train_gflops_per_image']) / (3 * rows['vit']['train_gflops_per_image'])
+    assert abs(rows['tf']['compute_vs_reference'] - flops_ratio) < 2e-3
+    assert rows['vit']['seeds'] == 1
+    with pytest.raises(ValueError, match='--reference vit2: no finished point'):
+        comparison_rows([tf, vit], points, reference='vit2')

@@ -1,5 +1,6 @@
 """Command lines of the experiment drivers: ``tools/benchmark.py``, ``tools/sweep.py``,
-``tools/growth_experiment.py`` and ``tools/attention_distance.py`` (and their ``tkvision-*`` scripts)."""
+``tools/comparison.py``, ``tools/growth_experiment.py`` and ``tools/attention_distance.py`` (and their
+``tkvision-*`` scripts)."""
 import argparse
 import fnmatch
 import json
@@ -12,11 +13,12 @@ from ..engine.checkpoint import BEST_WEIGHTS
 from ..engine.config import load_config
 from ..experiments.attention_distance import dataset_mad, plot_mad
 from ..experiments.benchmark import PARTS, run_benchmark
+from ..experiments.comparison import read_points, run_comparison, time_configs, write_report, write_speed
 from ..experiments.growth_experiment import plan_runs, report, run_all
 from ..experiments.sweep import expand_configs, run_sweep, summarize
 from .common import run_cli
 
-__all__ = ['benchmark_main', 'sweep_main', 'growth_experiment_main', 'attention_distance_main']
+__all__ = ['benchmark_main', 'sweep_main', 'comparison_main', 'growth_experiment_main', 'attention_distance_main']
 
 
 def benchmark_main(argv=None) -> int:
@@ -64,6 +66,35 @@ def sweep_main(argv=None) -> int:
         print(f.read())
     print(f'wrote {args.out}/results.md, results.csv, results.png')
     return 1 if any(r['failed'] for r in rows) and not any(r['seeds'] for r in rows) else 0
+
+
+def comparison_main(argv=None) -> int:
+    """``tkvision-comparison`` / ``tools/comparison.py``; see ``--help``
+    (:mod:`tkvision.experiments.comparison`). Prints the result rows."""
+    ap = argparse.ArgumentParser(description='TokenFormer against ViT at equal parameters, compute and time.')
+    ap.add_argument('configs', nargs='+', help='config files (globs are expanded; _base_ files are skipped)')
+    ap.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
+    ap.add_argument('--out', default='runs/comparison', help='where the runs train (finished points are skipped)')
+    ap.add_argument('--report-dir', default='docs/comparison', help='where points.csv and results.csv go')
+    ap.add_argument('--reference', default='vit_equal_width', help='the row the ratios are taken against')
+    ap.add_argument('--from-points', metavar='POINTS_CSV', help='train nothing: re-derive results.csv from a '
+                    'stored points.csv (python tools/comparison.py configs/comparison/fashion_mnist/*.yaml '
+                    '--from-points docs/comparison/points.csv)')
+    ap.add_argument('--time', action='store_true', help='only time one epoch of each config, alone, into speed.csv')
+    ap.add_argument('--time-images', type=int, default=12800, help='--time: training images per timed epoch')
+    ap.add_argument('--repeats', type=int, default=3, help='--time: rounds (configs interleaved); the median')
+    args, extra = ap.parse_known_args(argv)
+    configs = expand_configs(args.configs)
+    if args.time:
+        rows = time_configs(configs, args.time_images, args.repeats, args.reference)
+        write_speed(rows, args.report_dir)
+    elif args.from_points:
+        rows = write_report(configs, read_points(args.from_points), args.report_dir, args.reference, write_points=False)
+    else:
+        rows = run_comparison(configs, args.seeds, args.out, args.report_dir, args.reference, extra)
+    for r in rows:
+        print(json.dumps(r))
+    return 0
 
 
 def growth_experiment_main(argv=None) -> int:

@@ -1,0 +1,172 @@
+"""TokenFormer against the ViT it replaces, on equal footing (issue 34; paper Table 2 at the scale we can
+run): the results files of ``docs/comparison.md``.
+
+``python tools/comparison.py configs/comparison/fashion_mnist/*.yaml --seeds 0 1 2 --out runs/comparison
+--report-dir docs/comparison`` trains every (config, seed) point through :func:`~tkvision.experiments.sweep.run_sweep`
+(finished points are skipped), then writes two files into ``--report-dir``:
+
+- ``points.csv``: one row per finished (config, seed): validation top-1 (what a choice is made on), test
+  top-1 (evaluated once, at the end), img/s and training minutes of that run.
+- ``results.csv``: one row per config: model, parameter tokens, epochs, trainable parameters, training
+  GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: :func:`train_flops_per_image`),
+  the run's training PFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
+  and test top-1 (mean and sample std over seeds), and the img/s, minutes and compute of each row as a
+  ratio to the reference row (``--reference``, timm's ViT).
+
+``--time`` trains nothing to the end: it times each config's training in our trainer alone (one
+epoch over ``--time-images`` images, the configs interleaved, ``--repeats`` rounds, the median) into
+``speed.csv``, the ratios an equal-wall-clock budget is set from (the sweep's own img/s share the
+machine with whatever else runs; these runs must not).
+
+``--from-points docs/comparison/points.csv`` re-derives ``results.csv`` from the stored points with the
+current code (``tests/test_docs.py`` does, so the file cannot drift from the points and the configs).
+"""
+import csv
+import datetime
+import os
+import statistics
+import tempfile
+
+import torch
+
+from ..data import build_dataset
+from ..engine.build import model_for_config
+from ..engine.config import load_config, section
+from ..engine.trainer import resolve_run_config, train
+from ..utils.files import atomic_write
+from .benchmark import machine_info
+from .growth_experiment import train_flops_per_image
+from .sweep import run_sweep
+
+__all__ = ['run_comparison', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'comparison_rows', 'write_report']
+
+#: Columns of ``points.csv``.
+POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
+
+
+def _name(config: str) -> str:
+    return os.path.splitext(os.path.basename(config))[0]
+
+
+def points_from_records(records: list) -> list:
+    """The finished sweep records as ``points.csv`` rows (failed points are left out)."""
+    return [{k: r[k] for k in POINT_COLUMNS} for r in records if r.get('status') == 'ok']
+
+
+def read_points(path: str) -> list:
+    """The rows of a stored ``points.csv``, figures as floats and seeds as ints."""
+    with open(path) as f:
+        return [dict(r, seed=int(r['seed']), **{k: float(r[k]) for k in POINT_COLUMNS[2:]}) for r in csv.DictReader(f)]
+
+
+def _mean_std(values: list) -> tuple:
+    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def _config_row(config: str, points: list) -> dict:
+    """One ``results.csv`` row: what the config trains (read from the file) and its seeds' figures."""
+    cfg = resolve_run_config(load_config(config))
+    with torch.device('meta'):
+        params = sum(p.numel() for p in model_for_config(cfg).parameters() if p.requires_grad)
+    gflops = train_flops_per_image(cfg) / 1e9
+    images = len(build_dataset(section(cfg, 'data'), 'train', cfg['seed']))  # after the validation carve-out
+    top1, test = _mean_std([p['top1'] for p in points]), _mean_std([p['test_top1'] for p in points])
+    return dict(config=_name(config), model=cfg['model'], num_tokens=cfg['model_kwargs'].get('num_tokens', ''),
+                embed_dim=cfg['model_kwargs'].get('embed_dim', ''), epochs=cfg['epochs'], params=params,
+                train_gflops_per_image=gflops, train_pflops=gflops * images * cfg['epochs'] / 1e6,
+                seeds=len(points), img_per_s=round(statistics.mean(p['img_per_s'] for p in points), 1),
+                minutes=round(statistics.mean(p['minutes'] for p in points), 2),
+                top1_mean=round(top1[0], 2), top1_std=round(top1[1], 2),
+                test_top1_mean=round(test[0], 2), test_top1_std=round(test[1], 2))
+
+
+def comparison_rows(configs: list, points: list, reference: str) -> list:
+    """One row per config that has finished points, in ``configs``' order, with ``*_vs_reference``
+    ratios (img/s, minutes, training compute) to the row named ``reference``.
+
+    Raises:
+        ValueError: no finished point of the reference config (the ratios would have no base).
+    """
+    rows = [_config_row(c, [p for p in points if p['config'] == _name(c)]) for c in configs
+            if any(p['config'] == _name(c) for p in points)]
+    base = next((r for r in rows if r['config'] == reference), None)
+    if base is None:
+        raise ValueError(f'--reference {reference}: no finished point of that config (configs with points: '
+                         f"{', '.join(r['config'] for r in rows) or 'none'})")
+    for r in rows:
+        r.update(img_per_s_vs_reference=round(r['img_per_s'] / base['img_per_s'], 3),
+                 minutes_vs_reference=round(r['minutes'] / base['minutes'], 3),
+                 compute_vs_reference=round(r['train_pflops'] / base['train_pflops'], 3))
+    return rows
+
+
+def _write_csv(path: str, rows: list, columns: list):
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=columns, lineterminator='\n')
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write(path, write, text=True)
+
+
+def write_report(configs: list, points: list, report_dir: str, reference: str, write_points: bool = True) -> list:
+    """Write ``results.csv`` (and ``points.csv`` unless ``write_points`` is False) into ``report_dir``;
+    returns the result rows."""
+    os.makedirs(report_dir, exist_ok=True)
+    rows = comparison_rows(configs, points, reference)
+    if write_points:
+        _write_csv(os.path.join(report_dir, 'points.csv'), points, POINT_COLUMNS)
+    if rows:
+        _write_csv(os.path.join(report_dir, 'results.csv'), rows, list(rows[0]))
+    return rows
+
+
+def run_comparison(configs: list, seeds: list, out: str, report_dir: str, reference: str, extra=(), log=print) -> list:
+    """Train the points not yet finished (:func:`~tkvision.experiments.sweep.run_sweep` under ``out``),
+    then :func:`write_report` from every finished one; returns the result rows."""
+    records = run_sweep(configs, seeds, out, extra=extra, log=log)
+    return write_report(configs, points_from_records(records), report_dir, reference)
+
+
+def time_configs(configs: list, images: int, repeats: int, reference: str, log=print) -> list:
+    """Training img/s of each config in our trainer: ``repeats`` rounds, each training every config for one
+    epoch over its first ``images`` training images (configs interleaved, so a slow spell of the machine
+    hits them all); rows as :func:`speed_rows` makes them, with the ``machine`` and ``date``.
+
+    Raises:
+        ValueError: ``reference`` is not one of ``configs``.
+    """
+    names = [_name(c) for c in configs]
+    if reference not in names:
+        raise ValueError(f"--reference {reference} is not one of the timed configs ({', '.join(names)})")
+    runs = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(repeats):
+            for config, name in zip(configs, names):
+                cfg = load_config(config, dict(epochs=1, warmup_epochs=0, train_subset=images, val_subset=images // 10,
+                                               output=os.path.join(tmp, f'{name}_{r}'), progress=False))
+                runs[name].append(train(cfg)['history'][-1]['img_per_s'])
+                log(f'[time] {name} round {r + 1}/{repeats}: {runs[name][-1]:.0f} img/s')
+    stamp = dict(machine=machine_info(torch.device('cpu')), date=datetime.date.today().isoformat())
+    return [dict(row, **stamp) for row in speed_rows(configs, runs, images, reference)]
+
+
+def speed_rows(configs: list, runs: dict, images: int, reference: str) -> list:
+    """One row per config from ``runs`` (``{config name: [img/s of each round]}``): ``config, model,
+    num_tokens, images, repeats, img_per_s`` (median), ``img_per_s_runs`` ('a b c'), and
+    ``img_per_s_vs_reference``: the median over rounds of the ratio to ``reference`` in the same round
+    (paired, so a machine that slows down during the rounds does not bias it)."""
+    rows = []
+    for config in configs:
+        name, cfg = _name(config), load_config(config)
+        ratios = [a / b for a, b in zip(runs[name], runs[reference])]
+        rows.append(dict(config=name, model=cfg['model'], num_tokens=cfg['model_kwargs'].get('num_tokens', ''),
+                         images=images, repeats=len(runs[name]), img_per_s=round(statistics.median(runs[name]), 1),
+                         img_per_s_runs=' '.join(f'{v:.1f}' for v in runs[name]),
+                         img_per_s_vs_reference=round(statistics.median(ratios), 3)))
+    return rows
+
+
+def write_speed(rows: list, report_dir: str):
+    """``speed.csv`` in ``report_dir`` (:func:`time_configs`' rows)."""
+    os.makedirs(report_dir, exist_ok=True)
+    _write_csv(os.path.join(report_dir, 'speed.csv'), rows, list(rows[0]))
