@@ -111,3 +111,19 @@ def test_the_family_is_registered_beside_timms_naflexvit_with_the_fixed_grid_tok
     fixed = timm.create_model('tokenformer_vit_b16_matched', device='meta')
     count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
     assert count(fixed) - count(flex) == 768
+
+
+@torch.no_grad()
+def test_timms_pretrained_path_loads_a_fixed_grid_weights_file(tmp_path):
+    """``create_model('naflexvit_tokenformer_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=...))``
+    with the fixed-grid family's ``.safetensors`` (our trainer's output format): timm's loader runs our
+    filter, and the NaFlex model gives the fixed-grid logits on a full grid."""
+    from safetensors.torch import save_file
+    torch.manual_seed(0)
+    fixed = timm.create_model('tokenformer_vit_ti16', **KW).eval()
+    path = str(tmp_path / 'fixed.safetensors')
+    save_file(fixed.state_dict(), path)
+    flex = timm.create_model('naflexvit_tokenformer_ti16', pretrained=True, pretrained_cfg_overlay=dict(file=path),
+                             **KW).eval()
+    x = torch.randn(2, 1, 28, 28)
+    torch.testing.assert_close(flex(x), fixed(x), rtol=0, atol=1e-5)

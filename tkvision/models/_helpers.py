@@ -14,7 +14,7 @@ from timm.utils import unwrap_model
 
 from ..utils.errors import UsageError, WeightsMismatchError
 
-__all__ = ['load_state_dict_file', 'adapt_state_dict', 'check_fit', 'input_shape']
+__all__ = ['load_state_dict_file', 'file_shapes', 'adapt_state_dict', 'check_fit', 'input_shape']
 
 
 def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
@@ -35,6 +35,17 @@ def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
             raise
         raise UsageError(f'{path} is not a readable weights file (truncated, or not a .safetensors / torch file): '
                          + str(e).splitlines()[0]) from None
+
+
+def file_shapes(path: str, names) -> dict:
+    """``{name: shape}`` of the tensors ``names`` that a weights file holds (a .safetensors is read without
+    loading the rest; a .pth through :func:`load_state_dict_file`, EMA first)."""
+    if path.endswith('.safetensors'):
+        from safetensors import safe_open
+        with safe_open(path, 'pt') as f:
+            return {n: tuple(f.get_slice(n).get_shape()) for n in names if n in f.keys()}
+    state = load_state_dict_file(path)
+    return {n: tuple(state[n].shape) for n in names if n in state}
 
 
 def adapt_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:

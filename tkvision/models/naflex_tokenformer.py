@@ -23,14 +23,17 @@ Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypo
 import contextlib
 import dataclasses
 import math
+import os
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models import naflexvit
+from timm.models._builder import resolve_pretrained_cfg
 from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
 
 from ..layers import Block, FlexPatchPattention
+from ._helpers import file_shapes
 from .tokenformer_vit import checkpoint_filter_fn as fixed_grid_filter
 
 __all__ = ['NaFlexTokenFormer', 'checkpoint_filter_fn']
@@ -148,6 +151,17 @@ def checkpoint_filter_fn(state_dict: dict, model: NaFlexTokenFormer) -> dict:
 
 
 def _create(variant, pretrained=False, **kwargs):
+    """``build_model_with_cfg`` with our filter. A local weights file (``pretrained_cfg_overlay=dict(file=...)``)
+    says its own head size, and the model's ``in_chans`` is taken as the file's: timm would otherwise drop a
+    head that is not 1000 wide and re-fold a stem that is not 3-channel (the fixed-grid family does the same)."""
+    if pretrained:
+        cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get('pretrained_cfg'),
+                                     pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
+        if cfg.file and os.path.isfile(cfg.file):
+            overlay = dict(kwargs.get('pretrained_cfg_overlay') or {})
+            overlay.setdefault('num_classes', file_shapes(cfg.file, ['head.weight']).get('head.weight', (0,))[0])
+            overlay.setdefault('input_size', (kwargs.get('in_chans', 3), *cfg.input_size[1:]))
+            kwargs['pretrained_cfg_overlay'] = overlay
     out_indices = kwargs.pop('out_indices', 3)
     return build_model_with_cfg(NaFlexTokenFormer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
                                 feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)

@@ -33,7 +33,7 @@ from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
 
 from ..layers import Block, PatchEmbed
-from ._helpers import load_state_dict_file
+from ._helpers import file_shapes
 from ._vit_contract import ViTContract
 
 __all__ = ['TokenFormerViT', 'checkpoint_filter_fn']
@@ -311,17 +311,6 @@ def adapt_input_channels(state_dict: dict, model: TokenFormerViT) -> dict:
     return state_dict
 
 
-def _file_shapes(path: str, names) -> dict:
-    """``{name: shape}`` of the tensors ``names`` that a weights file holds (read without loading the rest
-    of a .safetensors)."""
-    if path.endswith('.safetensors'):
-        from safetensors import safe_open
-        with safe_open(path, 'pt') as f:
-            return {n: tuple(f.get_slice(n).get_shape()) for n in names if n in f.keys()}
-    state = checkpoint_filter_fn(load_state_dict_file(path), None)
-    return {n: tuple(state[n].shape) for n in names if n in state}
-
-
 def _create_tokenformer_vit(variant, pretrained=False, model_cls=None, device=None, dtype=None, **kwargs):
     """``build_model_with_cfg`` of ``model_cls`` (default :class:`TokenFormerViT`; the recurrent families
     pass theirs) with our checkpoint filter, a clear error when no weights file is given, and a local
@@ -347,7 +336,7 @@ def _build(variant, pretrained, model_cls, **kwargs):
         if cfg.file and os.path.isfile(cfg.file):
             # timm drops the head when the cfg's num_classes (1000) differs from the model's, and adapts
             # (or warns about) the stem by the cfg's input channels: a local file says both itself.
-            shapes = _file_shapes(cfg.file, ('head.weight', 'patch_embed.proj.weight'))
+            shapes = file_shapes(cfg.file, ('head.weight', 'patch_embed.proj.weight'))
             if 'num_classes' not in overlay:  # (local-dir: config.json says)
                 overlay['num_classes'] = shapes.get('head.weight', (0,))[0]
             if 'patch_embed.proj.weight' in shapes:
