@@ -127,3 +127,39 @@ def test_timms_pretrained_path_loads_a_fixed_grid_weights_file(tmp_path):
                              **KW).eval()
     x = torch.randn(2, 1, 28, 28)
     torch.testing.assert_close(flex(x), fixed(x), rtol=0, atol=1e-5)
+
+
+def test_timms_naflex_loader_trains_the_family_on_real_images(tmp_path):
+    """What ``train.py --naflex-loader`` runs: timm's ``create_naflex_loader`` over an ImageNet-layout folder
+    of real Fashion-MNIST JPEGs, drawing sequence lengths and patch sizes per batch, feeds our model; 20
+    updates lower the loss on a fixed batch of the validation loader (a full 64 px grid, 8 px patches)."""
+    from timm.data import create_dataset
+    from timm.data.naflex_loader import create_naflex_loader
+
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'imagenet', classes=3, train_per_class=8, val_per_class=4, size=64)
+    common = dict(max_seq_len=64, batch_size=4, num_workers=0, use_prefetcher=False, device='cpu', pin_memory=False,
+                  persistent_workers=False)
+    train_loader = create_naflex_loader(create_dataset('', root=f'{root}/train'), is_training=True, seed=0,
+                                        patch_size_choices=[8, 16], train_seq_lens=(16, 36, 64), **common)
+    val = next(iter(create_naflex_loader(create_dataset('', root=f'{root}/val'), patch_size=8, **common)))
+    torch.manual_seed(0)
+    model = timm.create_model('naflexvit_tokenformer_ti16', patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                              num_tokens=16, num_classes=3, pos_embed_grid_size=(8, 8))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    with torch.no_grad():
+        before = loss_fn(model.eval()(val[0]), val[1]).item()
+    shapes = set()
+    model.train()
+    for _ in range(3):
+        for inputs, targets in train_loader:
+            shapes.add(tuple(inputs['patches'].shape[1:]))
+            opt.zero_grad()
+            loss_fn(model(inputs), targets).backward()
+            opt.step()
+    with torch.no_grad():
+        after = loss_fn(model.eval()(val[0]), val[1]).item()
+    assert len({s[0] for s in shapes}) > 1  # several sequence lengths
+    assert {s[1:] for s in shapes} >= {(8, 8, 3), (16, 16, 3)}  # both patch sizes, unflattened [N, p, p, C]
+    assert after < before - 0.05, (before, after)
