@@ -163,3 +163,19 @@ def test_timms_naflex_loader_trains_the_family_on_real_images(tmp_path):
     assert len({s[0] for s in shapes}) > 1  # several sequence lengths
     assert {s[1:] for s in shapes} >= {(8, 8, 3), (16, 16, 3)}  # both patch sizes, unflattened [N, p, p, C]
     assert after < before - 0.05, (before, after)
+
+
+@torch.no_grad()
+def test_export_and_local_dir_rebuild_a_grown_model(tmp_path):
+    """``export_model`` (``tools/export.py``'s writer: timm's ``save_for_hf`` with the token counts) and
+    ``create_model('local-dir:...', pretrained=True)`` give back the grown NaFlex model, outputs equal."""
+    from tkvision.engine.export import export_model
+    _, flex = _pair()
+    grow(flex, qkv=8, ffn=16)
+    flex = flex.float()
+    export_model(flex, str(tmp_path / 'exported'), model_args={k: v for k, v in KW.items() if k != 'num_classes'})
+    back = timm.create_model(f"local-dir:{tmp_path / 'exported'}", pretrained=True).eval()
+    assert type(back) is NaFlexTokenFormer
+    batch = _batch([torch.randn(1, 14, 28, dtype=torch.float64)])
+    batch['patches'] = batch['patches'].float()
+    torch.testing.assert_close(back(batch), flex(batch), rtol=0, atol=1e-6)
