@@ -76,3 +76,14 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     source.write_text('{"rows": [{"model": "a", "ratio": 0.9871}, {"model": "b", "ratio": NaN}, {"model": "c"}]}')
     table = docs.render(f'{source}#rows | model={{model}} | ratio={{ratio:.3f}}')
     assert table.splitlines()[2:] == ['| a | 0.987 |', '| b | – |', '| c | – |']
+
+
+def test_comparison_results_are_derived_from_the_stored_points(tmp_path):
+    """docs/comparison/results.csv (docs/comparison.md's tables) is what today's code makes of the stored
+    per-seed points and the configs: parameters and GFLOPs counted, means, spreads and ratios."""
+    res = subprocess.run([sys.executable, 'tools/comparison.py', 'configs/comparison/fashion_mnist/*.yaml',
+                          '--from-points', 'docs/comparison/points.csv', '--report-dir', str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(f'{ROOT}/docs/comparison/results.csv') as stored, open(tmp_path / 'results.csv') as derived:
+        assert derived.read() == stored.read()

@@ -84,7 +84,7 @@ def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path
     rows = {r['config']: r for r in comparison_rows([tf, vit], points, reference='vit')}
     assert (rows['tf']['top1_mean'], rows['tf']['top1_std']) == (81.0, 1.41)  # sqrt(2)
     assert (rows['tf']['img_per_s_vs_reference'], rows['tf']['minutes_vs_reference']) == (0.5, 2.0)
-    assert rows['tf']['train_pflops'] == rows['tf']['train_gflops_per_image'] * 512 * 2 / 1e6
+    assert rows['tf']['train_tflops'] == rows['tf']['train_gflops_per_image'] * 512 * 2 / 1e3
     flops_ratio = (2 * rows['tf']['train_gflops_per_image']) / (3 * rows['vit']['train_gflops_per_image'])
     assert abs(rows['tf']['compute_vs_reference'] - flops_ratio) < 2e-3
     assert rows['vit']['seeds'] == 1

@@ -13,7 +13,8 @@ from ..engine.checkpoint import BEST_WEIGHTS
 from ..engine.config import load_config
 from ..experiments.attention_distance import dataset_mad, plot_mad
 from ..experiments.benchmark import PARTS, run_benchmark
-from ..experiments.comparison import read_points, run_comparison, time_configs, write_report, write_speed
+from ..experiments.comparison import (collect_points, read_points, run_comparison, time_configs, write_report,
+                                      write_speed)
 from ..experiments.growth_experiment import plan_runs, report, run_all
 from ..experiments.sweep import expand_configs, run_sweep, summarize
 from .common import run_cli
@@ -80,6 +81,7 @@ def comparison_main(argv=None) -> int:
     ap.add_argument('--from-points', metavar='POINTS_CSV', help='train nothing: re-derive results.csv from a '
                     'stored points.csv (python tools/comparison.py configs/comparison/fashion_mnist/*.yaml '
                     '--from-points docs/comparison/points.csv)')
+    ap.add_argument('--report-only', action='store_true', help='train nothing: report the finished points under --out')
     ap.add_argument('--time', action='store_true', help='only time one epoch of each config, alone, into speed.csv')
     ap.add_argument('--time-images', type=int, default=12800, help='--time: training images per timed epoch')
     ap.add_argument('--repeats', type=int, default=3, help='--time: rounds (configs interleaved); the median')
@@ -90,6 +92,8 @@ def comparison_main(argv=None) -> int:
         write_speed(rows, args.report_dir)
     elif args.from_points:
         rows = write_report(configs, read_points(args.from_points), args.report_dir, args.reference, write_points=False)
+    elif args.report_only:
+        rows = write_report(configs, collect_points(configs, args.seeds, args.out), args.report_dir, args.reference)
     else:
         rows = run_comparison(configs, args.seeds, args.out, args.report_dir, args.reference, extra)
     for r in rows:

@@ -9,7 +9,7 @@ run): the results files of ``docs/comparison.md``.
   top-1 (evaluated once, at the end), img/s and training minutes of that run.
 - ``results.csv``: one row per config: model, parameter tokens, epochs, trainable parameters, training
   GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: :func:`train_flops_per_image`),
-  the run's training PFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
+  the run's training TFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
   and test top-1 (mean and sample std over seeds), and the img/s, minutes and compute of each row as a
   ratio to the reference row (``--reference``, timm's ViT).
 
@@ -23,6 +23,7 @@ current code (``tests/test_docs.py`` does, so the file cannot drift from the poi
 """
 import csv
 import datetime
+import json
 import os
 import statistics
 import tempfile
@@ -38,7 +39,7 @@ from .benchmark import machine_info
 from .growth_experiment import train_flops_per_image
 from .sweep import run_sweep
 
-__all__ = ['run_comparison', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'comparison_rows', 'write_report']
+__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'comparison_rows', 'write_report']
 
 #: Columns of ``points.csv``.
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
@@ -73,7 +74,7 @@ def _config_row(config: str, points: list) -> dict:
     top1, test = _mean_std([p['top1'] for p in points]), _mean_std([p['test_top1'] for p in points])
     return dict(config=_name(config), model=cfg['model'], num_tokens=cfg['model_kwargs'].get('num_tokens', ''),
                 embed_dim=cfg['model_kwargs'].get('embed_dim', ''), epochs=cfg['epochs'], params=params,
-                train_gflops_per_image=gflops, train_pflops=gflops * images * cfg['epochs'] / 1e6,
+                train_gflops_per_image=gflops, train_tflops=gflops * images * cfg['epochs'] / 1e3,
                 seeds=len(points), img_per_s=round(statistics.mean(p['img_per_s'] for p in points), 1),
                 minutes=round(statistics.mean(p['minutes'] for p in points), 2),
                 top1_mean=round(top1[0], 2), top1_std=round(top1[1], 2),
@@ -96,7 +97,7 @@ def comparison_rows(configs: list, points: list, reference: str) -> list:
     for r in rows:
         r.update(img_per_s_vs_reference=round(r['img_per_s'] / base['img_per_s'], 3),
                  minutes_vs_reference=round(r['minutes'] / base['minutes'], 3),
-                 compute_vs_reference=round(r['train_pflops'] / base['train_pflops'], 3))
+                 compute_vs_reference=round(r['train_tflops'] / base['train_tflops'], 3))
     return rows
 
 
@@ -118,6 +119,19 @@ def write_report(configs: list, points: list, report_dir: str, reference: str, w
     if rows:
         _write_csv(os.path.join(report_dir, 'results.csv'), rows, list(rows[0]))
     return rows
+
+
+def collect_points(configs: list, seeds: list, out: str) -> list:
+    """The finished points under ``out`` (each ``<config>/seed<k>/result.json`` the sweep wrote), trained or
+    not: what ``--report-only`` reports while other points are still training."""
+    records = []
+    for config in configs:
+        for seed in seeds:
+            path = os.path.join(out, _name(config), f'seed{seed}', 'result.json')
+            if os.path.isfile(path):
+                with open(path) as f:
+                    records.append(json.load(f))
+    return points_from_records(records)
 
 
 def run_comparison(configs: list, seeds: list, out: str, report_dir: str, reference: str, extra=(), log=print) -> list:
