@@ -18,6 +18,7 @@ epoch over ``--time-images`` images, the configs interleaved, ``--repeats`` roun
 ``speed.csv``, the ratios an equal-wall-clock budget is set from (the sweep's own img/s share the
 machine with whatever else runs; these runs must not).
 
+``--report-only`` trains nothing and reports the points finished so far (while others still train).
 ``--from-points docs/comparison/points.csv`` re-derives ``results.csv`` from the stored points with the
 current code (``tests/test_docs.py`` does, so the file cannot drift from the points and the configs).
 """
@@ -37,7 +38,7 @@ from ..engine.trainer import resolve_run_config, train
 from ..utils.files import atomic_write
 from .benchmark import machine_info
 from .growth_experiment import train_flops_per_image
-from .sweep import run_sweep
+from .sweep import point_dir, run_sweep
 
 __all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'comparison_rows', 'write_report']
 
@@ -127,7 +128,7 @@ def collect_points(configs: list, seeds: list, out: str) -> list:
     records = []
     for config in configs:
         for seed in seeds:
-            path = os.path.join(out, _name(config), f'seed{seed}', 'result.json')
+            path = os.path.join(point_dir(out, config, seed), 'result.json')
             if os.path.isfile(path):
                 with open(path) as f:
                     records.append(json.load(f))

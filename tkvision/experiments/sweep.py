@@ -29,10 +29,11 @@ from ..engine.plotting import plt
 from ..engine.trainer import train
 from ..utils.files import atomic_write
 
-__all__ = ['run_sweep', 'summarize', 'expand_configs']
+__all__ = ['run_sweep', 'summarize', 'expand_configs', 'point_dir']
 
 
-def _point_dir(out, config, seed):
+def point_dir(out: str, config: str, seed: int) -> str:
+    """``<out>/<config name>/seed<k>``: where a point trains and writes ``result.json``."""
     return os.path.join(out, os.path.splitext(os.path.basename(config))[0], f'seed{seed}')
 
 
@@ -76,7 +77,7 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
     records = []
     for config in configs:
         for seed in seeds:
-            run_dir = _point_dir(out, config, seed)
+            run_dir = point_dir(out, config, seed)
             done = os.path.join(run_dir, 'result.json')
             name = os.path.splitext(os.path.basename(config))[0]
             if os.path.exists(done):
