@@ -179,3 +179,15 @@ def test_export_and_local_dir_rebuild_a_grown_model(tmp_path):
     batch = _batch([torch.randn(1, 14, 28, dtype=torch.float64)])
     batch['patches'] = batch['patches'].float()
     torch.testing.assert_close(back(batch), flex(batch), rtol=0, atol=1e-6)
+
+
+def test_our_trainer_trains_the_family_on_fixed_size_images(tmp_path):
+    """``tools/train.py --model naflexvit_tokenformer_ti16`` died in the input check (the model has no
+    ``patch_embed``); it now takes plain Fashion-MNIST images and learns."""
+    from tkvision.engine.trainer import train
+    from tkvision.models._helpers import input_shape
+
+    from .helpers import fmnist_cfg
+    assert input_shape(NaFlexTokenFormer(**KW)) == (1, None)  # any size
+    res = train(fmnist_cfg(tmp_path, model='naflexvit_tokenformer_ti16', epochs=2))
+    assert res['top1'] > 25, res['top1']  # 512 validation images: chance is 10 ± 1.3

@@ -79,7 +79,10 @@ def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoin
 
 def input_shape(model: torch.nn.Module):
     """``(channels, (H, W) or None)`` a ViT-like model takes: its stem's input channels and, when the
-    stem checks the size (timm's ``strict_img_size``, ours without ``dynamic_img_size``), the image size."""
+    stem checks the size (timm's ``strict_img_size``, ours without ``dynamic_img_size``), the image size.
+    A NaFlex model (timm's ``embeds`` stem) takes any size: ``(in_chans, None)``."""
+    if not hasattr(model, 'patch_embed') and hasattr(model, 'embeds'):
+        return model.in_chans, None
     stem = model.patch_embed
     channels = getattr(model, 'in_chans', None) or stem.proj.weight.shape[1]
     strict = getattr(stem, 'strict_img_size', True) and not getattr(model, 'dynamic_img_size', False)
