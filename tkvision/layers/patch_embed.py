@@ -11,6 +11,7 @@ from typing import List, Tuple
 import torch
 import torch.nn.functional as F
 from timm.layers import resample_patch_embed, to_2tuple
+from timm.layers.patch_embed import PatchEmbedResamplerFixedOrigSize
 from torch import nn
 
 from .pattention import Pattention
@@ -49,7 +50,8 @@ class FlexPatchPattention(Pattention):
     timm's NaFlex loader and ``batch_patchify`` cut them. ``weight`` ``[n, p * p * C]`` is K_P in that
     layout, at the base patch size ``p``. Patches of another size ``q`` (``q * q * C`` values) are scored
     against the key tokens resampled to ``q`` as FlexiViT resamples a patch-embedding kernel (timm's
-    ``resample_patch_embed``, pseudo-inverse resize: FlexiViT Sec. 3.4), so a patch resized with the
+    ``PatchEmbedResamplerFixedOrigSize``, pseudo-inverse resize: FlexiViT Sec. 3.4; its resize matrix is
+    cached per patch size, so a batch of another size does not recompute it), so a patch resized with the
     same interpolation keeps its scores A = X K_Pᵀ; V_P and τ are the same for every patch size.
 
     Raises:
@@ -62,6 +64,7 @@ class FlexPatchPattention(Pattention):
         kwargs.setdefault('kind', 'patch')
         super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
         self.in_chans, self.patch_size = in_chans, patch_size
+        self.resampler = PatchEmbedResamplerFixedOrigSize((patch_size, patch_size))  # no state in the state dict
 
     def keys_for(self, patch_length: int) -> torch.Tensor:
         """K_P for patches of ``patch_length`` values: ``weight`` itself at the base size, else resampled
@@ -74,7 +77,7 @@ class FlexPatchPattention(Pattention):
                              f'integer q: cut square patches, channels last')
         p, n = self.patch_size, self.weight.shape[0]
         kernel = self.weight.view(n, p, p, self.in_chans).permute(0, 3, 1, 2)  # channels-last rows -> [n, C, p, p]
-        return resample_patch_embed(kernel, [q, q]).permute(0, 2, 3, 1).reshape(n, patch_length)
+        return self.resampler(kernel, [q, q]).permute(0, 2, 3, 1).reshape(n, patch_length)
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
         """A for every patch: ``[B, N, q * q * C] -> [B, N, n]``."""
