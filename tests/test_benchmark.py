@@ -30,23 +30,28 @@ def test_profile_breakdown_accounts_for_the_step():
     assert shares.get('score normalisation / GELU', 0) > 0
 
 
-def test_saved_activations_lean_path_keeps_less():
-    """The lean backward keeps one [T, n] tensor per Pattention instead of three (pattention_memory.py)."""
+def test_saved_activations_of_each_backward_path():
+    """Per Pattention, plain autograd keeps three [T, n] tensors (A, Z, S), the closed form two (Z, S), the
+    lean backward one (A) (pattention_autograd.py)."""
     import timm
     import torch
 
     from tkvision.experiments.benchmark import saved_activation_mib
     kw = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_tokens=128)
     x = torch.randn(4, 3, 32, 32)
+    paths = {'autograd': dict(lean_backward=False, closed_form_backward=False),
+             'closed_form': dict(lean_backward=False, closed_form_backward=True), 'lean': dict(lean_backward=True)}
     mib = {}
-    for lean in (False, True):
+    for path, options in paths.items():
         m = timm.create_model('tokenformer_vit_ti16', **kw)
         for mod in m.modules():
-            if hasattr(mod, 'lean_backward'):
-                mod.lean_backward = lean
-        mib[lean] = saved_activation_mib(m, x)
+            for key, value in options.items():
+                if hasattr(mod, key):
+                    setattr(mod, key, value)
+        mib[path] = saved_activation_mib(m, x)
     scores = 4 * 17 * (128 * 4 + 512) * 2 * 4 / 2 ** 20  # [B*N, n] fp32 per Pattention of 2 blocks
-    assert mib[False] - mib[True] == pytest.approx(2 * scores, rel=0.1)
+    assert mib['autograd'] - mib['closed_form'] == pytest.approx(scores, rel=0.1)
+    assert mib['autograd'] - mib['lean'] == pytest.approx(2 * scores, rel=0.1)
 
 
 def test_model_spec_options_reach_the_model_and_keep_the_counterpart():

@@ -156,35 +156,54 @@ def test_init_std():
     assert abs(layer.value_param_tokens.std().item() - 0.005) < 0.0003
 
 
+HAND_WRITTEN = {'lean': dict(lean_backward=True), 'closed_form': dict(lean_backward=False, closed_form_backward=True)}
+PLAIN = dict(lean_backward=False, closed_form_backward=False)
+
+
+@pytest.mark.parametrize('path', HAND_WRITTEN)
 @pytest.mark.parametrize('shape', [(3, 5, 12), (7, 12)])
-def test_lean_backward_equals_reference_autograd(shape):
-    """The hand-written backward (pattention_memory.py) against plain autograd of Eq. 5, float64."""
+def test_hand_written_backward_equals_reference_autograd(shape, path):
+    """Each hand-written backward (pattention_autograd.py) against plain autograd of Eq. 5, float64."""
     torch.manual_seed(0)
-    ref = Pattention(12, 10, num_tokens=9, lean_backward=False, key_std=0.5, value_std=0.5).double()
-    lean = Pattention(12, 10, num_tokens=9, lean_backward=True).double()
-    assert Pattention(2, 2, 2).lean_backward == 'auto'
-    lean.load_state_dict(ref.state_dict())
+    ref = Pattention(12, 10, num_tokens=9, key_std=0.5, value_std=0.5, **PLAIN).double()
+    fast = Pattention(12, 10, num_tokens=9, **HAND_WRITTEN[path]).double()
+    fast.load_state_dict(ref.state_dict())
     x = torch.randn(*shape, dtype=torch.float64)
     x[0].zero_()  # an all-zero row: the clamped-norm branch
     grads = []
-    for layer in (ref, lean):
+    for layer in (ref, fast):
         xi = x.clone().requires_grad_()
         out = layer(xi)
         (out * torch.linspace(-1, 1, out.numel(), dtype=out.dtype).view_as(out)).sum().backward()
         grads.append((out.detach(), xi.grad, layer.key_param_tokens.grad, layer.value_param_tokens.grad))
     for a, b in zip(*grads):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
-    assert torch.autograd.gradcheck(lambda x: lean(x), (torch.randn(2, 12, dtype=torch.float64, requires_grad=True),))
+    assert torch.autograd.gradcheck(lambda x: fast(x), (torch.randn(2, 12, dtype=torch.float64, requires_grad=True),))
 
 
-def test_lean_backward_under_autocast_matches_reference():
+def test_the_default_backward_paths():
+    """The defaults a user gets: closed form on CPU in training, the plain path in inference, other Θs
+    plain; the lean path is the CUDA default (``'auto'``)."""
+    layer = Pattention(4, 4, 3)
+    assert layer.lean_backward == 'auto' and layer.closed_form_backward is True
+    x = torch.randn(2, 4)
+    assert layer._backward_path(x) == 'closed_form'
+    with torch.no_grad():
+        assert layer._backward_path(x) == 'autograd'
+    assert Pattention(4, 4, 3, score_norm='gelu_l2_norm')._backward_path(x) == 'autograd'
+    assert Pattention(4, 4, 3, closed_form_backward=False)._backward_path(x) == 'autograd'
+    assert Pattention(4, 4, 3, lean_backward=True)._backward_path(x) == 'lean'
+
+
+@pytest.mark.parametrize('path', HAND_WRITTEN)
+def test_hand_written_backward_under_autocast_matches_reference(path):
     torch.manual_seed(0)
-    ref = Pattention(32, 16, num_tokens=24, lean_backward=False)
-    lean = Pattention(32, 16, num_tokens=24, lean_backward=True)
-    lean.load_state_dict(ref.state_dict())
+    ref = Pattention(32, 16, num_tokens=24, **PLAIN)
+    fast = Pattention(32, 16, num_tokens=24, **HAND_WRITTEN[path])
+    fast.load_state_dict(ref.state_dict())
     x = torch.randn(4, 8, 32)
     outs = []
-    for layer in (ref, lean):
+    for layer in (ref, fast):
         with torch.autocast('cpu', dtype=torch.bfloat16):
             out = layer(x)
         out.float().sum().backward()
@@ -192,6 +211,13 @@ def test_lean_backward_under_autocast_matches_reference():
     for a, b in zip(*outs):
         assert a.dtype == torch.float32
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+
+
+def test_closed_form_backward_with_tau_zero_gives_zero_gradient_not_nan():
+    layer = Pattention(6, 5, 4, tau=0.0, **HAND_WRITTEN['closed_form']).double()
+    x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    layer(x).sum().backward()
+    assert torch.equal(x.grad, torch.zeros_like(x))
 
 
 def test_the_docstring_table_is_the_registry():

@@ -78,8 +78,9 @@ def _sync(device):
 def parse_model_spec(spec: str):
     """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
     benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@fused_qkv=true``.
-    ``lean_backward`` is set on every Pattention of the model (``@lean_backward=false``: autograd's
-    backward; the default ``'auto'`` is the lean one on CUDA)."""
+    ``lean_backward`` and ``closed_form_backward`` are set on every Pattention of the model
+    (``@lean_backward=false@closed_form_backward=false``: autograd's backward, the reference; the
+    defaults are the lean one on CUDA, the closed-form one on CPU)."""
     import yaml
     name, *opts = spec.split('@')
     kwargs = {}
@@ -97,11 +98,13 @@ class _Step:
     def __init__(self, name, mode, batch_size, device, amp, compile_):
         self.name, self.mode, self.device = name, mode, device
         base, kwargs = parse_model_spec(name)
-        lean = kwargs.pop('lean_backward', 'auto')
+        paths = dict(lean_backward=kwargs.pop('lean_backward', 'auto'),
+                     closed_form_backward=kwargs.pop('closed_form_backward', True))
         self.model = timm.create_model(base, **kwargs).to(device)
         for m in self.model.modules():
             if isinstance(m, Pattention):
-                m.lean_backward = lean
+                for key, value in paths.items():
+                    setattr(m, key, value)
         self.params = sum(p.numel() for p in self.model.parameters())
         channels, hw = input_shape(self.model)  # the model's own size (pretrained_cfg keeps 224 for img_size=32)
         self.x = torch.randn(batch_size, channels, *(hw or self.model.pretrained_cfg['input_size'][1:]), device=device)

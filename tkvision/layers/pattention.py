@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
-from .pattention_memory import l2_norm_gelu_attend
+from .pattention_autograd import l2_norm_gelu, l2_norm_gelu_attend
 
 __all__ = ['Pattention', 'ScoreNorm', 'SCORE_NORMS', 'register_score_norm', 'default_tau', 'normalize_scores',
            'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS']
@@ -200,10 +200,15 @@ class Pattention(nn.Module):
         kind: what the layer is in its model (one of :data:`PATTENTION_KINDS`, set by the model that
             builds it; growth groups layers by kind), or None for a stand-alone layer.
         lean_backward: for ``l2_norm_gelu`` with autograd on, use the same math with a hand-written
-            backward that keeps one ``[..., n]`` tensor instead of three (``pattention_memory.py``):
+            backward that keeps one ``[..., n]`` tensor instead of three (``pattention_autograd.py``):
             ``'auto'`` (default) on CUDA, where activation memory limits the batch (B/16: 0.87x ViT-B's
             saved activations instead of 1.6x), not on CPU, where its recomputation costs ~10%
             (``docs/performance.md``); ``True`` / ``False`` force it.
+        closed_form_backward: for ``l2_norm_gelu`` with autograd on and the lean path off, differentiate
+            Θ with its closed-form gradient in one autograd function (``pattention_autograd.py``: fewer
+            passes over the scores than autograd's op-by-op graph, same values); ``False`` gives plain
+            autograd of :class:`L2NormGELU`, the reference. Inference, TorchScript and FX tracing always
+            take the plain path.
 
     Attributes:
         key_param_tokens: K_P, ``[num_tokens, in_features]`` (a subclass may keep K_P under another
@@ -222,7 +227,7 @@ class Pattention(nn.Module):
 
     def __init__(self, in_features, out_features, num_tokens, score_norm='l2_norm_gelu', tau=None,
                  eps=1e-6, key_std=0.02, value_std=0.02, kind: Optional[str] = None, lean_backward='auto',
-                 device=None, dtype=None):
+                 closed_form_backward=True, device=None, dtype=None):
         super().__init__()
         if min(in_features, out_features, num_tokens) <= 0:
             raise ValueError(f'Pattention sizes must be positive, got in_features={in_features}, '
@@ -235,6 +240,7 @@ class Pattention(nn.Module):
         tau = entry.default_tau(num_tokens) if tau is None else tau
         self.in_features, self.out_features, self.score_norm, self.eps = in_features, out_features, score_norm, eps
         self.key_std, self.value_std, self.lean_backward = key_std, value_std, lean_backward
+        self.closed_form_backward = closed_form_backward
         factory = dict(device=device, dtype=dtype)
         setattr(self, self.key_name, nn.Parameter(torch.empty(num_tokens, in_features, **factory)))  # K_P
         self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
@@ -261,20 +267,29 @@ class Pattention(nn.Module):
         return F.linear(x, self.key_param_tokens)
 
     @torch.jit.unused
-    def _lean(self, x: torch.Tensor) -> bool:  # (TorchScript takes the plain path)
-        return (self.score_norm == 'l2_norm_gelu' and torch.is_grad_enabled() and not is_fx_symbolic_tracing()
-                and (x.is_cuda if self.lean_backward == 'auto' else bool(self.lean_backward)))
+    def _backward_path(self, x: torch.Tensor) -> str:  # (TorchScript takes the plain path)
+        """``'lean'``, ``'closed_form'`` or ``'autograd'``: how the training forward is differentiated."""
+        if self.score_norm != 'l2_norm_gelu' or not torch.is_grad_enabled() or is_fx_symbolic_tracing():
+            return 'autograd'
+        if x.is_cuda if self.lean_backward == 'auto' else bool(self.lean_backward):
+            return 'lean'
+        return 'closed_form' if self.closed_form_backward else 'autograd'
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]``."""
         scores = self.scores(x)
-        if not torch.jit.is_scripting() and self._lean(x):
-            return self._lean_attend(scores)
+        if not torch.jit.is_scripting():
+            path = self._backward_path(x)
+            if path != 'autograd':
+                return self._attend_hand_written(scores, path)
         return self.score_normalization(scores, self.tau, self.eps) @ self.value_param_tokens
 
     @torch.jit.unused
-    def _lean_attend(self, scores: torch.Tensor) -> torch.Tensor:
-        return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)  # same math, less memory
+    def _attend_hand_written(self, scores: torch.Tensor, path: str) -> torch.Tensor:
+        # same math as the plain path: less memory (lean) or fewer passes in backward (closed form)
+        if path == 'lean':
+            return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)
+        return l2_norm_gelu(scores, self.tau, self.eps) @ self.value_param_tokens
 
     @torch.no_grad()
     def grow(self, num_new_tokens: int, key_init: str = 'zeros', value_init: str = 'normal'):
