@@ -54,6 +54,24 @@ def test_saved_activations_of_each_backward_path():
     assert mib['autograd'] - mib['lean'] == pytest.approx(2 * scores, rel=0.1)
 
 
+def test_ratios_against_a_reference_are_paired_per_round(monkeypatch):
+    """``--reference``: each round's ratio is taken within the round, so a machine that slows down between
+    rounds does not bias it: a model 2x faster in every round of a drifting clock is 2.0x in each."""
+    import torch
+
+    from tkvision.experiments import benchmark as bench
+    clock = iter([0, 1, 1, 1.5,  10, 14, 14, 16,  20, 20.5, 20.5, 20.75])  # rounds: A=1, B=0.5; 4, 2; 0.5, 0.25
+    monkeypatch.setattr(bench.time, 'perf_counter', lambda: next(clock))
+    monkeypatch.setattr(bench, '_Step', lambda name, *a: type('S', (), dict(
+        name=name, params=1, model=torch.nn.Linear(1, 1), x=None, amp=None, flops_per_image=lambda self: 1.,
+        __call__=lambda self: None))())
+    rows = bench.benchmark_models(['a', 'b'], modes=('infer',), batch_size=1, warmup=0, steps=1, repeats=3,
+                                  memory=False, reference='a')
+    assert [r['ratio'] for r in rows] == [1.0, 2.0] and rows[1]['ratio_runs'] == '2.000 2.000 2.000'
+    with pytest.raises(ValueError, match='--reference c is not one of --models'):
+        bench.benchmark_models(['a', 'b'], modes=('infer',), reference='c')
+
+
 def test_model_spec_options_reach_the_model_and_keep_the_counterpart():
     from tkvision.experiments.benchmark import COUNTERPARTS, parse_model_spec
     assert parse_model_spec('tokenformer_vit_b16_matched@fused_qkv=true@depth=2') == (

@@ -27,6 +27,8 @@ def benchmark_main(argv=None) -> int:
     ap = argparse.ArgumentParser(description='Benchmark TokenFormer ViTs against timm ViTs.')
     ap.add_argument('--models', nargs='+', default=['tokenformer_vit_b16_matched', 'vit_base_patch16_224'],
                     help='timm names, optionally with options: tokenformer_vit_b16_matched@fused_qkv=true')
+    ap.add_argument('--reference', help='one of --models: every ratio is taken against it, paired per round '
+                    '(default: each TokenFormer against its timm counterpart, medians of the rounds)')
     ap.add_argument('--mode', nargs='+', default=['infer', 'train'], choices=['infer', 'train'])
     ap.add_argument('--batch-size', type=int, default=64)
     ap.add_argument('--amp', choices=['bf16', 'fp16'])

@@ -203,14 +203,41 @@ def check_train_memory(runners, batch_size: int, log=print) -> float:
     return need
 
 
+def _time_rounds(runners, device, warmup: int, steps: int, repeats: int) -> dict:
+    """``{name: [seconds per step of each round]}``: ``warmup`` steps each, then ``repeats`` rounds in
+    which every runner runs ``steps`` steps, interleaved (A B A B ...)."""
+    for r in runners:
+        for _ in range(warmup):
+            r()
+    _sync(device)
+    times = {r.name: [] for r in runners}
+    for _ in range(repeats):
+        for r in runners:
+            _sync(device)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                r()
+            _sync(device)
+            times[r.name].append((time.perf_counter() - t0) / steps)
+    return times
+
+
 def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cpu', amp=None, compile_=False,
-                     warmup=2, steps=2, repeats=5, memory=True, log=print) -> list:
+                     warmup=2, steps=2, repeats=5, memory=True, reference=None, log=print) -> list:
     """Interleaved throughput of ``models`` per mode; returns one dict per (model, mode).
 
     Each dict: ``model, mode, batch_size, img_per_s, step_ms, params, gflops_per_img, tflops_per_s,
     peak_mem_mib`` and, for models with a timm counterpart in the run, ``ratio`` (img/s over the
-    counterpart's) and ``mem_ratio``.
+    counterpart's) and ``mem_ratio``. With ``reference`` (one of ``models``, options included) every
+    row's ``ratio`` is instead the median over rounds of its img/s over the reference's in the same
+    round (paired: a machine whose speed drifts between rounds does not bias it), with each round's
+    ratio in ``ratio_runs``.
+
+    Raises:
+        ValueError: ``reference`` is not one of ``models``.
     """
+    if reference is not None and reference not in models:
+        raise ValueError(f'--reference {reference} is not one of --models ({", ".join(models)})')
     device = torch.device(device)
     rows = []
     for mode in modes:
@@ -218,19 +245,7 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
         if mode == 'train' and device.type == 'cpu':
             check_train_memory(runners, batch_size, log)
         flops = {r.name: r.flops_per_image() for r in runners}
-        for r in runners:
-            for _ in range(warmup):
-                r()
-        _sync(device)
-        times = {r.name: [] for r in runners}
-        for rep in range(repeats):
-            for r in runners:  # interleaved: A B A B ...
-                _sync(device)
-                t0 = time.perf_counter()
-                for _ in range(steps):
-                    r()
-                _sync(device)
-                times[r.name].append((time.perf_counter() - t0) / steps)
+        times = _time_rounds(runners, device, warmup, steps, repeats)
         for r in runners:
             step = statistics.median(times[r.name])
             if device.type == 'cuda':
@@ -245,12 +260,15 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
                        step_ms=1000 * step, params=r.params, gflops_per_img=flops[r.name] / 1e9,
                        tflops_per_s=flops[r.name] * batch_size / step / 1e12, peak_mem_mib=mem,
                        spread=(max(times[r.name]) - min(times[r.name])) / step)
+            if reference is not None:
+                paired = [b / a for a, b in zip(times[r.name], times[reference])]  # img/s over the reference's
+                row.update(ratio=statistics.median(paired), ratio_runs=' '.join(f'{v:.3f}' for v in paired))
             rows.append(row)
             log(f"{mode:5s} {r.name:32s} {row['img_per_s']:8.1f} img/s  {row['step_ms']:8.1f} ms/step  "
                 f"{row['tflops_per_s'] * 1000:7.1f} GFLOP/s  {mem:8.0f} MiB")
         del runners
     by_key = {(r['model'], r['mode']): r for r in rows}
-    for r in rows:
+    for r in rows if reference is None else ():
         base = by_key.get((COUNTERPARTS.get(parse_model_spec(r['model'])[0]), r['mode']))
         if base:
             r['ratio'] = r['img_per_s'] / base['img_per_s']
@@ -370,13 +388,17 @@ def _save_results(out: str, md: list, results: dict, header: dict):
 
 def _models_part(args) -> tuple:
     rows = benchmark_models(args.models, args.mode, args.batch_size, args.device, args.amp, args.compile,
-                            steps=args.steps, repeats=args.repeats, memory=not args.no_memory)
+                            steps=args.steps, repeats=args.repeats, memory=not args.no_memory, reference=args.reference)
     for r in rows:
-        if 'ratio' in r:
+        if args.reference is not None:
+            print(f"HEADLINE {r['mode']:5s} {r['model']} / {args.reference}: {r['ratio']:.3f}x img/s (paired rounds "
+                  f"{r['ratio_runs']})")
+        elif 'ratio' in r:
             print(f"HEADLINE {r['mode']:5s} {r['model']} / {COUNTERPARTS[parse_model_spec(r['model'])[0]]}: "
                   f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory, "
                   f"{r['saved_ratio']:.2f}x activations saved for backward")
-    return rows, ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', 'step_ms',
+    columns = ['ratio_runs'] if args.reference is not None else []
+    return rows, ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', *columns, 'step_ms',
                                                   'params', 'gflops_per_img', 'tflops_per_s', 'peak_mem_mib',
                                                   'mem_ratio', 'saved_mib', 'saved_ratio', 'spread']), '']
 

@@ -11,6 +11,7 @@ from timm.layers import DropPath, LayerScale
 from torch import nn
 
 from .pattention import Pattention
+from .pattention_autograd import l2_norm_gelu
 
 __all__ = ['Attention', 'Block']
 
@@ -45,17 +46,24 @@ class Attention(nn.Module):
 
     def qkv_fused(self, x) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Q, K, V with one score GEMM: ``x [B, N, d]`` against the concatenated key tokens ``[3n, d]``,
-        each third normalised over its own n tokens with its own τ (Eq. 5), then one batched matmul with
-        the stacked value tokens ``[3, n, d]``. Equals ``(self.q(x), self.k(x), self.v(x))``
-        (``tests/test_pattention.py``); needs equal token counts (growth grows the three together)."""
+        each third normalised over its own n tokens with its own τ (Eq. 5) in one call, then one batched
+        matmul of the three thirds (strided views of the scores, ``[3, B·N, n]``) with the stacked value
+        tokens ``[3, n, d]``. Equals ``(self.q(x), self.k(x), self.v(x))`` in value and gradient
+        (``tests/test_model_options.py``); needs equal token counts (growth grows the three together)."""
         q, k, v = self.q, self.k, self.v
+        B, N, _ = x.shape
         n = q.key_param_tokens.shape[0]
         scores = F.linear(x, torch.cat([q.key_param_tokens, k.key_param_tokens, v.key_param_tokens]))
         tau = torch.stack([q.tau, k.tau, v.tau]).view(3, 1)
-        s = self.q.score_normalization(scores.unflatten(-1, (3, n)), tau, q.eps)  # [B, N, 3, n]
+        s = self._normalize_thirds(scores.view(B * N, 3, n), tau)  # [B·N, 3, n]
         values = torch.stack([q.value_param_tokens, k.value_param_tokens, v.value_param_tokens])  # [3, n, d]
-        out = s.transpose(-3, -2) @ values  # [B, 3, N, d]
-        return out[:, 0], out[:, 1], out[:, 2]
+        out = torch.bmm(s.transpose(0, 1), values).view(3, B, N, -1)
+        return out[0], out[1], out[2]
+
+    def _normalize_thirds(self, scores: torch.Tensor, tau: torch.Tensor) -> torch.Tensor:
+        if not torch.jit.is_scripting() and self.q._backward_path(scores) == 'closed_form':
+            return l2_norm_gelu(scores, tau, self.q.eps)  # the closed-form backward, as the Pattentions take it
+        return self.q.score_normalization(scores, tau, self.q.eps)
 
     def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
         """``x [B, N, dim]`` -> ``[B, N, dim]``; ``attn_mask`` as ``F.scaled_dot_product_attention`` takes it
