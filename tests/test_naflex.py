@@ -191,3 +191,29 @@ def test_our_trainer_trains_the_family_on_fixed_size_images(tmp_path):
     assert input_shape(NaFlexTokenFormer(**KW)) == (1, None)  # any size
     res = train(fmnist_cfg(tmp_path, model='naflexvit_tokenformer_ti16', epochs=2))
     assert res['top1'] > 25, res['top1']  # 512 validation images: chance is 10 ± 1.3
+
+
+def test_the_mixed_size_fashion_mnist_folder_has_every_size_in_every_class(tmp_path):
+    """``tools/make_subset.py --src fashion-mnist --sizes 32x32 48x96 96x48``: the k-th image of each class
+    gets the k-th size in turn (upscaled to cover it, centre-cropped), so each class has each resolution and
+    aspect ratio; a malformed size is a one-line error naming it, and nothing is written."""
+    import collections
+    import subprocess
+    import sys
+
+    from PIL import Image
+
+    from .helpers import ROOT
+    out = tmp_path / 'mixed'
+    res = subprocess.run([sys.executable, 'tools/make_subset.py', '--src', 'fashion-mnist', '--sizes', '32x32', '48x96',
+                          '96x48', '--train-per-class', '6', '--val-per-class', '3', '--out', str(out)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    for split, per_class in (('train', 6), ('val', 3)):
+        for folder in sorted((out / split).iterdir()):
+            sizes = collections.Counter(Image.open(f).size for f in sorted(folder.iterdir()))  # (width, height)
+            assert sizes == collections.Counter([(32, 32), (96, 48), (48, 96)] * (per_class // 3)), folder
+    bad = subprocess.run([sys.executable, 'tools/make_subset.py', '--src', 'fashion-mnist', '--sizes', '48by96',
+                          '--out', str(tmp_path / 'bad')], cwd=ROOT, capture_output=True, text=True)
+    assert bad.returncode == 2 and "'48by96' is not HEIGHTxWIDTH" in bad.stderr
+    assert not (tmp_path / 'bad').exists()

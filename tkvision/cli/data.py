@@ -2,7 +2,7 @@
 import argparse
 import os
 
-from ..data.fashion_mnist import write_image_folder
+from ..data.fashion_mnist import parse_sizes, write_image_folder
 from ..data.shards import INFO_NAME, make_shards
 from ..data.subset import PRESETS, make_subset
 from .common import run_cli
@@ -36,6 +36,9 @@ def _make_subset(argv) -> int:
                     'Fashion-MNIST as such a folder of RGB JPEGs at --size px (train/ from its training images, '
                     'val/ from its test images; --train-per-class / --val-per-class of each class)')
     ap.add_argument('--size', type=int, default=224, help="--src fashion-mnist: image size in px")
+    ap.add_argument('--sizes', nargs='+', help='--src fashion-mnist: several HEIGHTxWIDTH sizes instead of --size '
+                    '(e.g. 32x32 48x96 96x48 64x64), taken in turn within each class: mixed resolutions and '
+                    'aspect ratios for NaFlex models')
     ap.add_argument('--out', required=True, help='new folder for the subset')
     ap.add_argument('--preset', choices=sorted(PRESETS), help='classes and images per class of a named subset')
     ap.add_argument('--num-classes', type=int)
@@ -47,8 +50,10 @@ def _make_subset(argv) -> int:
     ap.add_argument('--link', action='store_true', help='symbolic links instead of copies')
     a = ap.parse_args(argv)
     if a.src == 'fashion-mnist':
-        counts = write_image_folder(a.out, a.size, a.train_per_class or 100, a.val_per_class or 20)
-        print(f"wrote {a.out}: {counts['train']} train / {counts['val']} val Fashion-MNIST JPEGs at {a.size} px")
+        sizes = parse_sizes(a.sizes) if a.sizes else [(a.size, a.size)]
+        counts = write_image_folder(a.out, a.size, a.train_per_class or 100, a.val_per_class or 20, sizes=sizes)
+        shown = ' '.join(f'{h}x{w}' for h, w in sizes)
+        print(f"wrote {a.out}: {counts['train']} train / {counts['val']} val Fashion-MNIST JPEGs at {shown} px")
         return 0
     n, k_train, k_val = PRESETS.get(a.preset, (a.num_classes, a.train_per_class, a.val_per_class))
     classes = None

@@ -8,8 +8,10 @@ import os
 import numpy as np
 from torch.utils.data import Dataset
 
+from ..utils.errors import UsageError
+
 __all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'FASHION_MNIST_VAL_FRACTION', 'FASHION_MNIST_CLASSES',
-           'write_image_folder', 'load_fashion_mnist', 'ArrayDataset']
+           'write_image_folder', 'parse_sizes', 'load_fashion_mnist', 'ArrayDataset']
 
 #: Where the Debian package ``dataset-fashion-mnist`` installs the data.
 FASHION_MNIST_DIR = '/usr/share/datasets/fashion-mnist'
@@ -88,13 +90,45 @@ FASHION_MNIST_CLASSES = ('t-shirt_top', 'trouser', 'pullover', 'dress', 'coat', 
                          'ankle_boot')
 
 
+def parse_sizes(text: str) -> list:
+    """``'32x32 48x96'`` (or ``['32x32', '48x96']``) -> ``[(32, 32), (48, 96)]``, each ``HEIGHTxWIDTH`` in px.
+
+    Raises:
+        UsageError: an item is not two positive integers joined by ``x``; the message names it.
+    """
+    items = text.split() if isinstance(text, str) else list(text)
+    sizes = []
+    for item in items:
+        h, sep, w = str(item).partition('x')
+        if not (sep and h.isdigit() and w.isdigit() and int(h) > 0 and int(w) > 0):
+            raise UsageError(f'image size {item!r} is not HEIGHTxWIDTH in px (e.g. 48x96)')
+        sizes.append((int(h), int(w)))
+    if not sizes:
+        raise UsageError('no image size given: pass HEIGHTxWIDTH items, e.g. 32x32 48x96')
+    return sizes
+
+
+def _resized(image: np.ndarray, height: int, width: int):
+    """The 28 x 28 image upscaled (bicubic) to cover ``height x width`` and centre-cropped to it, as RGB."""
+    from PIL import Image
+    side = max(height, width)
+    img = Image.fromarray(image).convert('RGB').resize((side, side), Image.BICUBIC)
+    top, left = (side - height) // 2, (side - width) // 2
+    return img.crop((left, top, left + width, top + height))
+
+
 def write_image_folder(out: str, size: int = 224, train_per_class: int = 100, val_per_class: int = 20,
-                       data_dir=None) -> dict:
+                       data_dir=None, sizes=None) -> dict:
     """Write Fashion-MNIST as an ImageNet-layout folder of RGB JPEGs (``<out>/train/<class>/*.JPEG``
     from the training images, ``<out>/val/<class>/*.JPEG`` from the test images; the first
     ``train_per_class`` / ``val_per_class`` of each class), upscaled to ``size`` px (bicubic): real
     images for the folder / ImageNet code paths (GPU end-to-end runs, benchmarks) where ImageNet is
     not reachable. The folder is written under a temporary name and renamed when complete.
+
+    ``sizes``: a list of ``(height, width)`` in px instead of ``size``: the k-th image of each class
+    gets ``sizes[k % len(sizes)]`` (upscaled to cover it, centre-cropped to its aspect ratio), so every
+    class has every resolution and aspect ratio in equal share: the mixed-size folders NaFlex models
+    train and are evaluated on (issue 36).
 
     Returns:
         ``{'train': n, 'val': n}`` images written.
@@ -103,11 +137,10 @@ def write_image_folder(out: str, size: int = 224, train_per_class: int = 100, va
         FileExistsError: ``out`` exists (nothing is overwritten).
         FileNotFoundError: as :func:`load_fashion_mnist`.
     """
-    from PIL import Image
-
     from ..utils.files import atomic_folder
     if os.path.exists(out):
         raise FileExistsError(f'{out} exists: choose a new folder for the Fashion-MNIST images')
+    sizes = list(sizes) if sizes else [(size, size)]
     counts = {}
 
     def write(tmp):
@@ -117,8 +150,8 @@ def write_image_folder(out: str, size: int = 224, train_per_class: int = 100, va
             for c, name in enumerate(FASHION_MNIST_CLASSES):
                 folder = os.path.join(tmp, split, name)
                 os.makedirs(folder)
-                for i in np.flatnonzero(labels == c)[:per_class]:
-                    img = Image.fromarray(images[i]).convert('RGB').resize((size, size), Image.BICUBIC)
+                for k, i in enumerate(np.flatnonzero(labels == c)[:per_class]):
+                    img = _resized(images[i], *sizes[k % len(sizes)])
                     img.save(os.path.join(folder, f'{source}_{i:05d}.JPEG'), quality=90)
                     counts[split] += 1
     atomic_folder(out, write)
