@@ -78,12 +78,17 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     assert table.splitlines()[2:] == ['| a | 0.987 |', '| b | – |', '| c | – |']
 
 
-def test_comparison_results_are_derived_from_the_stored_points(tmp_path):
-    """docs/comparison/results.csv (docs/comparison.md's tables) is what today's code makes of the stored
-    per-seed points and the configs: parameters and GFLOPs counted, means, spreads and ratios."""
-    res = subprocess.run([sys.executable, 'tools/comparison.py', 'configs/comparison/fashion_mnist/*.yaml',
-                          '--from-points', 'docs/comparison/points.csv', '--report-dir', str(tmp_path)],
+@pytest.mark.parametrize('configs, report, reference', [
+    (['configs/comparison/fashion_mnist/*.yaml'], 'docs/comparison', 'vit_equal_width'),
+    (['configs/comparison/fashion_mnist/tokenformer_equal_params.yaml', 'configs/comparison/fashion_mnist/levers/*.yaml'],
+     'docs/comparison/levers', 'tokenformer_equal_params')], ids=['comparison', 'levers'])
+def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
+    """docs/comparison/results.csv and levers/results.csv (docs/comparison.md's tables) are what today's code
+    makes of the stored per-seed points and the configs: parameters and GFLOPs counted, means, spreads and
+    ratios."""
+    res = subprocess.run([sys.executable, 'tools/comparison.py', *configs, '--from-points', f'{report}/points.csv',
+                          '--report-dir', str(tmp_path), '--reference', reference],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
-    with open(f'{ROOT}/docs/comparison/results.csv') as stored, open(tmp_path / 'results.csv') as derived:
+    with open(f'{ROOT}/{report}/results.csv') as stored, open(tmp_path / 'results.csv') as derived:
         assert derived.read() == stored.read()

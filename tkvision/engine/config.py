@@ -118,6 +118,8 @@ SECTIONS = {
         'decay_rate': 0.1,           # step / multistep: factor per decay; poly: the power
         'weight_decay': 0.05,
         'layer_decay': None,         # layer-wise lr decay (fine-tuning), e.g. 0.65
+        'parameter_token_weight_decay': None,  # weight decay of Pattention key/value tokens; null: weight_decay
+        'parameter_token_lr_scale': 1.0,       # lr multiplier of Pattention key/value tokens
         'clip_grad': None,
         'clip_mode': 'norm',         # timm dispatch_clip_grad: 'norm', 'value' or 'agc'
         'smoothing': 0.1,

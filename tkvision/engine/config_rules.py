@@ -81,6 +81,7 @@ RULES = {
     'warmup_epochs': _rule('num', 0), 'warmup_lr': _rule('num', 0), 'decay_epochs': _rule('num', 0, lo_open=True),
     'decay_milestones': _rule('nums', 0), 'decay_rate': _rule('num', 0, lo_open=True),
     'weight_decay': _rule('num', 0), 'layer_decay': _rule('num', 0, 1, lo_open=True, null=True),
+    'parameter_token_weight_decay': _rule('num', 0, null=True), 'parameter_token_lr_scale': _rule('num', 0, lo_open=True),
     'clip_grad': _rule('num', 0, lo_open=True, null=True), 'clip_mode': _rule(None, choices=('norm', 'value', 'agc')),
     'smoothing': _rule('num', 0, 1, hi_open=True), 'mixup': _rule('num', 0), 'cutmix': _rule('num', 0),
     'mixup_prob': _rule('num', 0, 1), 'mixup_switch_prob': _rule('num', 0, 1), 'model_ema': _rule('bool'),

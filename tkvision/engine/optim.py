@@ -27,15 +27,48 @@ import torch
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
-__all__ = ['build_optimizer', 'build_scheduler', 'StagedScheduler', 'RewarmScheduler', 'growth_stages']
+from ..layers import Pattention
+
+__all__ = ['build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler', 'RewarmScheduler', 'growth_stages']
 
 
 def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.optim.Optimizer:
     """timm's ``create_optimizer_v2`` of the config's optim section: ``opt`` at peak ``lr``, no weight decay on 1-d parameters,
     the class token and the position embedding (the model's ``no_weight_decay``), layer-wise lr decay
-    with ``layer_decay`` (the model's ``group_matcher``)."""
-    return create_optimizer_v2(model, opt=optim['opt'], lr=lr, weight_decay=optim['weight_decay'],
-                               betas=tuple(optim['opt_betas']), eps=optim['opt_eps'], layer_decay=optim['layer_decay'])
+    with ``layer_decay`` (the model's ``group_matcher``). ``parameter_token_weight_decay`` (None: the
+    run's ``weight_decay``) and ``parameter_token_lr_scale`` (1.0) set the weight decay and scale the lr of
+    every Pattention's key and value parameter tokens (issue 34's levers): :func:`split_parameter_tokens`."""
+    optimizer = create_optimizer_v2(model, opt=optim['opt'], lr=lr, weight_decay=optim['weight_decay'],
+                                    betas=tuple(optim['opt_betas']), eps=optim['opt_eps'],
+                                    layer_decay=optim['layer_decay'])
+    weight_decay, lr_scale = optim.get('parameter_token_weight_decay'), optim.get('parameter_token_lr_scale', 1.0)
+    if weight_decay is None and lr_scale == 1.0:
+        return optimizer  # the groups timm makes, unchanged (and so the checkpoints of earlier runs)
+    return split_parameter_tokens(optimizer, model, weight_decay, lr_scale)
+
+
+def split_parameter_tokens(optimizer: torch.optim.Optimizer, model: torch.nn.Module, weight_decay, lr_scale: float):
+    """Split every param group of ``optimizer`` in place, before its first step, in two: the group's other
+    parameters, unchanged, then the key / value parameter tokens of ``model``'s Pattentions (paper Eq. 4's
+    K_P and V_P) with ``weight_decay`` (None: the group's) and the group's ``lr_scale`` times ``lr_scale``
+    (timm's schedulers multiply each group's lr by its ``lr_scale``). Returns ``optimizer``.
+
+    Raises:
+        ValueError: the optimizer has already stepped (its state would not follow the new groups)."""
+    if optimizer.state:
+        raise ValueError('split_parameter_tokens needs an optimizer that has not stepped yet')
+    tokens = {id(p) for m in model.modules() if isinstance(m, Pattention) for p in (m.keys, m.value_param_tokens)}
+    groups = list(optimizer.param_groups)
+    optimizer.param_groups.clear()
+    for group in groups:
+        rest = [p for p in group['params'] if id(p) not in tokens]
+        mine = [p for p in group['params'] if id(p) in tokens]
+        if rest:
+            optimizer.add_param_group(dict(group, params=rest))
+        if mine:
+            optimizer.add_param_group(dict(group, params=mine, lr_scale=group.get('lr_scale', 1.0) * lr_scale,
+                                           weight_decay=group['weight_decay'] if weight_decay is None else weight_decay))
+    return optimizer
 
 
 def growth_stages(optim: dict, growth: dict) -> list:
