@@ -91,6 +91,24 @@ def test_init_stds():
     assert m.head.bias.abs().sum() == 0 and abs(m.head.weight.std().item() - 0.02) < 2e-3
 
 
+@pytest.mark.parametrize('name', ['tokenformer_vit_ti16', 'tokenformer_ring_vit_small_patch16_224',
+                                  'naflexvit_tokenformer_ti16'])
+def test_key_std_sets_every_block_key_token_and_leaves_the_stem(name):
+    """``key_std`` (a lever of docs/comparison.md) reaches the key tokens of Q, K, V, proj and FFN in every
+    block, shared or not; the patch embedding keeps the public code's 0.02 and the values keep theirs."""
+    torch.manual_seed(0)
+    m = timm.create_model(name, img_size=32, patch_size=8, embed_dim=192, depth=2, num_heads=3, num_tokens=192,
+                          key_std=0.2)
+    keys = {n: p for n, p in m.named_parameters() if n.endswith('key_param_tokens') and n.startswith(('blocks', 'shared'))}
+    assert len(keys) == (5 if 'ring' in name else 10)
+    for n, p in keys.items():
+        assert abs(p.std().item() - 0.2) < 0.01, n
+    stem = m.embeds.proj if 'naflex' in name else m.patch_embed.proj
+    assert abs(stem.weight.std().item() - 0.02) < 2e-3  # the stem's keys
+    values = [p for n, p in m.named_parameters() if n.endswith('value_param_tokens') and n.startswith(('blocks', 'shared'))]
+    assert all(abs(p.std().item() - 2 / (2 * math.sqrt(192))) < 3e-3 for p in values)
+
+
 def test_default_cfg_names_exist(tiny_kwargs):
     m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
     cfg = m.pretrained_cfg

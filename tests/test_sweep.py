@@ -90,3 +90,22 @@ def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path
     assert rows['vit']['seeds'] == 1
     with pytest.raises(ValueError, match='--reference vit2: no finished point'):
         comparison_rows([tf, vit], points, reference='vit2')
+
+
+def test_a_report_keeps_the_stored_points_it_does_not_measure_again(tmp_path):
+    """A fresh checkout has docs/comparison/levers/points.csv but not the runs behind it: reporting today's
+    runs keeps every stored (config, seed) that was not run again and replaces the ones that were."""
+    from tkvision.experiments.comparison import read_points, write_report
+    base = dict(model_kwargs=dict(TINY_FMNIST), rrc_scale=None, batch_size=64, train_subset=512, threads=1,
+                model='tokenformer_vit_ti16', epochs=1)
+    ref, lever = _write(tmp_path / 'ref.yaml', base), _write(tmp_path / 'lever.yaml', dict(base, epochs=2))
+    report = tmp_path / 'report'
+    report.mkdir()
+    (report / 'points.csv').write_text('config,seed,top1,test_top1,img_per_s,minutes\n'
+                                       'ref,0,80.0,79.0,100.0,1.0\nref,1,82.0,81.0,100.0,1.0\n')
+    today = [dict(config='lever', seed=0, top1=90.0, test_top1=89.0, img_per_s=50.0, minutes=2.0),
+             dict(config='ref', seed=1, top1=84.0, test_top1=83.0, img_per_s=100.0, minutes=1.0)]
+    rows = {r['config']: r for r in write_report([ref, lever], today, str(report), reference='ref')}
+    assert [(p['config'], p['seed'], p['top1']) for p in read_points(str(report / 'points.csv'))] == [
+        ('ref', 0, 80.0), ('ref', 1, 84.0), ('lever', 0, 90.0)]
+    assert rows['ref']['top1_mean'] == 82.0 and rows['ref']['seeds'] == 2 and rows['lever']['seeds'] == 1

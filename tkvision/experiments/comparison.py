@@ -19,6 +19,8 @@ epoch over ``--time-images`` images, the configs interleaved, ``--repeats`` roun
 machine with whatever else runs; these runs must not).
 
 ``--report-only`` trains nothing and reports the points finished so far (while others still train).
+A report keeps the points an earlier ``points.csv`` in ``--report-dir`` holds unless they are measured
+again (:func:`merge_points`): ``runs/`` does not travel between machines, the points file does.
 ``--from-points docs/comparison/points.csv`` re-derives ``results.csv`` from the stored points with the
 current code (``tests/test_docs.py`` does, so the file cannot drift from the points and the configs).
 """
@@ -40,7 +42,7 @@ from .benchmark import machine_info
 from .growth_experiment import train_flops_per_image
 from .sweep import point_dir, run_sweep
 
-__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'comparison_rows', 'write_report']
+__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'merge_points', 'comparison_rows', 'write_report']
 
 #: Columns of ``points.csv``.
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
@@ -110,10 +112,26 @@ def _write_csv(path: str, rows: list, columns: list):
     atomic_write(path, write, text=True)
 
 
+def merge_points(stored: list, new: list) -> list:
+    """``stored`` points (an earlier ``points.csv``) updated by ``new`` ones: a (config, seed) measured again
+    takes the new row, every other stored row stays. Runs live under ``runs/``, which a fresh checkout lacks,
+    so a report written from the runs finished today must not drop the points finished on another machine.
+    Rows are ordered by each config's first appearance, then by seed."""
+    merged = {(p['config'], p['seed']): p for p in stored}
+    merged.update({(p['config'], p['seed']): p for p in new})
+    order = list(dict.fromkeys(config for config, _ in merged))
+    return [merged[k] for k in sorted(merged, key=lambda k: (order.index(k[0]), k[1]))]
+
+
 def write_report(configs: list, points: list, report_dir: str, reference: str, write_points: bool = True) -> list:
     """Write ``results.csv`` (and ``points.csv`` unless ``write_points`` is False) into ``report_dir``;
-    returns the result rows."""
+    returns the result rows. With ``write_points``, the points already in ``report_dir/points.csv`` are
+    kept where ``points`` does not measure them again (:func:`merge_points`), and the results are taken
+    over all of them."""
     os.makedirs(report_dir, exist_ok=True)
+    stored = os.path.join(report_dir, 'points.csv')
+    if write_points and os.path.isfile(stored):
+        points = merge_points(read_points(stored), points)
     rows = comparison_rows(configs, points, reference)
     if write_points:
         _write_csv(os.path.join(report_dir, 'points.csv'), points, POINT_COLUMNS)

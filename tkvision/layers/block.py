@@ -23,19 +23,20 @@ class Attention(nn.Module):
     softmax token-token attention per head through ``F.scaled_dot_product_attention`` (scale
     1/√head_dim, Eq. 9), output projection Pattention_o (``num_tokens_proj`` tokens).
     ``qk_norm``: a LayerNorm over each head's channels of q and k before the dot product.
+    ``key_std`` / ``value_std``: initial std of the four Pattentions' key / value parameter tokens.
     ``fused_qkv``: compute the three score matrices with one GEMM (:meth:`qkv_fused`; same
     parameters and checkpoints, same outputs as the three Pattentions, which stay the reference).
     ``[B, N, dim] -> [B, N, dim]``.
     """
 
     def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm='l2_norm_gelu',
-                 value_std=0.02, qk_norm=False, attn_drop=0., proj_drop=0., fused_qkv=False):
+                 value_std=0.02, key_std=0.02, qk_norm=False, attn_drop=0., proj_drop=0., fused_qkv=False):
         super().__init__()
         self.fused_qkv = fused_qkv
         if dim % num_heads:
             raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
         self.num_heads, self.head_dim = num_heads, dim // num_heads
-        pattn = partial(Pattention, dim, dim, score_norm=score_norm, value_std=value_std)
+        pattn = partial(Pattention, dim, dim, score_norm=score_norm, key_std=key_std, value_std=value_std)
         self.q, self.k, self.v = (pattn(num_tokens_qkv, kind='qkv') for _ in range(3))
         # qk_norm (timm, x-transformers): LayerNorm of q and k over each head's channels
         self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
@@ -88,22 +89,24 @@ class Block(nn.Module):
     the only nonlinearity. Block LayerNorms are non-parametric unless ``norm_weight`` /
     ``norm_bias`` (paper Table 5). ``init_values``: LayerScale (Touvron et al. 2021, timm's
     ``LayerScale``), each branch multiplied by a learned per-channel ``gamma`` initialised to it.
+    ``key_std`` / ``value_std``: initial std of every Pattention's key / value parameter tokens.
     """
 
     def __init__(self, dim, num_heads, num_tokens_qkv, num_tokens_proj, num_tokens_ffn,
-                 score_norm='l2_norm_gelu', value_std=0.02, norm_weight=False, norm_bias=False, qk_norm=False,
-                 init_values=None, proj_drop=0., attn_drop=0., drop_path=0., fused_qkv=False):
+                 score_norm='l2_norm_gelu', value_std=0.02, key_std=0.02, norm_weight=False, norm_bias=False,
+                 qk_norm=False, init_values=None, proj_drop=0., attn_drop=0., drop_path=0., fused_qkv=False):
         super().__init__()
         if norm_bias and not norm_weight:
             raise ValueError('block_norm_bias=True needs block_norm_weight=True (Table 5 has no bias-only row)')
         norm = partial(nn.LayerNorm, dim, eps=1e-5, elementwise_affine=norm_weight, bias=norm_bias)
         self.norm1 = norm()
-        self.attn = Attention(dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm, value_std,
+        self.attn = Attention(dim, num_heads, num_tokens_qkv, num_tokens_proj, score_norm, value_std, key_std,
                               qk_norm=qk_norm, attn_drop=attn_drop, proj_drop=proj_drop, fused_qkv=fused_qkv)
         self.ls1 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path1 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
         self.norm2 = norm()
-        self.ffn = Pattention(dim, dim, num_tokens_ffn, score_norm=score_norm, value_std=value_std, kind='ffn')
+        self.ffn = Pattention(dim, dim, num_tokens_ffn, score_norm=score_norm, key_std=key_std, value_std=value_std,
+                              kind='ffn')
         self.ffn_drop = nn.Dropout(proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()

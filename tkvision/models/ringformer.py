@@ -274,8 +274,8 @@ class TokenRingViT(_RecurrentViT):
     def _build_blocks(self, depth, dpr, kw):
         self._check_block_kwargs(kw)
         r, d = self._ring, kw['dim']
-        pattn = lambda n, kind: Pattention(d, d, n, score_norm=kw['score_norm'], value_std=kw['value_std'],  # noqa: E731
-                                           kind=kind)
+        pattn = lambda n, kind: Pattention(d, d, n, score_norm=kw['score_norm'], key_std=kw['key_std'],  # noqa: E731
+                                           value_std=kw['value_std'], kind=kind)
         n_qkv, n_proj, n_ffn = kw['num_tokens_qkv'], kw['num_tokens_proj'], kw['num_tokens_ffn']
         attn = RecurrentAttention(d, kw['num_heads'], pattn(n_qkv, 'qkv'), pattn(n_qkv, 'qkv'), pattn(n_qkv, 'qkv'),
                                   pattn(n_proj, 'proj'), qk_norm=kw['qk_norm'], attn_drop=kw['attn_drop'],

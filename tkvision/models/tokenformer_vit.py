@@ -55,6 +55,9 @@ class TokenFormerViT(ViTContract, nn.Module):
             parameter tokens, the FFN ``4 * num_tokens``; the ``num_tokens_*`` kwargs override.
         num_tokens_patch / num_tokens_qkv / num_tokens_proj / num_tokens_ffn: per-kind token counts.
         score_norm: Pattention normalisation (see :mod:`tkvision.layers.pattention`).
+        key_std: initial std of the blocks' key parameter tokens (the public code's 0.02). Eq. 5's
+            scores are invariant to the keys' scale, so it sets how far an optimizer step turns them:
+            AdamW moves a key by about ``lr`` whatever its size (a lever of docs/comparison.md).
         block_norm_weight / block_norm_bias: learnable LayerNorm weight / bias in blocks (Table 5).
         fc_norm: LayerNorm after pooling instead of before (default: True for ``'avg'``, as in
             timm and MAE fine-tuning).
@@ -76,8 +79,8 @@ class TokenFormerViT(ViTContract, nn.Module):
     Shapes: ``forward_features``: ``[B, C, H, W] -> [B, num_prefix_tokens + N, embed_dim]``
     (``num_prefix_tokens`` = class token + registers); ``forward_head``: that ``-> [B, num_classes]``.
 
-    Initialisation (tested in ``tests/test_models.py``): key tokens N(0, 0.02²) and, in blocks,
-    value tokens N(0, (2 / (depth √d))²), both the public TokenFormer code's; patch-embedding value
+    Initialisation (tested in ``tests/test_models.py``): in blocks, key tokens N(0, key_std²) and value
+    tokens N(0, (2 / (depth √d))²), both the public TokenFormer code's; patch-embedding key and value
     tokens N(0, 0.02²); position embedding trunc-normal 0.02 and class token N(0, 1e-6²) and head
     weight trunc-normal 0.02, bias 0 (timm's ViT).
     """
@@ -85,7 +88,7 @@ class TokenFormerViT(ViTContract, nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool='token',
                  embed_dim=768, depth=12, num_heads=12, num_tokens=768, num_tokens_patch=None,
                  num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
-                 block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
+                 key_std=0.02, block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
                  reg_tokens=0, no_embed_class=False, pos_embed='learn', qk_norm=False, init_values=None,
                  fused_qkv=False, dynamic_img_size=False, drop_rate=0., pos_drop_rate=0., proj_drop_rate=0.,
                  attn_drop_rate=0., drop_path_rate=0.):
@@ -127,8 +130,8 @@ class TokenFormerViT(ViTContract, nn.Module):
         value_std = 2 / (depth * math.sqrt(embed_dim))
         self.blocks = self._build_blocks(depth, dpr, dict(
             dim=embed_dim, num_heads=num_heads, num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
-            num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm, value_std=value_std, norm_weight=block_norm_weight,
-            norm_bias=block_norm_bias, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop_rate,
+            num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm, value_std=value_std, key_std=key_std,
+            norm_weight=block_norm_weight, norm_bias=block_norm_bias, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop_rate,
             attn_drop=attn_drop_rate, fused_qkv=fused_qkv))
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size)
                              for i in range(depth)]
