@@ -109,6 +109,20 @@ def test_key_std_sets_every_block_key_token_and_leaves_the_stem(name):
     assert all(abs(p.std().item() - 2 / (2 * math.sqrt(192))) < 3e-3 for p in values)
 
 
+def test_a_checkpoint_written_under_either_key_std_loads_into_the_other_with_the_same_outputs():
+    """key_std is an initialisation only (docs/comparison.md's lever that pays): a model built with another
+    key_std takes a checkpoint of the default one strictly and computes the same function, so making it a
+    default would break no stored checkpoint."""
+    kwargs = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=96, depth=2, num_heads=3, num_tokens=72, num_classes=10)
+    torch.manual_seed(0)
+    written = timm.create_model('tokenformer_vit_ti16', **kwargs).eval()
+    other = timm.create_model('tokenformer_vit_ti16', key_std=0.1, **kwargs).eval()
+    assert not torch.equal(other.blocks[0].ffn.key_param_tokens, written.blocks[0].ffn.key_param_tokens)
+    other.load_state_dict(written.state_dict(), strict=True)
+    x = torch.randn(4, 1, 28, 28)
+    torch.testing.assert_close(other(x), written(x), rtol=0, atol=0)
+
+
 def test_default_cfg_names_exist(tiny_kwargs):
     m = timm.create_model('tokenformer_vit_ti16', **tiny_kwargs)
     cfg = m.pretrained_cfg

@@ -217,3 +217,69 @@ def test_the_mixed_size_fashion_mnist_folder_has_every_size_in_every_class(tmp_p
                           '--out', str(tmp_path / 'bad')], cwd=ROOT, capture_output=True, text=True)
     assert bad.returncode == 2 and "'48by96' is not HEIGHTxWIDTH" in bad.stderr
     assert not (tmp_path / 'bad').exists()
+
+
+def _naflex_run_cfg(tmp_path, name, **overrides):
+    from .helpers import fmnist_cfg
+    return fmnist_cfg(tmp_path, **{**dict(
+        model='naflexvit_tokenformer_ti16', naflex_loader=True, naflex_train_seq_lens=[9, 16, 25], naflex_max_seq_len=16,
+        rrc_scale=[0.5, 1.0], train_subset=512, val_subset=128, epochs=2, checkpoint_every_steps=1,
+        output=str(tmp_path / name)), **overrides})
+
+
+def test_our_trainer_reads_timms_naflex_loader_and_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
+    """``naflex_loader: true``: batches of 9, 16 or 25 patches (batch sizes scaled to the length), the patch size
+    drawn per batch from 7 and 14. A run with 2 loader workers that crashes after the 3rd update of its second
+    epoch and is resumed ends bit-identical to an uninterrupted run with no workers: the schedule is timm's,
+    drawn from seed and epoch, and every sample's augmentation is seeded from (seed, epoch, index)."""
+    from tkvision.engine import loop as loop_mod
+    from tkvision.engine.trainer import train
+    full = train(_naflex_run_cfg(tmp_path, 'full', num_workers=0, naflex_patch_sizes=[7, 14]))
+    cfg = _naflex_run_cfg(tmp_path, 'broken', num_workers=2, naflex_patch_sizes=[7, 14])
+    real = loop_mod.save_training_checkpoint
+
+    def crash(state, path):
+        real(state, path)
+        if state.epochs_done == 1 and state.batches_done == 3:
+            raise KeyboardInterrupt('pre-empted')
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', crash)
+    with pytest.raises(KeyboardInterrupt):
+        train(cfg)
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', real)
+    resumed = train(cfg, resume=True)
+    a, b = full['model'].state_dict(), resumed['model'].state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert resumed['top1'] == full['top1'] and resumed['test_top1'] == full['test_top1']
+
+
+def test_naflex_loss_scale_and_options_the_naflex_loader_would_ignore_are_refused(tmp_path):
+    """timm's --naflex-loss-scale weights a batch by its images over batch_size (or the square root); mixup,
+    random erasing, crop padding, MAE and a fixed-grid model are refused with the key named."""
+    from tkvision.engine.loop import naflex_loss_scale
+    from tkvision.engine.trainer import train
+    from tkvision.utils.errors import ConfigError
+    assert (naflex_loss_scale('linear', 96, 64), naflex_loss_scale('sqrt', 16, 64), naflex_loss_scale('none', 9, 64)) == (
+        1.5, 0.5, 1.0)
+    for key, value in (('mixup', 0.8), ('reprob', 0.25), ('crop_padding', 2)):
+        with pytest.raises(ConfigError, match=f'{key} .* with naflex_loader'):
+            train(_naflex_run_cfg(tmp_path, key, **{key: value}))
+    with pytest.raises(ConfigError, match='naflex_loss_scale must be one of'):
+        train(_naflex_run_cfg(tmp_path, 'scale', naflex_loss_scale='cubic'))
+    with pytest.raises(ConfigError, match='tokenformer_vit_ti16 takes no NaFlex patch dictionaries'):
+        train(_naflex_run_cfg(tmp_path, 'fixed', model='tokenformer_vit_ti16'))
+    assert not any((tmp_path / name / 'last.pth').exists() for name in ('mixup', 'reprob', 'scale', 'fixed'))
+
+
+def test_the_fixed_grid_is_resampled_from_its_trained_table_at_every_evaluation_length():
+    """docs/naflex.md evaluates the fixed-grid TokenFormer at 16, 36, 64 and 144 patches: each length is a
+    copy resampled from the trained position table (at its own length: that table, unchanged), never from the
+    previous length's, and the trained model keeps its size."""
+    from tkvision.experiments.naflex_experiment import at_length
+    m = timm.create_model('tokenformer_vit_ti16', img_size=48, patch_size=8, embed_dim=32, depth=1, num_heads=2,
+                          num_tokens=8, global_pool='avg').eval()
+    trained = m.pos_embed.detach().clone()
+    small = at_length(m, 16)
+    same = at_length(m, 36)
+    assert small.patch_embed.grid_size == (4, 4) and small(torch.randn(1, 3, 32, 32)).shape == (1, 1000)
+    assert torch.equal(same.pos_embed, trained) and torch.equal(m.pos_embed, trained)
+    assert m.patch_embed.grid_size == (6, 6)

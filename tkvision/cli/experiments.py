@@ -16,6 +16,7 @@ from ..experiments.benchmark import PARTS, run_benchmark
 from ..experiments.comparison import (collect_points, read_points, run_comparison, time_configs, write_report,
                                       write_speed)
 from ..experiments.growth_experiment import plan_runs, report, run_all
+from ..experiments.naflex_experiment import run_experiment
 from ..experiments.sweep import expand_configs, run_sweep, summarize
 from .common import run_cli
 
@@ -134,6 +135,25 @@ def growth_experiment_main(argv=None) -> int:
             stored = json.load(f)['results']
     print(report(args.out, stored))
     print(f'wrote {args.out}/report.md, results.json, accuracy_vs_compute.png')
+    return 0
+
+
+def naflex_experiment_main(argv=None) -> int:
+    """``tools/naflex_experiment.py``; see ``--help`` (:mod:`tkvision.experiments.naflex_experiment`)."""
+    ap = argparse.ArgumentParser(description='The NaFlex TokenFormer against NaFlexViT and the fixed grid, trained '
+                                 'by our trainer on mixed-size Fashion-MNIST, evaluated at unseen lengths and aspects.')
+    ap.add_argument('configs', nargs='*', default=['configs/naflex/fashion_mnist_mixed/*.yaml'],
+                    help='config files (globs are expanded; _base_ files are skipped)')
+    ap.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
+    ap.add_argument('--out', default='runs/naflex', help='where the runs train (finished points are skipped)')
+    ap.add_argument('--report', default='docs/naflex/ours.json', help='the results file docs/naflex.md renders')
+    ap.add_argument('--data-dir', default='runs/fashion_mnist_mixed_6k', help="the configs' data_dir (written if missing)")
+    ap.add_argument('--unseen-dir', default='runs/fashion_mnist_unseen_aspect', help='the 3:1 / 1:3 test images')
+    args = ap.parse_args(argv)
+    result = run_experiment(expand_configs(args.configs), args.seeds, args.out, args.report, args.data_dir,
+                            args.unseen_dir)
+    for row in result['training_means'] + result['length_means']:
+        print(json.dumps(row))
     return 0
 
 

@@ -99,6 +99,13 @@ SECTIONS = {
         # null: 1/6 for Fashion-MNIST (10k of 60k; its 10k test images become the test split), 0 otherwise
         # (the dataset's own val/ validates, no test split)
         'val_split_fraction': None,
+        # timm's NaFlex loader (tkvision.data.naflex; a NaFlex model: naflexvit_tokenformer_*, timm's naflexvit_*):
+        # every image at its own aspect ratio as a padded patch sequence, the patch size drawn per batch
+        'naflex_loader': False,
+        'naflex_train_seq_lens': [128, 256, 576, 784, 1024],  # a batch's length, drawn per batch (timm's)
+        'naflex_max_seq_len': 576,   # evaluation: every image resized to at most this many patches
+        'naflex_patch_sizes': None,  # patch sizes drawn uniformly per training batch; null: the model's
+        'naflex_loss_scale': 'linear',  # each batch's loss x (its images / batch_size): 'linear', 'sqrt', 'none'
     },
     'optim': {
         'epochs': 10,

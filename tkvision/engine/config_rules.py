@@ -74,6 +74,8 @@ RULES = {
     'hflip': _rule('num', 0, 1), 'auto_augment': _rule('str', null=True), 'reprob': _rule('num', 0, 1),
     'num_workers': _rule('int', 0), 'train_subset': _rule('int', 1, null=True), 'val_subset': _rule('int', 1, null=True),
     'val_split_fraction': _rule('num', 0, 1, hi_open=True, null=True),
+    'naflex_loader': _rule('bool'), 'naflex_train_seq_lens': _rule('nums', 1), 'naflex_max_seq_len': _rule('int', 1),
+    'naflex_patch_sizes': _rule('nums', 1, null=True), 'naflex_loss_scale': _rule(None, choices=('linear', 'sqrt', 'none')),
     'epochs': _rule('int', 1), 'batch_size': _rule('int', 1), 'accum_steps': _rule('int', 1),
     'global_batch_size': _rule('int', 1, null=True), 'opt': _rule('str'), 'opt_betas': _rule('nums', 0, 1, hi_open=True),
     'opt_eps': _rule('num', 0, lo_open=True), 'lr': _rule('num', 0, lo_open=True, null=True),
@@ -135,8 +137,35 @@ def validate_config(cfg: dict) -> dict:
         raise ConfigError('task linprobe needs init_from (the pretrained encoder to probe)')
     if cfg['freeze_loaded_tokens'] and not cfg['init_from']:
         raise ConfigError('freeze_loaded_tokens needs init_from (the tokens to freeze are the ones loaded from it)')
+    _validate_naflex(cfg)
     resolve_accum_steps(cfg, 1)
     return cfg
+
+
+#: What the NaFlex loader cannot do (``tkvision.data.naflex``): ``{key: why}`` for keys that must stay off.
+NAFLEX_REFUSES = {
+    'mixup': 'mixup on patch dictionaries is not wired into our trainer (timm train.py has NaFlexMixup)',
+    'cutmix': 'mixup on patch dictionaries is not wired into our trainer (timm train.py has NaFlexMixup)',
+    'reprob': "random erasing works on image tensors; timm's NaFlex transforms hand over patches",
+    'crop_padding': "timm's NaFlex transforms crop by rrc_scale only",
+}
+
+
+def _validate_naflex(cfg: dict):
+    """The NaFlex loader's keys: integral lengths and patch sizes, and no option it would ignore."""
+    if not cfg['naflex_loader']:
+        return
+    for key in ('naflex_train_seq_lens', 'naflex_patch_sizes'):
+        if cfg[key] is not None and not all(float(v).is_integer() for v in cfg[key]):
+            raise ConfigError(f'{key} must be whole numbers, got {cfg[key]!r}')
+        if cfg[key] is not None:
+            cfg[key] = [int(v) for v in cfg[key]]
+    if cfg['task'] != 'classify':
+        raise ConfigError(f"naflex_loader trains classifiers; task {cfg['task']!r} reads fixed-size images: set "
+                          'naflex_loader: false')
+    for key, why in NAFLEX_REFUSES.items():
+        if cfg[key]:
+            raise ConfigError(f'{key} {cfg[key]!r} with naflex_loader: {why}; set {key}: 0')
 
 
 #: Keys of one ``growth.schedule`` step and their defaults (None: required).

@@ -24,14 +24,16 @@ from tqdm import tqdm
 
 from ..data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size,
                     set_loader_epoch)
+from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
+from .build import model_for_config
 from .checkpoint import LAST_CHECKPOINT, save_training_checkpoint
 from .config import resolve_accum_steps, section
 from .evaluate import AMP_DTYPES
 from .state import TrainState
 
-__all__ = ['RunContext', 'train_one_epoch', 'seed_step', 'NonFiniteLossError', 'Preempted', 'STOP_SIGNALS']
+__all__ = ['RunContext', 'train_one_epoch', 'seed_step', 'naflex_patch_size', 'naflex_loss_scale', 'NonFiniteLossError', 'Preempted', 'STOP_SIGNALS']
 
 #: What SLURM and torchrun send before stopping a job: the run checkpoints and exits.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -75,8 +77,10 @@ class RunContext:
         self.out = cfg['output']
         self.checkpoint_path = os.path.join(self.out, LAST_CHECKPOINT)
         self.accum = resolve_accum_steps(cfg, world)
+        self.naflex_patch_size = naflex_patch_size(cfg) if cfg['naflex_loader'] else None
         self._build_data()
-        self.preprocess = BatchPreprocessor(cfg['mean'], cfg['std'], device, reprob=cfg['reprob'])
+        self.preprocess = (NaFlexPreprocessor(device) if cfg['naflex_loader'] else
+                           BatchPreprocessor(cfg['mean'], cfg['std'], device, reprob=cfg['reprob']))
         self.amp_dtype = AMP_DTYPES[cfg['amp']]
         self.mixup = self.criterion = None  # set by set_loss once the model (and its num_classes) exists
         self.stop_signal = None
@@ -94,9 +98,9 @@ class RunContext:
             raise ConfigError(f'the training set has {dataset_size(self.train_ds)} images, fewer than one global batch '
                               f"({global_batch} = batch_size {cfg['batch_size']} x accum_steps {self.accum} x "
                               f'{world} processes): lower batch_size or raise train_subset')
-        self.train_loader = build_loader(self.train_ds, data, train=True, seed=cfg['seed'], rank=rank, world_size=world)
+        self.train_loader = self._loader(self.train_ds, train=True)
         self.train_loader.worker_init_fn = _ignore_stop_signals
-        self.val_loader = build_loader(self.val_ds, data, train=False, seed=cfg['seed'], rank=rank, world_size=world)
+        self.val_loader = self._loader(self.val_ds, train=False)
         self.batches_per_epoch = batches_per_epoch(self.train_loader)
         if self.batches_per_epoch < 1:
             raise ConfigError(f"one epoch holds no full batch of {cfg['batch_size']} per process and loader worker: "
@@ -109,9 +113,16 @@ class RunContext:
         data = section(self.cfg, 'data')
         ds = build_dataset(data, 'test', self.cfg['seed'], self.rank, self.world,
                            class_to_idx=dataset_classes(self.train_ds))
-        self._test_loader = build_loader(ds, data, train=False, seed=self.cfg['seed'], rank=self.rank,
-                                         world_size=self.world)
+        self._test_loader = self._loader(ds, train=False)
         return self._test_loader
+
+    def _loader(self, dataset, train: bool):
+        """Our map-style / shard loader (:func:`tkvision.data.build_loader`), or timm's NaFlex loader
+        (:func:`tkvision.data.naflex.build_naflex_loader`) with ``naflex_loader``."""
+        data, seed = section(self.cfg, 'data'), self.cfg['seed']
+        if self.naflex_patch_size:
+            return build_naflex_loader(dataset, data, train, seed, self.naflex_patch_size, self.rank, self.world)
+        return build_loader(dataset, data, train=train, seed=seed, rank=self.rank, world_size=self.world)
 
     def set_loss(self, num_classes: int):
         """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
@@ -183,6 +194,28 @@ class RunContext:
         if (step_due or time_due or stop) and not force:
             self.save(state)
         return stop
+
+
+def naflex_patch_size(cfg: dict) -> int:
+    """The patch size of the config's model (built on the meta device), which NaFlex evaluation batches use.
+
+    Raises:
+        ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries.
+    """
+    with torch.device('meta'):
+        net = model_for_config(cfg)
+    patch = getattr(getattr(net, 'embeds', None), 'patch_size', None)
+    if patch is None:
+        raise ConfigError(f"naflex_loader: {cfg['model']} takes no NaFlex patch dictionaries; use a NaFlex model "
+                          '(naflexvit_tokenformer_ti16, timm naflexvit_*) or set naflex_loader: false')
+    return patch[0]
+
+
+def naflex_loss_scale(mode: str, images: int, batch_size: int) -> float:
+    """timm ``train.py --naflex-loss-scale``: a NaFlex batch of ``images`` (their number varies with the
+    batch's sequence length) weighs ``images / batch_size`` (``'linear'``), its square root (``'sqrt'``) or 1."""
+    ratio = images / batch_size
+    return {'linear': ratio, 'sqrt': ratio ** 0.5, 'none': 1.0}[mode]
 
 
 def _window(i: int, n: int, accum: int) -> int:
@@ -257,6 +290,8 @@ def _epoch_stats(run: RunContext, state: TrainState) -> dict:
 
 
 def _forward_backward(run: RunContext, state: TrainState, images, labels, scale: float, sync_grads: bool):
+    if run.naflex_patch_size:  # a batch dictionary: as many images as labels, fewer for longer sequences
+        scale *= naflex_loss_scale(run.cfg['naflex_loss_scale'], len(labels), run.cfg['batch_size'])
     images = run.preprocess(images, train=True)
     if run.cfg['task'] == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
         with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
@@ -270,8 +305,8 @@ def _forward_backward(run: RunContext, state: TrainState, images, labels, scale:
         with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
             loss = run.criterion(state.net(images), labels)
     state.meter['nonfinite'] |= ~torch.isfinite(loss.detach())
-    state.meter['loss_sum'] += loss.detach().double() * len(images)
-    state.meter['seen'] += len(images)
+    state.meter['loss_sum'] += loss.detach().double() * len(labels)
+    state.meter['seen'] += len(labels)
     if run.world > 1 and not sync_grads:
         with state.net.no_sync():
             state.scaler.scale(loss * scale).backward()
