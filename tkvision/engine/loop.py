@@ -290,7 +290,7 @@ def _epoch_stats(run: RunContext, state: TrainState) -> dict:
 
 
 def _forward_backward(run: RunContext, state: TrainState, images, labels, scale: float, sync_grads: bool):
-    if run.naflex_patch_size:  # a batch dictionary: as many images as labels, fewer for longer sequences
+    if isinstance(images, dict):  # a NaFlex batch: as many images as labels, fewer for longer sequences
         scale *= naflex_loss_scale(run.cfg['naflex_loss_scale'], len(labels), run.cfg['batch_size'])
     images = run.preprocess(images, train=True)
     if run.cfg['task'] == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
