@@ -1,6 +1,8 @@
 """Every generated table in README.md and docs/ equals its results file (tools/render_docs.py): a
 figure changed in a results file and not in the docs, or typed into a table by hand, fails CI."""
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 
@@ -92,3 +94,13 @@ def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs
     assert res.returncode == 0, res.stderr[-2000:]
     with open(f'{ROOT}/{report}/results.csv') as stored, open(tmp_path / 'results.csv') as derived:
         assert derived.read() == stored.read()
+
+
+def test_naflex_means_are_derived_from_the_stored_runs():
+    """docs/naflex/ours.json's means (docs/naflex.md's tables) are what today's code makes of its per-run rows."""
+    from tkvision.experiments.naflex_experiment import _training_means, summarize_rows
+    with open(os.path.join(ROOT, 'docs', 'naflex', 'ours.json')) as f:
+        stored = json.load(f)
+    assert summarize_rows(stored['lengths']) == stored['length_means']
+    assert _training_means(stored['training']) == stored['training_means']
+    assert {r['config'] for r in stored['training']} == {'tokenformer', 'naflexvit', 'tokenformer_fixed_grid'}

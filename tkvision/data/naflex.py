@@ -115,7 +115,8 @@ class ResumableNaFlexDataset(NaFlexMapDatasetWrapper):
 
 class NaFlexPreprocessor:
     """The device step of a NaFlex batch (the patches are normalised by timm's transforms already): every
-    tensor of the dictionary moved to ``device`` (``seq_len``, an int, stays). Called as :class:`~tkvision.data.BatchPreprocessor` is."""
+    tensor of the dictionary moved to ``device`` (``seq_len``, an int, stays). Called as
+    :class:`~tkvision.data.BatchPreprocessor` is."""
 
     def __init__(self, device):
         self.device = torch.device(device)

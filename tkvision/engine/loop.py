@@ -33,7 +33,8 @@ from .config import resolve_accum_steps, section
 from .evaluate import AMP_DTYPES
 from .state import TrainState
 
-__all__ = ['RunContext', 'train_one_epoch', 'seed_step', 'naflex_patch_size', 'naflex_loss_scale', 'NonFiniteLossError', 'Preempted', 'STOP_SIGNALS']
+__all__ = ['RunContext', 'train_one_epoch', 'seed_step', 'naflex_patch_size', 'naflex_loss_scale', 'NonFiniteLossError',
+           'Preempted', 'STOP_SIGNALS']
 
 #: What SLURM and torchrun send before stopping a job: the run checkpoints and exits.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

@@ -103,6 +103,11 @@ def evaluate_run(run_dir: str, test_dirs: dict, lengths=LENGTHS) -> list:
     return rows
 
 
+def _spread(values: list) -> float:
+    """Sample std over seeds, 2 decimals (0 for one seed)."""
+    return round(statistics.stdev(values), 2) if len(values) > 1 else 0.0
+
+
 def summarize_rows(rows: list, keys=('config', 'test_set', 'length')) -> list:
     """Means and sample stds over seeds of ``top1`` and ``img_per_s`` for each ``keys`` group, in first-seen order."""
     groups = {}
@@ -111,8 +116,7 @@ def summarize_rows(rows: list, keys=('config', 'test_set', 'length')) -> list:
     out = []
     for key, group in groups.items():
         top1 = [r['top1'] for r in group]
-        out.append(dict(zip(keys, key), seeds=len(group), top1_mean=round(statistics.mean(top1), 2),
-                        top1_std=round(statistics.stdev(top1), 2) if len(top1) > 1 else 0.0,
+        out.append(dict(zip(keys, key), seeds=len(group), top1_mean=round(statistics.mean(top1), 2), top1_std=_spread(top1),
                         img_per_s=round(statistics.mean(r['img_per_s'] for r in group), 1)))
     return out
 
@@ -144,9 +148,8 @@ def _training_means(training: list) -> list:
     for config in dict.fromkeys(r['config'] for r in training):
         group = [r for r in training if r['config'] == config]
         val, test = [r['val_top1'] for r in group], [r['test_top1'] for r in group]
-        std = (lambda v: round(statistics.stdev(v), 2) if len(v) > 1 else 0.0)  # noqa: E731
         out.append(dict(config=config, params=group[0]['params'], seeds=len(group),
-                        val_top1_mean=round(statistics.mean(val), 2), val_top1_std=std(val),
-                        test_top1_mean=round(statistics.mean(test), 2), test_top1_std=std(test),
+                        val_top1_mean=round(statistics.mean(val), 2), val_top1_std=_spread(val),
+                        test_top1_mean=round(statistics.mean(test), 2), test_top1_std=_spread(test),
                         train_img_per_s=round(statistics.mean(r['train_img_per_s'] for r in group), 1)))
     return out
