@@ -75,8 +75,10 @@ class NaFlexImages(Dataset):
         image, label = self.dataset[index]
         if isinstance(image, str):
             raise OSError(f'unreadable image {label}')
-        image = Image.fromarray(np.asarray(image).squeeze(-1) if np.ndim(image) == 3 and np.shape(image)[-1] == 1
-                                else np.asarray(image))
+        array = np.asarray(image)
+        if array.ndim == 3 and array.shape[-1] == 1:  # a grey image as [H, W, 1]: PIL takes [H, W]
+            array = array[..., 0]
+        image = Image.fromarray(array)
         return (self.transform(image) if self.transform is not None else image), int(label)
 
 

@@ -156,10 +156,11 @@ def _validate_naflex(cfg: dict):
     if not cfg['naflex_loader']:
         return
     for key in ('naflex_train_seq_lens', 'naflex_patch_sizes'):
-        if cfg[key] is not None and not all(float(v).is_integer() for v in cfg[key]):
+        if cfg[key] is None:
+            continue
+        if not all(float(v).is_integer() for v in cfg[key]):
             raise ConfigError(f'{key} must be whole numbers, got {cfg[key]!r}')
-        if cfg[key] is not None:
-            cfg[key] = [int(v) for v in cfg[key]]
+        cfg[key] = [int(v) for v in cfg[key]]
     if cfg['task'] != 'classify':
         raise ConfigError(f"naflex_loader trains classifiers; task {cfg['task']!r} reads fixed-size images: set "
                           'naflex_loader: false')
