@@ -27,6 +27,16 @@ def test_ablation_configs_change_one_thing():
     assert cfg['weight_decay'] == 0.3 and cfg['epochs'] == 300  # the MAE recipe, through two _base_ levels
 
 
+def test_the_long_comparison_trains_the_long_recipe():
+    """The long-recipe comparison (configs/comparison/fashion_mnist/long/) restates long.yaml's training keys
+    because long.yaml's model keys would merge into the ViT's; this holds the two recipes to the same keys."""
+    long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
+    for path in glob.glob(os.path.join(ROOT, 'configs', 'comparison', 'fashion_mnist', 'long', '[!_]*.yaml')):
+        cfg = load_config(path)
+        differ = {k for k in cfg if cfg[k] != long[k]} - {'model', 'model_kwargs', 'output'}
+        assert not differ, f'{path} trains another recipe than long.yaml: {sorted(differ)}'
+
+
 def test_unknown_key_is_named(tmp_path):
     (tmp_path / 'bad.yaml').write_text('epochs: 5\nlearning_rate: 0.1\n')
     with pytest.raises(ConfigError, match="unknown config key 'learning_rate' in .*bad.yaml"):

@@ -282,3 +282,20 @@ def test_also_make_shards_refuses_a_max_count_below_one(tmp_path, capsys):
     from tkvision.cli.data import make_shards_main
     assert make_shards_main(['--src', str(tmp_path), '--out', str(tmp_path / 's'), '--max-count', '0']) == 2
     assert '--max-count' in capsys.readouterr().err and not os.path.exists(tmp_path / 's')
+
+
+def test_also_a_class_folder_without_num_classes_gets_a_head_of_its_classes(tmp_path):
+    """A 3-class folder trained without ``model_kwargs.num_classes`` got ImageNet's 1000-way head (issue 34's
+    note); Fashion-MNIST keeps 10, a dataset whose classes cannot be listed keeps timm's 1000."""
+    from tkvision.engine.build import model_for_config
+    from tkvision.engine.config import load_config
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=2, val_per_class=1, size=32)
+    tiny = dict(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_tokens=8)
+    for dataset, data_dir, expected in (('folder', root, 3), ('imagenet', root, 3), ('fashion_mnist', None, 10),
+                                        ('hfds/some/dataset', None, 1000)):
+        cfg = load_config(None, dict(model='tokenformer_vit_ti16', model_kwargs=tiny, dataset=dataset, data_dir=data_dir))
+        assert model_for_config(cfg).num_classes == expected, dataset
+    cfg = load_config(None, dict(model='tokenformer_vit_ti16', model_kwargs=dict(tiny, num_classes=5), dataset='folder',
+                                 data_dir=root))
+    assert model_for_config(cfg).num_classes == 5  # model_kwargs still decides when it says

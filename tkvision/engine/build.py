@@ -5,6 +5,7 @@ import contextlib
 import timm
 import torch
 
+from ..data import train_class_map
 from ..models._helpers import input_shape  # noqa: F401  (re-exported: the trainer's import)
 from ..models.mae import create_mae
 from ..utils.errors import ConfigError
@@ -57,8 +58,14 @@ def _refusals_as_config_errors(where: str):
 
 
 def default_num_classes(cfg: dict) -> int:
-    """Classes of the config's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST, else 1000."""
-    return 10 if cfg['dataset'] == 'fashion_mnist' else 1000
+    """Classes of the config's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST; for a class-folder
+    dataset (``folder``, ``imagenet``) or shards with a class list, the classes of its training split
+    (:func:`~tkvision.data.datasets.train_class_map`: a 3-class folder gets a 3-way head, not ImageNet's); else
+    1000 (ImageNet-1K, the timm default)."""
+    if cfg['dataset'] == 'fashion_mnist':
+        return 10
+    classes = train_class_map(cfg)
+    return len(classes) if classes else 1000
 
 
 def model_for_config(cfg: dict, num_classes: int = None) -> torch.nn.Module:
