@@ -83,9 +83,11 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
 @pytest.mark.parametrize('configs, report, reference', [
     (['configs/comparison/fashion_mnist/*.yaml'], 'docs/comparison', 'vit_equal_width'),
     (['configs/comparison/fashion_mnist/tokenformer_equal_params.yaml', 'configs/comparison/fashion_mnist/levers/*.yaml'],
-     'docs/comparison/levers', 'tokenformer_equal_params')], ids=['comparison', 'levers'])
+     'docs/comparison/levers', 'tokenformer_equal_params'),
+    (['configs/comparison/fashion_mnist/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width')],
+    ids=['comparison', 'levers', 'long'])
 def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
-    """docs/comparison/results.csv and levers/results.csv (docs/comparison.md's tables) are what today's code
+    """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables) are what today's code
     makes of the stored per-seed points and the configs: parameters and GFLOPs counted, means, spreads and
     ratios."""
     res = subprocess.run([sys.executable, 'tools/comparison.py', *configs, '--from-points', f'{report}/points.csv',
