@@ -1,10 +1,17 @@
 """Helpers shared by the training tests: tiny configs and a small ImageNet-layout folder of real JPEGs."""
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
+import torch
 from PIL import Image
+from safetensors.torch import load_file
 
 from tkvision.data import build_dataset, build_loader, build_transform, load_fashion_mnist
+from tkvision.engine import checkpoint as ckpt
 from tkvision.engine.config import load_config, section
 from tkvision.engine.trainer import resolve_run_config
 
@@ -105,3 +112,50 @@ def assert_same_training_state(path_a, path_b):
         _same(a[key], b[key], key)
     _same({k: v for k, v in a['meter'].items() if k != 'seconds'}, {k: v for k, v in b['meter'].items() if k != 'seconds'},
           'meter')
+
+
+def wait_for_checkpoint(path, p, after=lambda state: True, timeout=300) -> dict:
+    """The training state of the first ``path`` checkpoint written while ``p`` runs for which ``after(state)``
+    holds (polled every 50 ms). Raises AssertionError, with the run's output, when ``p`` ends or ``timeout``
+    seconds pass first."""
+    deadline, seen = time.time() + timeout, None
+    while time.time() < deadline and p.poll() is None:
+        if os.path.exists(path) and os.path.getmtime(path) != seen:
+            seen = os.path.getmtime(path)
+            state = ckpt.load_training_checkpoint(path)
+            if after(state):
+                return state
+        time.sleep(0.05)
+    raise AssertionError('no such checkpoint before the run ended: ' + (p.stdout.read() if p.poll() is not None else ''))
+
+
+def torchrun_train(args, port: int, extra=()) -> subprocess.Popen:
+    """``tools/train.py args extra`` under torchrun with 2 CPU ranks (gloo) on ``port``; output piped, as text."""
+    return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port',
+                             str(port), os.path.join(ROOT, 'tools/train.py'), *args, *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def assert_torchrun_resumes_exactly(tmp_path, args_for, port: int, stop_when) -> tuple:
+    """Train ``args_for(out)`` under torchrun uninterrupted (``port``), then again (``port + 1``) stopped by
+    SIGTERM to torchrun at the first checkpoint with ``stop_when(state)``, then resumed (``port + 2``); asserts
+    both ranks stopped, the resume ran and its final weights equal the uninterrupted run's bit for bit.
+    Returns ``(uninterrupted run's output, the stopped run's checkpoint state)``."""
+    full, stopped = str(tmp_path / 'full'), str(tmp_path / 'stopped')
+    p = torchrun_train(args_for(full), port)
+    full_log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0, full_log
+    p = torchrun_train(args_for(stopped), port + 1)
+    wait_for_checkpoint(os.path.join(stopped, 'last.pth'), p, stop_when)
+    p.send_signal(signal.SIGTERM)
+    log = p.communicate(timeout=300)[0]
+    assert p.returncode != 0 and log.count('stopped by SIGTERM') == 2, log  # both ranks, then torchrun fails
+    state = ckpt.load_training_checkpoint(os.path.join(stopped, 'last.pth'))
+    p = torchrun_train(args_for(stopped), port + 2, ['--resume'])
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0 and 'resumed from' in log, log
+    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(stopped, 'last.safetensors'))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    return full_log, state

@@ -299,3 +299,25 @@ def test_also_a_class_folder_without_num_classes_gets_a_head_of_its_classes(tmp_
     cfg = load_config(None, dict(model='tokenformer_vit_ti16', model_kwargs=dict(tiny, num_classes=5), dataset='folder',
                                  data_dir=root))
     assert model_for_config(cfg).num_classes == 5  # model_kwargs still decides when it says
+
+
+def test_also_a_run_with_the_old_1000_way_head_on_a_class_folder_resumes(tmp_path, monkeypatch):
+    """A run on a class folder without ``model_kwargs.num_classes`` written before 2687330 holds a 1000-way head;
+    today's default gives the folder's 3 classes. Resuming such a run says what to set (it raised PyTorch's bare
+    size mismatch), and resumes once the config sets ``num_classes: 1000`` (that change was refused as a new model)."""
+    import pytest
+    from tkvision.engine import build, trainer
+    from tkvision.engine.config import load_config
+    from tkvision.utils.errors import RunError
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=4, val_per_class=2, size=32)
+    tiny = dict(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_tokens=8)
+    run = dict(model='tokenformer_vit_ti16', dataset='folder', data_dir=str(root), epochs=2, batch_size=4, threads=1,
+               progress=False, output=str(tmp_path / 'run'), img_size=32, rrc_scale=None)
+    with monkeypatch.context() as old_release:
+        old_release.setattr(build, 'default_num_classes', lambda cfg: 1000)
+        trainer.train(load_config(None, dict(run, model_kwargs=tiny, epochs=1)))
+    with pytest.raises(RunError, match=r'1000 classes.*model_kwargs.*num_classes: 1000'):
+        trainer.train(load_config(None, dict(run, model_kwargs=tiny)), resume=True)
+    result = trainer.train(load_config(None, dict(run, model_kwargs=dict(tiny, num_classes=1000))), resume=True)
+    assert result['epochs'] == 2 and result['model'].num_classes == 1000

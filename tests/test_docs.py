@@ -98,6 +98,18 @@ def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs
         assert derived.read() == stored.read()
 
 
+def test_long_curves_are_derived_from_the_kept_metrics(tmp_path):
+    """docs/comparison/long/curves.csv (docs/comparison.md §3's curve table) is what today's code reads from the
+    runs' metrics files kept beside the points (the command in docs/comparison.md)."""
+    res = subprocess.run([sys.executable, 'tools/comparison.py', 'configs/comparison/fashion_mnist/long/*.yaml',
+                          '--from-points', 'docs/comparison/long/points.csv', '--report-dir', str(tmp_path),
+                          '--reference', 'vit_equal_width', '--curve-epochs', '6', '12', '18', '36', '60', '75'],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(f'{ROOT}/docs/comparison/long/curves.csv') as stored, open(tmp_path / 'curves.csv') as derived:
+        assert derived.read() == stored.read()
+
+
 def test_naflex_means_are_derived_from_the_stored_runs():
     """docs/naflex/ours.json's means (docs/naflex.md's tables) are what today's code makes of its per-run rows."""
     from tkvision.experiments.naflex_experiment import _training_means, summarize_rows

@@ -287,39 +287,18 @@ def test_the_fixed_grid_is_resampled_from_its_trained_table_at_every_evaluation_
 
 def test_two_ranks_under_torchrun_read_the_naflex_loader_and_resume_exactly(tmp_path):
     """``naflex_loader`` under torchrun (2 CPU ranks, gloo): timm's distributed NaFlex wrapper gives every rank half
-    the images and the same number of batches (else DDP would hang at the epoch's end), and a run stopped by SIGTERM in the middle of
-    an epoch and resumed under torchrun ends with the weights of an uninterrupted one."""
-    import os
-    import signal
-    import subprocess
-    import sys
-    from safetensors.torch import load_file
-    from tkvision.engine import checkpoint as ckpt
-    from .helpers import ROOT, TINY_FMNIST
-    from .test_trainer import _wait_for_checkpoint
+    the images and the same number of batches (else DDP would hang at the epoch's end), and a run stopped by SIGTERM
+    in the middle of an epoch and resumed under torchrun ends with the weights of an uninterrupted one."""
+    from .helpers import TINY_FMNIST, assert_torchrun_resumes_exactly
 
-    def torchrun(out, port, extra=()):
-        args = ['--model', 'naflexvit_tokenformer_ti16', '--model_kwargs', str(TINY_FMNIST).replace("'", ''),
+    def args_for(out):
+        return ['--model', 'naflexvit_tokenformer_ti16', '--model_kwargs', str(TINY_FMNIST).replace("'", ''),
                 '--naflex_loader', 'true', '--naflex_train_seq_lens', '[9, 16, 25]', '--naflex_max_seq_len', '16',
                 '--naflex_patch_sizes', '[7, 14]', '--rrc_scale', '[0.5, 1.0]', '--epochs', '2', '--batch_size', '32',
                 '--train_subset', '768', '--val_subset', '128', '--threads', '1', '--progress', 'false',
                 '--checkpoint_every_steps', '1', '--output', out]
-        return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port',
-                                 str(port), os.path.join(ROOT, 'tools/train.py'), *args, *extra],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    full, stopped = str(tmp_path / 'full'), str(tmp_path / 'stopped')
-    p = torchrun(full, 29571)
-    log = p.communicate(timeout=600)[0]
+    log, state = assert_torchrun_resumes_exactly(tmp_path, args_for, 29571,
+                                                 lambda s: s['epochs_done'] == 1 and s['batches_done'] >= 2)
     # each rank its half: one process makes 14 updates of these 768 images an epoch (tools/train.py, same flags)
-    assert p.returncode == 0 and '768 train / 128 val images, 2 process(es) on cpu, global batch 64, 7 updates/epoch' in log, log
-    p = torchrun(stopped, 29572)
-    _wait_for_checkpoint(os.path.join(stopped, 'last.pth'), p, lambda s: s['epochs_done'] == 1 and s['batches_done'] >= 2)
-    p.send_signal(signal.SIGTERM)
-    log = p.communicate(timeout=300)[0]
-    assert p.returncode != 0 and log.count('stopped by SIGTERM') == 2, log
-    assert ckpt.load_training_checkpoint(os.path.join(stopped, 'last.pth'))['epochs_done'] == 1
-    p = torchrun(stopped, 29573, ['--resume'])
-    log = p.communicate(timeout=600)[0]
-    assert p.returncode == 0 and 'resumed from' in log, log
-    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(stopped, 'last.safetensors'))
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert '768 train / 128 val images, 2 process(es) on cpu, global batch 64, 7 updates/epoch' in log, log
+    assert state['epochs_done'] == 1

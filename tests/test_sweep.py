@@ -109,3 +109,19 @@ def test_a_report_keeps_the_stored_points_it_does_not_measure_again(tmp_path):
     assert [(p['config'], p['seed'], p['top1']) for p in read_points(str(report / 'points.csv'))] == [
         ('ref', 0, 80.0), ('ref', 1, 84.0), ('lever', 0, 90.0)]
     assert rows['ref']['top1_mean'] == 82.0 and rows['ref']['seeds'] == 2 and rows['lever']['seeds'] == 1
+
+
+def test_curves_read_the_kept_metrics_at_one_based_epochs_and_name_a_missing_one(tmp_path):
+    """docs/comparison.md's curve table: the trainer's metrics.csv counts epochs from 0 and prints them from 1;
+    ``--curve-epochs 2`` is the second row. A run that stopped short is named, not read as another epoch."""
+    from tkvision.experiments.comparison import curve_rows
+    header = 'epoch,train_loss,top1\n'
+    (tmp_path / 'a_seed0_metrics.csv').write_text(header + '0,1.0,50.0\n1,0.81234,61.256\n2,0.7,70.0\n')
+    (tmp_path / 'b_seed0_metrics.csv').write_text(header + '0,2.0,40.0\n1,1.5,45.0\n')
+    assert curve_rows(str(tmp_path), [1, 2]) == [
+        dict(point='a_seed0', quantity='top1', epoch_1=50.0, epoch_2=61.26),
+        dict(point='b_seed0', quantity='top1', epoch_1=40.0, epoch_2=45.0),
+        dict(point='a_seed0', quantity='train_loss', epoch_1=1.0, epoch_2=0.812),
+        dict(point='b_seed0', quantity='train_loss', epoch_1=2.0, epoch_2=1.5)]
+    with pytest.raises(ValueError, match=r'b_seed0_metrics.csv has no epoch \[3\] \(it has 1..2\)'):
+        curve_rows(str(tmp_path), [1, 3])

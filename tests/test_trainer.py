@@ -17,7 +17,7 @@ from tkvision.engine import loop as loop_mod, trainer as train_mod
 from tkvision.engine.config import ConfigError, load_config
 from tkvision.utils.errors import RunError
 
-from .helpers import ROOT, TINY_FMNIST, dataset_of, fmnist_cfg, loader_of
+from .helpers import ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, loader_of, wait_for_checkpoint
 
 
 @pytest.fixture
@@ -91,18 +91,6 @@ def _args(out, workers, epochs=2):
             '--checkpoint_every_steps', '5', '--output', out]
 
 
-def _wait_for_checkpoint(path, p, after=lambda s: True, timeout=300):
-    deadline, seen = time.time() + timeout, None
-    while time.time() < deadline and p.poll() is None:
-        if os.path.exists(path) and os.path.getmtime(path) != seen:
-            seen = os.path.getmtime(path)
-            state = ckpt.load_training_checkpoint(path)
-            if after(state):
-                return state
-        time.sleep(0.05)
-    raise AssertionError('no such checkpoint before the run ended: ' + (p.stdout.read() if p.poll() is not None else ''))
-
-
 def test_sigkill_and_sigterm_mid_epoch_with_workers_resume_bit_identical(tmp_path):
     """An uninterrupted run with 0 workers against one with 2 workers that is SIGKILLed in the middle of
     epoch 1, resumed, stopped by SIGTERM in the middle of epoch 2 (checkpoint written, exit 75) and
@@ -113,13 +101,13 @@ def test_sigkill_and_sigterm_mid_epoch_with_workers_resume_bit_identical(tmp_pat
     path = os.path.join(broken, 'last.pth')
 
     p = _cli(_args(broken, workers=2))
-    _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 0 and s['batches_done'] >= 10)
+    wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 0 and s['batches_done'] >= 10)
     p.send_signal(signal.SIGKILL)
     p.wait()
     assert ckpt.load_training_checkpoint(path)['epochs_done'] == 0, 'the run finished its first epoch before it was killed'
 
     p = _cli(_args(broken, workers=2) + ['--resume'])
-    _wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 1 and s['batches_done'] >= 10)
+    wait_for_checkpoint(path, p, lambda s: s['epochs_done'] == 1 and s['batches_done'] >= 10)
     p.send_signal(signal.SIGTERM)
     log = p.communicate(timeout=300)[0]
     assert p.returncode == train_mod.EXIT_PREEMPTED and 'stopped by SIGTERM' in log, log
@@ -169,7 +157,7 @@ def test_rerun_in_a_used_output_dir_fails_naming_both_ways_out(tmp_path):
 def test_second_run_on_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
     out = str(tmp_path / 'run')
     first = _cli(_args(out, workers=0, epochs=50))  # still running when the second starts
-    _wait_for_checkpoint(os.path.join(out, 'last.pth'), first)
+    wait_for_checkpoint(os.path.join(out, 'last.pth'), first)
     t0 = time.time()
     second = _cli(_args(out, workers=0, epochs=50) + ['--resume'])
     log = second.communicate(timeout=120)[0]
@@ -342,25 +330,6 @@ def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_p
     """Two CPU ranks under torchrun: SIGTERM to torchrun reaches both workers, which stop at the same
     update in the middle of an epoch and write one checkpoint; resumed under torchrun, the weights equal
     an uninterrupted torchrun run's."""
-    def torchrun(out, port, extra=()):
-        return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2',
-                                 '--master_port', str(port), os.path.join(ROOT, 'tools/train.py'),
-                                 *_args(out, workers=0), '--log_interval', '2', *extra],
-                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    full, stopped = str(tmp_path / 'full'), str(tmp_path / 'stopped')
-    p = torchrun(full, 29561)
-    assert p.wait(timeout=600) == 0, p.stdout.read()
-    p = torchrun(stopped, 29562)
-    path = os.path.join(stopped, 'last.pth')
-    _wait_for_checkpoint(path, p, lambda s: s['batches_done'] >= 5)
-    p.send_signal(signal.SIGTERM)
-    log = p.communicate(timeout=300)[0]
-    assert p.returncode != 0 and log.count('stopped by SIGTERM') == 2, log  # both ranks, then torchrun fails
-    state = ckpt.load_training_checkpoint(path)
+    _, state = assert_torchrun_resumes_exactly(tmp_path, lambda out: [*_args(out, workers=0), '--log_interval', '2'],
+                                               29561, lambda s: s['batches_done'] >= 5)
     assert state['epochs_done'] < 2 and 0 < state['batches_done'] < 32
-    p = torchrun(stopped, 29563, ['--resume'])
-    log = p.communicate(timeout=600)[0]
-    assert p.returncode == 0 and 'resumed from' in log, log
-    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(stopped, 'last.safetensors'))
-    for k in a:
-        assert torch.equal(a[k], b[k]), k

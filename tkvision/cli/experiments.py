@@ -13,8 +13,8 @@ from ..engine.checkpoint import BEST_WEIGHTS
 from ..engine.config import load_config
 from ..experiments.attention_distance import dataset_mad, plot_mad
 from ..experiments.benchmark import PARTS, run_benchmark
-from ..experiments.comparison import (collect_points, read_points, run_comparison, time_configs, write_report,
-                                      write_speed)
+from ..experiments.comparison import (collect_points, keep_metrics, read_points, run_comparison, time_configs,
+                                      write_curves, write_report, write_speed)
 from ..experiments.growth_experiment import plan_runs, report, run_all
 from ..experiments.naflex_experiment import run_experiment
 from ..experiments.sweep import expand_configs, run_sweep, summarize
@@ -88,17 +88,26 @@ def comparison_main(argv=None) -> int:
     ap.add_argument('--time', action='store_true', help='only time one epoch of each config, alone, into speed.csv')
     ap.add_argument('--time-images', type=int, default=12800, help='--time: training images per timed epoch')
     ap.add_argument('--repeats', type=int, default=3, help='--time: rounds (configs interleaved); the median')
+    ap.add_argument('--curve-epochs', nargs='+', type=int, help='also write curves.csv: validation top-1 and training '
+                    'loss at these epochs, from the <point>_metrics.csv files kept in --report-dir (beside '
+                    '--from-points\' file)')
     args, extra = ap.parse_known_args(argv)
     configs = expand_configs(args.configs)
+    metrics_dir = args.report_dir
     if args.time:
         rows = time_configs(configs, args.time_images, args.repeats, args.reference)
         write_speed(rows, args.report_dir)
     elif args.from_points:
         rows = write_report(configs, read_points(args.from_points), args.report_dir, args.reference, write_points=False)
-    elif args.report_only:
-        rows = write_report(configs, collect_points(configs, args.seeds, args.out), args.report_dir, args.reference)
+        metrics_dir = os.path.dirname(args.from_points)
     else:
-        rows = run_comparison(configs, args.seeds, args.out, args.report_dir, args.reference, extra)
+        if args.report_only:
+            rows = write_report(configs, collect_points(configs, args.seeds, args.out), args.report_dir, args.reference)
+        else:
+            rows = run_comparison(configs, args.seeds, args.out, args.report_dir, args.reference, extra)
+        keep_metrics(configs, args.seeds, args.out, args.report_dir)
+    if args.curve_epochs:
+        write_curves(metrics_dir, args.curve_epochs, args.report_dir)
     for r in rows:
         print(json.dumps(r))
     return 0

@@ -150,14 +150,15 @@ def build_dataset(data: dict, split: str, seed: int, rank: int = 0, world_size: 
 
 
 def train_class_map(data: dict):
-    """For the data section ``data``, the training split's ``{class: index}`` without reading it whole (for evaluation alone): the
-    sorted class folders of ``<data_dir>/train``, or a shard manifest's class list; None otherwise."""
-    cfg = data
-    if cfg['dataset'] in ('folder', 'imagenet') and cfg['data_dir'] and os.path.isdir(os.path.join(cfg['data_dir'], 'train')):
-        names = sorted(e.name for e in os.scandir(os.path.join(cfg['data_dir'], 'train')) if e.is_dir())
+    """For the data section ``data``, the training split's ``{class: index}`` without reading it whole (for
+    evaluation alone): the sorted class folders of ``<data_dir>/train``, or a shard manifest's class list; None
+    otherwise."""
+    root = data['data_dir']
+    if data['dataset'] in ('folder', 'imagenet') and root and os.path.isdir(os.path.join(root, 'train')):
+        names = sorted(e.name for e in os.scandir(os.path.join(root, 'train')) if e.is_dir())
         return {c: i for i, c in enumerate(names)}
-    if cfg['dataset'].startswith('wds/'):
-        names = read_info(cfg['data_dir']).get('classes')
+    if data['dataset'].startswith('wds/'):
+        names = read_info(root).get('classes')
         return {c: i for i, c in enumerate(names)} if names else None
     return None
 

@@ -327,12 +327,20 @@ def config_changes(old: dict, new: dict):
     Returns:
         ``(allowed, forbidden)``: two lists of ``'key old -> new'`` strings; ``allowed`` holds the
         keys of :data:`RESUME_MUTABLE`, ``forbidden`` every other changed key (``model_kwargs`` and
-        ``growth`` are compared as a whole under their top-level name).
+        ``growth`` are compared as a whole under their top-level name). ``model_kwargs`` that only
+        gains ``num_classes`` is allowed: it states the head the checkpoint has (the trainer refuses
+        any other head before loading), as a run written when the default head was another needs.
     """
     allowed, forbidden = [], []
     old = migrate(old)
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)
         if a != b:
-            (allowed if key in RESUME_MUTABLE else forbidden).append(f'{key} {a!r} -> {b!r}')
+            mutable = key in RESUME_MUTABLE or (key == 'model_kwargs' and _only_num_classes_added(a, b))
+            (allowed if mutable else forbidden).append(f'{key} {a!r} -> {b!r}')
     return allowed, forbidden
+
+
+def _only_num_classes_added(old, new) -> bool:
+    return (isinstance(old, dict) and isinstance(new, dict) and 'num_classes' not in old
+            and {k: v for k, v in new.items() if k != 'num_classes'} == old)

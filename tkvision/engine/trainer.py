@@ -180,6 +180,7 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
     if forbidden:
         raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
                           'order; start a new run with another --output instead): ' + '; '.join(forbidden))
+    _check_head(state.model, ckpt['model'], path)
     state.load_state_dict(ckpt)
     if run.main:
         print(f'resumed from {path} at epoch {state.epochs_done + 1}, batch {state.batches_done}, update '
@@ -189,6 +190,24 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
         return []
     with open(metrics) as f:
         return [r for r in csv.DictReader(f) if int(r['epoch']) < state.epochs_done]
+
+
+def _check_head(model: torch.nn.Module, weights: dict, path: str):
+    """Refuse, naming the key to set, a checkpoint whose classifier ``head.weight`` (``[classes, embed_dim]``)
+    has another number of classes than ``model`` (built from the config). A run on a class folder without
+    ``model_kwargs.num_classes`` written before the default became the folder's classes holds timm's
+    1000-way head; PyTorch's own size-mismatch error does not say what to do.
+
+    Raises:
+        RunError: naming ``path``, both class counts and ``model_kwargs: {num_classes: N}``.
+    """
+    head, classes = weights.get('head.weight'), getattr(model, 'num_classes', None)
+    if head is None or classes is None or head.shape[0] == classes:
+        return
+    raise RunError(f'{path} holds a classifier of {head.shape[0]} classes; the model of this config has {classes} '
+                   f'(model_kwargs.num_classes, else the dataset\'s classes): to continue this run set '
+                   f'model_kwargs: {{num_classes: {head.shape[0]}}} (runs on a class folder without num_classes '
+                   'written before the default became its classes have 1000)')
 
 
 def _claim_output(cfg: dict, rank: int, device, resume):

@@ -23,11 +23,18 @@ A report keeps the points an earlier ``points.csv`` in ``--report-dir`` holds un
 again (:func:`merge_points`): ``runs/`` does not travel between machines, the points file does.
 ``--from-points docs/comparison/points.csv`` re-derives ``results.csv`` from the stored points with the
 current code (``tests/test_docs.py`` does, so the file cannot drift from the points and the configs).
+
+A report from the runs also keeps each point's ``metrics.csv`` in ``--report-dir`` as
+``<config>_seed<k>_metrics.csv`` (:func:`keep_metrics`); ``--curve-epochs 6 12 ...`` then writes ``curves.csv``
+from those files (:func:`curve_rows`: validation top-1 and training loss at those epochs), with
+``--from-points`` too (from the metrics files beside the points file).
 """
 import csv
 import datetime
+import glob
 import json
 import os
+import shutil
 import statistics
 import tempfile
 
@@ -42,7 +49,8 @@ from .benchmark import machine_info
 from .growth_experiment import train_flops_per_image
 from .sweep import point_dir, run_sweep
 
-__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'merge_points', 'comparison_rows', 'write_report']
+__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'merge_points', 'comparison_rows', 'write_report',
+           'keep_metrics', 'curve_rows', 'write_curves']
 
 #: Columns of ``points.csv``.
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
@@ -203,3 +211,53 @@ def write_speed(rows: list, report_dir: str):
     """``speed.csv`` in ``report_dir`` (:func:`time_configs`' rows)."""
     os.makedirs(report_dir, exist_ok=True)
     _write_csv(os.path.join(report_dir, 'speed.csv'), rows, list(rows[0]))
+
+
+def keep_metrics(configs: list, seeds: list, out: str, report_dir: str) -> list:
+    """Copy each finished point's ``metrics.csv`` (one row per epoch) from ``out`` into ``report_dir`` as
+    ``<config>_seed<k>_metrics.csv``: ``runs/`` does not travel, and the curves are drawn from these copies.
+    Returns the paths written."""
+    kept = []
+    for config in configs:
+        for seed in seeds:
+            run = point_dir(out, config, seed)
+            if os.path.isfile(os.path.join(run, 'result.json')):
+                kept.append(os.path.join(report_dir, f'{_name(config)}_seed{seed}_metrics.csv'))
+                shutil.copyfile(os.path.join(run, 'metrics.csv'), kept[-1])
+    return kept
+
+
+#: What ``curves.csv`` shows of each run: (``metrics.csv`` column, decimals): validation top-1 (%), training loss.
+CURVE_QUANTITIES = (('top1', 2), ('train_loss', 3))
+
+
+def curve_rows(metrics_dir: str, epochs: list) -> list:
+    """One row per (quantity, run) of :data:`CURVE_QUANTITIES` from the ``<point>_metrics.csv`` files in
+    ``metrics_dir``: ``point``, ``quantity`` (the metrics column) and ``epoch_<e>`` for each of ``epochs``
+    (1-based, as the trainer prints them), the raw weights' figures after that epoch. Quantity-major, points in
+    name order.
+
+    Raises:
+        ValueError: a metrics file without one of ``epochs`` (named with the epochs it has).
+    """
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(metrics_dir, '*_metrics.csv'))):
+        with open(path) as f:
+            by_epoch = {int(r['epoch']) + 1: r for r in csv.DictReader(f)}
+        missing = [e for e in epochs if e not in by_epoch]
+        if missing:
+            raise ValueError(f'{path} has no epoch {missing} (it has 1..{max(by_epoch, default=0)}): '
+                             'choose --curve-epochs the runs reached')
+        runs[os.path.basename(path)[:-len('_metrics.csv')]] = by_epoch
+    return [dict(point=point, quantity=column, **{f'epoch_{e}': round(float(rows[e][column]), decimals)
+                                                  for e in epochs})
+            for column, decimals in CURVE_QUANTITIES for point, rows in runs.items()]
+
+
+def write_curves(metrics_dir: str, epochs: list, report_dir: str) -> list:
+    """``curves.csv`` in ``report_dir`` (:func:`curve_rows` of ``metrics_dir``); returns the rows."""
+    rows = curve_rows(metrics_dir, epochs)
+    os.makedirs(report_dir, exist_ok=True)
+    if rows:
+        _write_csv(os.path.join(report_dir, 'curves.csv'), rows, list(rows[0]))
+    return rows
