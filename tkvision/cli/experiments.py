@@ -88,9 +88,9 @@ def comparison_main(argv=None) -> int:
     ap.add_argument('--time', action='store_true', help='only time one epoch of each config, alone, into speed.csv')
     ap.add_argument('--time-images', type=int, default=12800, help='--time: training images per timed epoch')
     ap.add_argument('--repeats', type=int, default=3, help='--time: rounds (configs interleaved); the median')
-    ap.add_argument('--curve-epochs', nargs='+', type=int, help='also write curves.csv: validation top-1 and training '
-                    'loss at these epochs, from the <point>_metrics.csv files kept in --report-dir (beside '
-                    '--from-points\' file)')
+    ap.add_argument('--curve-epochs', nargs='+', type=int, help='also keep each point\'s metrics.csv in --report-dir '
+                    '(<point>_metrics.csv) and write curves.csv: validation top-1 and training loss at these epochs '
+                    '(with --from-points: from the metrics files beside its file)')
     args, extra = ap.parse_known_args(argv)
     configs = expand_configs(args.configs)
     metrics_dir = args.report_dir
@@ -105,7 +105,8 @@ def comparison_main(argv=None) -> int:
             rows = write_report(configs, collect_points(configs, args.seeds, args.out), args.report_dir, args.reference)
         else:
             rows = run_comparison(configs, args.seeds, args.out, args.report_dir, args.reference, extra)
-        keep_metrics(configs, args.seeds, args.out, args.report_dir)
+        if args.curve_epochs:
+            keep_metrics(configs, args.seeds, args.out, args.report_dir)
     if args.curve_epochs:
         write_curves(metrics_dir, args.curve_epochs, args.report_dir)
     for r in rows:

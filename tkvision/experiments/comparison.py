@@ -24,9 +24,8 @@ again (:func:`merge_points`): ``runs/`` does not travel between machines, the po
 ``--from-points docs/comparison/points.csv`` re-derives ``results.csv`` from the stored points with the
 current code (``tests/test_docs.py`` does, so the file cannot drift from the points and the configs).
 
-A report from the runs also keeps each point's ``metrics.csv`` in ``--report-dir`` as
-``<config>_seed<k>_metrics.csv`` (:func:`keep_metrics`); ``--curve-epochs 6 12 ...`` then writes ``curves.csv``
-from those files (:func:`curve_rows`: validation top-1 and training loss at those epochs), with
+``--curve-epochs 6 12 ...`` with a report from the runs keeps each point's ``metrics.csv`` in ``--report-dir`` as
+``<config>_seed<k>_metrics.csv`` (:func:`keep_metrics`) and writes ``curves.csv`` from those files (:func:`curve_rows`: validation top-1 and training loss at those epochs), with
 ``--from-points`` too (from the metrics files beside the points file).
 """
 import csv
@@ -49,8 +48,8 @@ from .benchmark import machine_info
 from .growth_experiment import train_flops_per_image
 from .sweep import point_dir, run_sweep
 
-__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records', 'read_points', 'merge_points', 'comparison_rows', 'write_report',
-           'keep_metrics', 'curve_rows', 'write_curves']
+__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records',
+           'read_points', 'merge_points', 'comparison_rows', 'write_report', 'keep_metrics', 'curve_rows', 'write_curves']
 
 #: Columns of ``points.csv``.
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
@@ -223,7 +222,7 @@ def keep_metrics(configs: list, seeds: list, out: str, report_dir: str) -> list:
             run = point_dir(out, config, seed)
             if os.path.isfile(os.path.join(run, 'result.json')):
                 kept.append(os.path.join(report_dir, f'{_name(config)}_seed{seed}_metrics.csv'))
-                shutil.copyfile(os.path.join(run, 'metrics.csv'), kept[-1])
+                atomic_write(kept[-1], lambda tmp: shutil.copyfile(os.path.join(run, 'metrics.csv'), tmp))
     return kept
 
 
