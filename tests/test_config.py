@@ -32,7 +32,7 @@ def test_the_long_comparison_trains_the_long_recipe():
     because long.yaml's model keys would merge into the ViT's; this holds the two recipes to the same keys.
     A lever config differs in its lever alone (the optimizer key it is named after)."""
     long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
-    levers = {'tokenformer_token_lr_scale.yaml': {'parameter_token_lr_scale'}}
+    levers = {name: {'parameter_token_lr_scale'} for name in ('tokenformer_token_lr_scale.yaml', 'tokenformer_token_lr_half.yaml')}
     paths = glob.glob(os.path.join(ROOT, 'configs', 'comparison', 'fashion_mnist', 'long', '[!_]*.yaml'))
     assert set(levers) <= {os.path.basename(p) for p in paths}
     for path in paths:

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tkvision import growth
-from tkvision.layers import SCORE_NORMS
+from tkvision.layers import SCORE_NORMS, Pattention
 
 BASE = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_tokens=16, num_classes=5)
 
@@ -147,3 +147,72 @@ def test_fused_qkv_growth_stays_exact_and_scripts():
         torch.testing.assert_close(torch.jit.script(m)(x), before, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match='fused_qkv'):
         timm.create_model('tokenformer_ring_vit_small_patch16_224', fused_qkv=True, depth=1, img_size=32)
+
+
+def test_tau_scale_multiplies_every_pattentions_default_tau_stem_included():
+    """``tau_scale`` (a lever of docs/comparison.md): each Pattention's τ is the scale times √n of its own n
+    (Eq. 5), the patch embedding's too, and the output is Eq. 5 with that τ (float64, by hand)."""
+    m = _model(tau_scale=2.0, num_tokens_ffn=24).double()
+    layers = {n: mod for n, mod in m.named_modules() if isinstance(mod, Pattention)}
+    assert len(layers) == 1 + 2 * 5
+    for name, layer in layers.items():
+        assert layer.tau.item() == pytest.approx(2.0 * math.sqrt(layer.num_tokens), rel=1e-6), name
+    ffn = m.blocks[0].ffn
+    x = torch.randn(5, 32, dtype=torch.float64)
+    a = x @ ffn.key_param_tokens.T
+    want = F.gelu(a * 2.0 * math.sqrt(24) / a.norm(dim=-1, keepdim=True)) @ ffn.value_param_tokens
+    torch.testing.assert_close(ffn(x), want)
+    with pytest.raises(ValueError, match='tau_scale'):
+        _model(tau_scale=0.0)
+
+
+def _loss_with_tau(model, tau, x, value):
+    """The test's loss with one τ set to ``value``."""
+    with torch.no_grad():
+        tau.fill_(value)
+        return model(x).sin().sum().item()
+
+
+@pytest.mark.parametrize('fused_qkv', [False, True])
+def test_learned_tau_gets_the_finite_difference_gradient_in_every_pattention(fused_qkv):
+    """``learn_tau``: τ is a parameter of every Pattention (same state-dict keys) and its gradient matches a
+    central difference of the loss in float64, through the fused Q/K/V path too (the hand-written backwards
+    give τ none, so a learned τ must not take them)."""
+    m = _model(learn_tau=True, fused_qkv=fused_qkv).double().train()
+    names = [n for n, _ in m.named_parameters() if n.endswith('.tau')]
+    assert len(names) == 1 + 2 * 5 and not [n for n, _ in m.named_buffers() if n.endswith('tau')]
+    assert set(m.state_dict()) == set(_model().state_dict())
+    x = torch.randn(2, 3, 32, 32, dtype=torch.float64)
+    m(x).sin().sum().backward()
+    for name in ('patch_embed.proj.tau', 'blocks.0.attn.k.tau', 'blocks.1.ffn.tau'):
+        tau = m.get_parameter(name)
+        t0, h = tau.item(), 1e-5
+        numeric = (_loss_with_tau(m, tau, x, t0 + h) - _loss_with_tau(m, tau, x, t0 - h)) / (2 * h)
+        _loss_with_tau(m, tau, x, t0)
+        assert tau.grad.item() == pytest.approx(numeric, rel=1e-5, abs=1e-9), name
+
+
+def test_a_fixed_tau_checkpoint_loads_into_a_learned_tau_model_with_the_same_outputs():
+    """A lever becomes a default only if stored checkpoints still load and give the same outputs (issue 34)."""
+    written = _model()
+    learned = _model(learn_tau=True, key_std=0.3)
+    learned.load_state_dict(written.state_dict(), strict=True)
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(learned(x), written(x), rtol=0, atol=0)
+    assert isinstance(learned.blocks[0].ffn.tau, torch.nn.Parameter)
+
+
+def test_a_learned_tau_gets_no_weight_decay_and_survives_growth():
+    """timm's optimizer factory leaves a 0-d τ out of weight decay; growth with ``tau='recompute'`` sets a
+    learned τ to √n of the new n and keeps it a parameter."""
+    from tkvision.engine.config import load_config, section
+    from tkvision.engine.optim import build_optimizer
+    m = _model(learn_tau=True)
+    optim = section(load_config(None, dict(opt='adamw', weight_decay=0.05, warmup_epochs=0, epochs=1)), 'optim')
+    optimizer = build_optimizer(m, optim, lr=1e-3)
+    decay_of = {id(p): g['weight_decay'] for g in optimizer.param_groups for p in g['params']}
+    taus = [p for n, p in m.named_parameters() if n.endswith('.tau')]
+    assert taus and all(decay_of[id(p)] == 0 for p in taus)
+    growth.grow(m, ffn=16, tau='recompute')
+    assert isinstance(m.blocks[0].ffn.tau, torch.nn.Parameter)
+    assert m.blocks[0].ffn.tau.item() == pytest.approx(math.sqrt(80))

@@ -113,7 +113,8 @@ def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ff
     for name, (kind, layer) in pattention_layers(model).items():
         layer.grow(add[kind], key_init=key_init, value_init=value_init)
         if tau == 'recompute' and add[kind]:
-            layer.tau.fill_(default_tau(layer.score_norm, layer.num_tokens))
+            with torch.no_grad():  # τ may be a learned parameter (Pattention.make_tau_learnable)
+                layer.tau.fill_(default_tau(layer.score_norm, layer.num_tokens))
     _sync_token_attrs(model)
     return model
 

@@ -31,6 +31,8 @@ the registry.
 τ is a fixed number stored in the module (buffer ``tau``, saved in every checkpoint), set at
 construction (default above, from the construction-time n) and **not** recomputed when tokens are
 appended: recomputing √(n+m) would break the function preservation of Appendix B.
+:meth:`Pattention.make_tau_learnable` turns it into a learned 0-d parameter under the same state-dict
+key (a lever of ``docs/comparison.md``); such a layer is differentiated by plain autograd.
 
 Each Pattention has a ``kind`` (:data:`PATTENTION_KINDS`: ``patch``, ``qkv``, ``proj``, ``ffn`` and
 the MAE decoder's ``decoder_*``), set by the model that builds it; growth groups layers by kind.
@@ -269,7 +271,8 @@ class Pattention(nn.Module):
     @torch.jit.unused
     def _backward_path(self, x: torch.Tensor) -> str:  # (TorchScript takes the plain path)
         """``'lean'``, ``'closed_form'`` or ``'autograd'``: how the training forward is differentiated."""
-        if self.score_norm != 'l2_norm_gelu' or not torch.is_grad_enabled() or is_fx_symbolic_tracing():
+        if (self.score_norm != 'l2_norm_gelu' or not torch.is_grad_enabled() or is_fx_symbolic_tracing()
+                or self.tau.requires_grad):  # the hand-written backwards give τ no gradient
             return 'autograd'
         if x.is_cuda if self.lean_backward == 'auto' else bool(self.lean_backward):
             return 'lean'
@@ -290,6 +293,16 @@ class Pattention(nn.Module):
         if path == 'lean':
             return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)
         return l2_norm_gelu(scores, self.tau, self.eps) @ self.value_param_tokens
+
+    def make_tau_learnable(self) -> 'Pattention':
+        """Turn the τ buffer into a learned 0-d ``nn.Parameter`` with the same value and state-dict key
+        ``tau``, so checkpoints load either way. Its gradient is ∑ ∂L/∂Z ⊙ Z / τ over the normalised
+        scores Z (Eq. 5); the layer then takes plain autograd, not the hand-written backwards. A 0-d
+        parameter gets no weight decay from timm's optimizer factory. Returns self (idempotent)."""
+        if not isinstance(self.tau, nn.Parameter):
+            tau = self._buffers.pop('tau')
+            self.tau = nn.Parameter(tau)
+        return self
 
     @torch.no_grad()
     def grow(self, num_new_tokens: int, key_init: str = 'zeros', value_init: str = 'normal'):

@@ -32,7 +32,7 @@ from timm.models import build_model_with_cfg, generate_default_cfgs, register_mo
 from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
 
-from ..layers import Block, PatchEmbed
+from ..layers import Block, PatchEmbed, Pattention
 from ._helpers import file_shapes
 from ._vit_contract import ViTContract
 
@@ -58,6 +58,12 @@ class TokenFormerViT(ViTContract, nn.Module):
         key_std: initial std of the blocks' key parameter tokens (the public code's 0.02). Eq. 5's
             scores are invariant to the keys' scale, so it sets how far an optimizer step turns them:
             AdamW moves a key by about ``lr`` whatever its size (a lever of docs/comparison.md).
+        tau_scale: every Pattention's τ (Eq. 5), the patch embedding's included, is ``tau_scale`` times
+            its default (√n of its own n): above 1 the GELU sees larger normalised scores (more
+            nonlinear), below 1 smaller (closer to linear). A lever of docs/comparison.md.
+        learn_tau: make every Pattention's τ a learned scalar started at that value
+            (:meth:`~tkvision.layers.Pattention.make_tau_learnable`; same checkpoint keys, so a fixed-τ
+            checkpoint loads). Such layers train through plain autograd, not the closed-form backward.
         block_norm_weight / block_norm_bias: learnable LayerNorm weight / bias in blocks (Table 5).
         fc_norm: LayerNorm after pooling instead of before (default: True for ``'avg'``, as in
             timm and MAE fine-tuning).
@@ -88,7 +94,7 @@ class TokenFormerViT(ViTContract, nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool='token',
                  embed_dim=768, depth=12, num_heads=12, num_tokens=768, num_tokens_patch=None,
                  num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
-                 key_std=0.02, block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
+                 key_std=0.02, tau_scale=1.0, learn_tau=False, block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
                  reg_tokens=0, no_embed_class=False, pos_embed='learn', qk_norm=False, init_values=None,
                  fused_qkv=False, dynamic_img_size=False, drop_rate=0., pos_drop_rate=0., proj_drop_rate=0.,
                  attn_drop_rate=0., drop_path_rate=0.):
@@ -141,6 +147,18 @@ class TokenFormerViT(ViTContract, nn.Module):
         self.head_drop = nn.Dropout(drop_rate)
         self.head = nn.Linear(embed_dim, num_classes) if num_classes > 0 else nn.Identity()
         self.init_weights()
+        self._set_tau(tau_scale, learn_tau)
+
+    def _set_tau(self, tau_scale: float, learn_tau: bool):
+        """Scale every Pattention's τ by ``tau_scale`` and make it learned with ``learn_tau`` (class docstring)."""
+        if not tau_scale > 0:
+            raise ValueError(f'tau_scale must be > 0 (a multiple of the default τ = √n), got {tau_scale!r}')
+        for module in self.modules():
+            if isinstance(module, Pattention):
+                with torch.no_grad():
+                    module.tau.mul_(tau_scale)
+                if learn_tau:
+                    module.make_tau_learnable()
 
     def _build_patch_embed(self, img_size, patch_size, in_chans, embed_dim, score_norm, strict_img_size):
         """The stem (a subclass may build another): a Pattention patch embedding."""
