@@ -216,7 +216,8 @@ class Pattention(nn.Module):
         key_param_tokens: K_P, ``[num_tokens, in_features]`` (a subclass may keep K_P under another
             name and shape, ``key_name``, e.g. the patch embedding's conv-shaped ``weight``).
         value_param_tokens: V_P, ``[num_tokens, out_features]``.
-        tau: 0-d float32 buffer holding τ (persistent: saved in the state dict).
+        tau: 0-d float32 buffer holding τ (persistent: saved in the state dict); a 0-d parameter under the
+            same key after :meth:`make_tau_learnable`.
         score_normalization: the registry's Θ module of ``score_norm`` (no parameters).
 
     Raises:
@@ -296,9 +297,10 @@ class Pattention(nn.Module):
 
     def make_tau_learnable(self) -> 'Pattention':
         """Turn the τ buffer into a learned 0-d ``nn.Parameter`` with the same value and state-dict key
-        ``tau``, so checkpoints load either way. Its gradient is ∑ ∂L/∂Z ⊙ Z / τ over the normalised
-        scores Z (Eq. 5); the layer then takes plain autograd, not the hand-written backwards. A 0-d
-        parameter gets no weight decay from timm's optimizer factory. Returns self (idempotent)."""
+        ``tau``, so checkpoints load either way. The layer then takes plain autograd, which differentiates
+        Θ in τ too (for Eq. 5, ∂L/∂τ = ∑ ∂L/∂Z ⊙ Z / τ over the normalised scores Z), not the hand-written
+        backwards, which give τ no gradient. A 0-d parameter gets no weight decay from timm's optimizer
+        factory. Returns self (idempotent)."""
         if not isinstance(self.tau, nn.Parameter):
             tau = self._buffers.pop('tau')
             self.tau = nn.Parameter(tau)
