@@ -94,10 +94,10 @@ class TokenFormerViT(ViTContract, nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool='token',
                  embed_dim=768, depth=12, num_heads=12, num_tokens=768, num_tokens_patch=None,
                  num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
-                 key_std=0.02, tau_scale=1.0, learn_tau=False, block_norm_weight=False, block_norm_bias=False, fc_norm=None, class_token=True,
-                 reg_tokens=0, no_embed_class=False, pos_embed='learn', qk_norm=False, init_values=None,
-                 fused_qkv=False, dynamic_img_size=False, drop_rate=0., pos_drop_rate=0., proj_drop_rate=0.,
-                 attn_drop_rate=0., drop_path_rate=0.):
+                 key_std=0.02, tau_scale=1.0, learn_tau=False, block_norm_weight=False, block_norm_bias=False,
+                 fc_norm=None, class_token=True, reg_tokens=0, no_embed_class=False, pos_embed='learn',
+                 qk_norm=False, init_values=None, fused_qkv=False, dynamic_img_size=False, drop_rate=0.,
+                 pos_drop_rate=0., proj_drop_rate=0., attn_drop_rate=0., drop_path_rate=0.):
         super().__init__()
         if global_pool not in ('', 'avg', 'token'):
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
@@ -105,6 +105,8 @@ class TokenFormerViT(ViTContract, nn.Module):
             raise ValueError(f'depth must be >= 1, got {depth}')
         if global_pool == 'token' and not class_token:
             raise ValueError("global_pool='token' needs class_token=True")
+        if not tau_scale > 0:
+            raise ValueError(f'tau_scale must be > 0 (a multiple of the default τ = √n), got {tau_scale!r}')
         self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans
         self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         if pos_embed not in ('learn', 'sincos', 'none'):
@@ -151,8 +153,6 @@ class TokenFormerViT(ViTContract, nn.Module):
 
     def _set_tau(self, tau_scale: float, learn_tau: bool):
         """Scale every Pattention's τ by ``tau_scale`` and make it learned with ``learn_tau`` (class docstring)."""
-        if not tau_scale > 0:
-            raise ValueError(f'tau_scale must be > 0 (a multiple of the default τ = √n), got {tau_scale!r}')
         for module in self.modules():
             if isinstance(module, Pattention):
                 with torch.no_grad():
