@@ -30,9 +30,12 @@ def test_ablation_configs_change_one_thing():
 def test_the_long_comparison_trains_the_long_recipe():
     """The long-recipe comparison (configs/comparison/fashion_mnist/long/) restates long.yaml's training keys
     because long.yaml's model keys would merge into the ViT's; this holds the two recipes to the same keys.
-    A lever config differs in its lever alone (the optimizer key it is named after)."""
+    A lever config differs in its levers alone (the keys it is named after)."""
     long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
-    levers = {name: {'parameter_token_lr_scale'} for name in ('tokenformer_token_lr_scale.yaml', 'tokenformer_token_lr_half.yaml')}
+    token_lr = {'parameter_token_lr_scale'}
+    levers = {name: token_lr for name in ('tokenformer_token_lr_scale.yaml', 'tokenformer_token_lr_half.yaml',
+                                          'tokenformer_token_lr_quarter.yaml')}
+    levers['tokenformer_token_lr_half_no_drop_path.yaml'] = token_lr | {'drop_path_rate'}
     paths = glob.glob(os.path.join(ROOT, 'configs', 'comparison', 'fashion_mnist', 'long', '[!_]*.yaml'))
     assert set(levers) <= {os.path.basename(p) for p in paths}
     for path in paths:
