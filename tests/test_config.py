@@ -34,7 +34,7 @@ def test_the_long_comparison_trains_the_long_recipe():
     long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
     token_lr = {'parameter_token_lr_scale'}
     levers = {name: token_lr for name in ('tokenformer_token_lr_scale.yaml', 'tokenformer_token_lr_half.yaml',
-                                          'tokenformer_token_lr_quarter.yaml')}
+                                          'tokenformer_token_lr_quarter.yaml', 'tokenformer_token_lr_eighth.yaml')}
     levers['tokenformer_token_lr_half_no_drop_path.yaml'] = token_lr | {'drop_path_rate'}
     paths = glob.glob(os.path.join(ROOT, 'configs', 'comparison', 'fashion_mnist', 'long', '[!_]*.yaml'))
     assert set(levers) <= {os.path.basename(p) for p in paths}
