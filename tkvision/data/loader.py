@@ -32,6 +32,7 @@ class ResumableSampler(DistributedSampler):
         self.start = 0
 
     def set_epoch(self, epoch: int, start: int = 0):
+        """Shuffle for ``epoch`` and skip its first ``start`` samples of this rank (a resumed epoch)."""
         super().set_epoch(epoch)
         self.start = start
 

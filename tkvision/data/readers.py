@@ -145,6 +145,15 @@ def _refuse_empty_classes(folder: str, class_folders: list, samples: list):
 
 
 def check_same_classes(train_classes, val_classes, where: str):
+    """Check that two splits name the same classes (their label indices depend on it).
+
+    Args:
+        train_classes, val_classes: class names of each split (any iterables of str).
+        where: what the message names (the data section and split) so the user knows which folder to fix.
+
+    Raises:
+        UsageError: a class is in one split only; the message lists those of each side.
+    """
     only_train = sorted(set(train_classes) - set(val_classes))
     only_val = sorted(set(val_classes) - set(train_classes))
     if only_train or only_val:

@@ -140,6 +140,8 @@ class RunContext:
             self.criterion = torch.nn.CrossEntropyLoss()
 
     def on_signal(self, signum, _frame):
+        """Signal handler: remember the signal; the loop saves its state and stops at its next check
+        (every update on one process)."""
         self.stop_signal = signal.Signals(signum).name
 
     def close(self):

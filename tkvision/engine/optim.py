@@ -93,6 +93,7 @@ class StagedScheduler:
         self.schedulers = schedulers
 
     def step_update(self, num_updates: int, metric=None):
+        """Set the lr for update ``num_updates`` (counted from the run's start) from the stage it falls in."""
         start, sched = [s for s in self.schedulers if s[0] <= num_updates][-1]
         sched.step_update(num_updates - start, metric)
 
@@ -110,6 +111,8 @@ class RewarmScheduler:
         self.base, self.optimizer, self.steps = base, optimizer, steps
 
     def step_update(self, num_updates: int, metric=None):
+        """Set the base schedule's lr for update ``num_updates``, then scale it by the last growth step's
+        ``lr_scale``, ramped up over that step's warmup updates."""
         self.base.step_update(num_updates, metric)
         past = [s for s in self.steps if s[0] <= num_updates]
         if past:

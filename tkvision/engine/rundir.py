@@ -42,6 +42,7 @@ class RunDirLock:
         self.path, self.fd = path, fd
 
     def release(self):
+        """Unlock and close the lock file; a second call does nothing."""
         if self.fd is not None:
             fcntl.lockf(self.fd, fcntl.LOCK_UN)
             os.close(self.fd)

@@ -112,5 +112,6 @@ class Block(nn.Module):
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
 
     def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
+        """Pre-norm residual block, ``x [B, N, dim] -> [B, N, dim]``; ``attn_mask`` as the attention's."""
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask)))
         return x + self.drop_path2(self.ls2(self.ffn_drop(self.ffn(self.norm2(x)))))

@@ -135,6 +135,7 @@ class PatchEmbed(nn.Module):
         return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
 
     def forward(self, x):
+        """``x [B, in_chans, H, W]`` -> ``[B, H/p * W/p, embed_dim]``, raising as the class docstring says."""
         _, _, H, W = x.shape
         p = self.patch_size[0]
         if self.strict_img_size:

@@ -172,6 +172,9 @@ class MAEDecoder(nn.Module):
             self.apply(_init_vit_decoder)
 
     def forward(self, x, ids_restore):
+        """``x [B, P + K, d_enc]`` (prefix, then the K visible patches in shuffled order) and
+        ``ids_restore [B, N]`` (each patch's place in that order) -> predicted pixels ``[B, N, p·p·C]``
+        in the image's patch order; mask tokens fill the N - K masked places (MAE §3, "MAE decoder")."""
         x = self.embed(x)
         P = self.num_prefix_tokens
         B, N = ids_restore.shape
@@ -304,6 +307,9 @@ class MaskedAutoencoder(nn.Module):
         return (loss * mask).sum() / mask.sum().clamp_min(1)
 
     def forward(self, images, mask_ratio: Optional[float] = None, noise: Optional[torch.Tensor] = None):
+        """``images [B, C, H, W]`` -> ``(loss, pred [B, N, p·p·C], mask [B, N])`` (1 = masked):
+        ``mask_ratio`` defaults to the model's; ``noise [B, N]`` fixes which patches are kept (the
+        lowest), random otherwise. Raises as :meth:`forward_encoder` does."""
         ratio = self.mask_ratio if mask_ratio is None else mask_ratio
         latent, mask, ids_restore = self.forward_encoder(images, ratio, noise)
         pred = self.decoder(latent, ids_restore)

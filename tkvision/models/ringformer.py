@@ -71,6 +71,7 @@ class LevelSignal(nn.Module):
         nn.init.zeros_(self.up.weight)
 
     def forward(self, x):
+        """``[..., d_in] -> [..., d_out]``: ``A (Bᵀ x)``."""
         return self.up(self.down(x))
 
 
@@ -150,6 +151,8 @@ class RecurrentAttention(nn.Module):
         self.proj_drop = nn.Dropout(proj_drop)
 
     def forward(self, x, level: Level, attn_mask: Optional[torch.Tensor] = None):
+        """``x [B, N, d] -> [B, N, d]`` at ``level``; ``attn_mask`` as ``F.scaled_dot_product_attention``
+        takes it."""
         B, N, C = x.shape
         q = self.q_norm(level.project('q', self.q, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(level.project('k', self.k, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
@@ -169,6 +172,7 @@ class RingBlock(nn.Module):
         self.ffn_drop = nn.Dropout(ffn_drop)
 
     def forward(self, x, level: Level, attn_mask: Optional[torch.Tensor] = None):
+        """``x [B, N, d] -> [B, N, d]``, the shared block run as ``level``."""
         x = x + level.drop_path(self.attn(level.norm1(x), level, attn_mask))
         return x + level.drop_path(self.ffn_drop(level.ffn(self.ffn, level.norm2(x))))
 
@@ -185,6 +189,7 @@ class _RecurrentViT(TokenFormerViT):
             raise ValueError('fused_qkv is a TokenFormerViT option; the recurrent families compute Q/K/V per level')
 
     def forward_blocks(self, x, attn_mask: Optional[torch.Tensor] = None):
+        """The recurrent trunk, ``[B, N', d] -> [B, N', d]``: the shared block once per level, in order."""
         for level in self.blocks:
             x = self._run_block(level, x, attn_mask)
         return x
@@ -243,6 +248,7 @@ class RingFormerViT(_RecurrentViT):
                               for i in range(depth)])
 
     def init_weights(self):
+        """The TokenFormer init, then timm ViT's init of the shared Linear layers (RingFormer's own)."""
         super().init_weights()
         if hasattr(self, 'shared'):
             for m in self.shared.modules():  # timm ViT's init of the Linear layers

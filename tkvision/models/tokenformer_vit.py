@@ -205,6 +205,7 @@ class TokenFormerViT(ViTContract, nn.Module):
 
     @torch.jit.ignore
     def get_classifier(self) -> nn.Module:
+        """The classifier head (``nn.Identity`` when ``num_classes=0``), timm's contract."""
         return self.head
 
     def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
@@ -282,6 +283,8 @@ class TokenFormerViT(ViTContract, nn.Module):
         return x if pre_logits else self.head(x)
 
     def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
+        """Images ``[B, in_chans, H, W]`` -> logits ``[B, num_classes]`` (features ``[B, embed_dim]`` when
+        ``num_classes=0``); ``attn_mask`` as in :meth:`forward_features`."""
         return self.forward_head(self.forward_features(x, attn_mask))
 
     @torch.jit.ignore
