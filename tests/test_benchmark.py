@@ -106,3 +106,37 @@ def test_a_cpu_training_benchmark_that_cannot_fit_is_refused_before_it_runs(monk
     # the estimate: 4 float32 copies of the parameters + twice the activations, from a batch-1 forward
     params = sum(p.numel() for p in runner.model.parameters())
     assert need == pytest.approx(16 * params / 2 ** 20 + 2 * 8 * bench.saved_activation_mib(runner.model, runner.x[:1]))
+
+
+def test_score_norm_benchmark_times_eq5_and_gelu():
+    """The score-normalisation benchmark times what its rows name: every Θ variant computes Eq. 5,
+    GELU(A · √n / ‖A‖₂), and its gradient, against float64 math written out here, and the first variant is
+    the erf GELU; its ratios are paired per round against that GELU."""
+    import math
+
+    import torch
+
+    from tkvision.experiments.benchmark import benchmark_score_norm, score_norm_variants
+    n = 9
+    a = torch.randn(5, n, dtype=torch.float64)
+    grad = torch.randn(5, n, dtype=torch.float64)
+
+    def gelu(x):
+        return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+    def eq5(x):
+        return gelu(x * math.sqrt(n) / x.norm(dim=-1, keepdim=True))
+
+    variants = score_norm_variants(n, compile_=False)
+    assert len(variants) == 3
+    for (name, fn), reference in zip(variants.items(), (gelu, eq5, eq5)):
+        x = a.float().requires_grad_()
+        fn(x).backward(grad.float())
+        x64 = a.clone().requires_grad_()
+        expected = reference(x64)
+        expected.backward(grad)
+        torch.testing.assert_close(fn(a.float()).double(), expected.detach(), rtol=1e-5, atol=1e-6, msg=name)
+        torch.testing.assert_close(x.grad.double(), x64.grad, rtol=1e-4, atol=1e-5, msg=name)
+    rows = benchmark_score_norm(tokens=8, num_tokens=n, steps=1, repeats=3, compile_=False, log=lambda *_: None)
+    assert rows[0]['vs_gelu'] == 1.0 and rows[0]['ratio_runs'] == '1.000 1.000 1.000'
+    assert [r['variant'] for r in rows] == list(variants)

@@ -1,4 +1,5 @@
-"""Benchmarks: TokenFormer against timm's ViT, Pattention against the layers it replaces, and data loading.
+"""Benchmarks: TokenFormer against timm's ViT, Pattention against the layers it replaces, its score
+normalisation Θ against a GELU, and data loading.
 
 ``python tools/benchmark.py --models tokenformer_vit_b16_matched vit_base_patch16_224 --mode infer train
 --batch-size 64 [--amp bf16] [--compile] [--device cuda] [--out docs/bench]``
@@ -30,7 +31,7 @@ from ..utils.errors import UsageError
 from ..utils.files import atomic_write
 
 __all__ = ['COUNTERPARTS', 'parse_model_spec', 'available_memory_mib', 'check_train_memory', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
-           'benchmark_pattention', 'machine_info', 'run_benchmark']
+           'benchmark_pattention', 'benchmark_score_norm', 'score_norm_variants', 'machine_info', 'run_benchmark']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -365,6 +366,61 @@ def benchmark_pattention(tokens=64 * 197, dim=768, num_tokens=576, mlp_ratio=4, 
     return rows
 
 
+class _ScoreNormStep:
+    """Forward + backward of one elementwise-over-scores function of ``a [tokens, n]`` (a timed runner)."""
+
+    def __init__(self, name, fn, a, grad):
+        self.name, self.fn, self.a, self.grad = name, fn, a, grad
+
+    def __call__(self):
+        self.a.grad = None
+        self.fn(self.a).backward(self.grad)
+
+
+def score_norm_variants(num_tokens: int, device='cpu', compile_: bool = True) -> dict:
+    """``{name: fn}``, each ``fn(a [..., num_tokens]) -> same shape``: the ViT's GELU over its hidden units
+    and Θ of Eq. 5 (``l2_norm_gelu``, the default τ = √n) differentiated three ways: the closed form (the
+    CPU default, ``pattention_autograd.py``), plain autograd (the reference, :class:`L2NormGELU`) and
+    ``torch.compile`` of the plain one (inductor fuses its passes; ``compile_=False`` leaves it out); τ is a
+    0-d tensor on ``device``, as a Pattention's buffer."""
+    from ..layers.pattention import L2NormGELU
+    from ..layers.pattention_autograd import l2_norm_gelu
+    tau, eps, plain = torch.tensor(num_tokens ** 0.5, device=device), 1e-6, L2NormGELU()
+    variants = {'GELU (the ViT MLP\'s activation)': F.gelu,
+                'Θ closed form (CPU default)': lambda a: l2_norm_gelu(a, tau, eps),
+                'Θ plain autograd (reference)': lambda a: plain(a, tau, eps)}
+    if compile_:
+        variants['Θ plain autograd, torch.compile'] = torch.compile(lambda a: plain(a, tau, eps), dynamic=False)
+    return variants
+
+
+def benchmark_score_norm(tokens=128 * 17, num_tokens=72, steps=50, repeats=7, device='cpu', compile_=True,
+                         log=print) -> list:
+    """Forward + backward over one Pattention's scores ``[tokens, num_tokens]`` (default: the quick recipe's
+    batch 128 x 17 tokens and the equal-parameter 72 parameter tokens), fp32 on ``device``, for each of
+    :func:`score_norm_variants`, interleaved over ``repeats`` rounds of ``steps`` calls (compilation is
+    done in the warm-up). What a Θ costs beyond the GELU a ViT applies to as many elements is the part of
+    the TokenFormer step no GEMM explains (``docs/performance.md``).
+
+    Returns rows ``variant, us`` (median µs per forward + backward), ``vs_gelu`` (median over rounds of
+    the time over GELU's in the same round) and ``ratio_runs`` (each round's).
+    """
+    device = torch.device(device)
+    a = torch.randn(tokens, num_tokens, device=device, requires_grad=True)
+    grad = torch.randn(tokens, num_tokens, device=device)
+    variants = score_norm_variants(num_tokens, device, compile_)
+    runners = [_ScoreNormStep(name, fn, a, grad) for name, fn in variants.items()]
+    times = _time_rounds(runners, device, warmup=3, steps=steps, repeats=repeats)
+    gelu = times[runners[0].name]
+    rows = []
+    for r in runners:
+        paired = [t / g for t, g in zip(times[r.name], gelu)]
+        rows.append(dict(variant=r.name, tokens=tokens, num_tokens=num_tokens,
+                         us=1e6 * statistics.median(times[r.name]), vs_gelu=statistics.median(paired), ratio_runs=' '.join(f'{v:.3f}' for v in paired)))
+        log(f"{r.name:36s} {rows[-1]['us']:9.1f} us  {rows[-1]['vs_gelu']:.3f}x GELU's time")
+    return rows
+
+
 def _markdown(rows, cols):
     def fmt(v):
         return f'{v:.3g}' if isinstance(v, float) else str(v)
@@ -425,8 +481,16 @@ def _data_part(args) -> tuple:
                     _markdown(tables['loader'], ['source', 'workers', 'img_per_s', 'img_per_s_per_worker']), '']
 
 
+def _score_norm_part(args) -> tuple:
+    tokens, num_tokens = args.score_shape
+    rows = benchmark_score_norm(tokens, num_tokens, repeats=args.repeats, device=args.device)
+    return rows, [f'### Θ against GELU over [{tokens}, {num_tokens}] scores, forward + backward',
+                  _markdown(rows, ['variant', 'us', 'vs_gelu', 'ratio_runs']), '']
+
+
 #: The parts of a benchmark run, in the order they run.
-PARTS = {'models': _models_part, 'pattention': _pattention_part, 'profile': _profile_part, 'data': _data_part}
+PARTS = {'models': _models_part, 'pattention': _pattention_part, 'score_norm': _score_norm_part,
+         'profile': _profile_part, 'data': _data_part}
 
 
 def run_benchmark(args, command: str) -> dict:
