@@ -116,7 +116,7 @@ def test_score_norm_benchmark_times_eq5_and_gelu():
 
     import torch
 
-    from tkvision.experiments.benchmark import benchmark_score_norm, score_norm_variants
+    from tkvision.experiments.layer_benchmark import benchmark_score_norm, score_norm_variants
     n = 9
     a = torch.randn(5, n, dtype=torch.float64)
     grad = torch.randn(5, n, dtype=torch.float64)

@@ -12,7 +12,7 @@ import torch
 from ..engine.checkpoint import BEST_WEIGHTS
 from ..engine.config import load_config
 from ..experiments.attention_distance import dataset_mad, plot_mad
-from ..experiments.benchmark import PARTS, run_benchmark
+from ..experiments.benchmark_parts import PARTS, run_benchmark
 from ..experiments.comparison import (collect_points, keep_metrics, read_points, run_comparison, time_configs,
                                       write_curves, write_report, write_speed)
 from ..experiments.growth_experiment import plan_runs, report, run_all

@@ -1,5 +1,6 @@
-"""Benchmarks: TokenFormer against timm's ViT, Pattention against the layers it replaces, its score
-normalisation Θ against a GELU, and data loading.
+"""Model benchmarks: TokenFormer against timm's ViT (throughput, FLOPs, memory, where a step goes), and the
+timing helpers the layer benchmarks (``layer_benchmark.py``) share; ``benchmark_parts.py`` runs them as
+``tools/benchmark.py``'s parts, ``data_benchmark.py`` times data loading.
 
 ``python tools/benchmark.py --models tokenformer_vit_b16_matched vit_base_patch16_224 --mode infer train
 --batch-size 64 [--amp bf16] [--compile] [--device cuda] [--out docs/bench]``
@@ -11,8 +12,6 @@ image come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul-class ops a
 multiply-add is 2 FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: the CUDA allocator's peak on GPU;
 on CPU the peak RSS of a fresh child process running the same steps (RSS cannot be reset in-process).
 """
-import csv
-import json
 import os
 import platform
 import statistics
@@ -28,10 +27,9 @@ from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, 
 from ..models._helpers import input_shape
 from ..layers import Pattention
 from ..utils.errors import UsageError
-from ..utils.files import atomic_write
 
-__all__ = ['COUNTERPARTS', 'parse_model_spec', 'available_memory_mib', 'check_train_memory', 'flop_counter', 'saved_activation_mib', 'benchmark_models', 'profile_breakdown',
-           'benchmark_pattention', 'benchmark_score_norm', 'score_norm_variants', 'machine_info', 'run_benchmark']
+__all__ = ['COUNTERPARTS', 'parse_model_spec', 'available_memory_mib', 'check_train_memory', 'flop_counter',
+           'saved_activation_mib', 'benchmark_models', 'profile_breakdown', 'machine_info']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -333,181 +331,9 @@ def _time(fn, steps, repeats):
     return statistics.median(out)
 
 
-def benchmark_pattention(tokens=64 * 197, dim=768, num_tokens=576, mlp_ratio=4, steps=3, repeats=5, log=print):
-    """One Pattention (d -> d, ``num_tokens``) vs the ``Linear(d, d)`` it replaces in attention and the
-    ``Linear -> GELU -> Linear`` MLP (d -> 4d -> d) that an FFN Pattention with 4x tokens replaces,
-    at ViT-B shapes (``tokens`` = batch 64 x 197), fp32, forward and forward+backward.
-
-    Returns rows ``layer, pass, ms, gflops, gflop_per_s``.
-    """
-    x = torch.randn(tokens, dim, requires_grad=True)
-    layers = {
-        f'Linear({dim},{dim})': torch.nn.Linear(dim, dim),
-        f'Pattention({dim},{dim},n={num_tokens})': Pattention(dim, dim, num_tokens),
-        f'MLP({dim},{mlp_ratio * dim},{dim})': torch.nn.Sequential(torch.nn.Linear(dim, mlp_ratio * dim), torch.nn.GELU(),
-                                                             torch.nn.Linear(mlp_ratio * dim, dim)),
-        f'Pattention({dim},{dim},n={mlp_ratio * num_tokens})': Pattention(dim, dim, mlp_ratio * num_tokens),
-    }
-    rows = []
-    for name, layer in layers.items():
-        for kind in ('forward', 'forward+backward'):
-            def fn():
-                if kind == 'forward':
-                    with torch.no_grad():
-                        layer(x)
-                else:
-                    layer(x).sum().backward()
-            with flop_counter() as fc:
-                fn()
-            t = _time(fn, steps, repeats)
-            rows.append(dict(layer=name, **{'pass': kind}, ms=1000 * t, gflops=fc.get_total_flops() / 1e9,
-                             gflop_per_s=fc.get_total_flops() / t / 1e9))
-            log(f'{name:34s} {kind:17s} {1000 * t:8.2f} ms  {rows[-1]["gflop_per_s"]:7.1f} GFLOP/s')
-    return rows
-
-
-class _ScoreNormStep:
-    """Forward + backward of one elementwise-over-scores function of ``a [tokens, n]`` (a timed runner)."""
-
-    def __init__(self, name, fn, a, grad):
-        self.name, self.fn, self.a, self.grad = name, fn, a, grad
-
-    def __call__(self):
-        self.a.grad = None
-        self.fn(self.a).backward(self.grad)
-
-
-def score_norm_variants(num_tokens: int, device='cpu', compile_: bool = True) -> dict:
-    """``{name: fn}``, each ``fn(a [..., num_tokens]) -> same shape``: the ViT's GELU over its hidden units
-    and Θ of Eq. 5 (``l2_norm_gelu``, the default τ = √n) differentiated three ways: the closed form (the
-    CPU default, ``pattention_autograd.py``), plain autograd (the reference, :class:`L2NormGELU`) and
-    ``torch.compile`` of the plain one (inductor fuses its passes; ``compile_=False`` leaves it out); τ is a
-    0-d tensor on ``device``, as a Pattention's buffer."""
-    from ..layers.pattention import L2NormGELU
-    from ..layers.pattention_autograd import l2_norm_gelu
-    tau, eps, plain = torch.tensor(num_tokens ** 0.5, device=device), 1e-6, L2NormGELU()
-    variants = {'GELU (the ViT MLP\'s activation)': F.gelu,
-                'Θ closed form (CPU default)': lambda a: l2_norm_gelu(a, tau, eps),
-                'Θ plain autograd (reference)': lambda a: plain(a, tau, eps)}
-    if compile_:
-        variants['Θ plain autograd, torch.compile'] = torch.compile(lambda a: plain(a, tau, eps), dynamic=False)
-    return variants
-
-
-def benchmark_score_norm(tokens=128 * 17, num_tokens=72, steps=50, repeats=7, device='cpu', compile_=True,
-                         log=print) -> list:
-    """Forward + backward over one Pattention's scores ``[tokens, num_tokens]`` (default: the quick recipe's
-    batch 128 x 17 tokens and the equal-parameter 72 parameter tokens), fp32 on ``device``, for each of
-    :func:`score_norm_variants`, interleaved over ``repeats`` rounds of ``steps`` calls (compilation is
-    done in the warm-up). What a Θ costs beyond the GELU a ViT applies to as many elements is the part of
-    the TokenFormer step no GEMM explains (``docs/performance.md``).
-
-    Returns rows ``variant, us`` (median µs per forward + backward), ``vs_gelu`` (median over rounds of
-    the time over GELU's in the same round) and ``ratio_runs`` (each round's).
-    """
-    device = torch.device(device)
-    a = torch.randn(tokens, num_tokens, device=device, requires_grad=True)
-    grad = torch.randn(tokens, num_tokens, device=device)
-    variants = score_norm_variants(num_tokens, device, compile_)
-    runners = [_ScoreNormStep(name, fn, a, grad) for name, fn in variants.items()]
-    times = _time_rounds(runners, device, warmup=3, steps=steps, repeats=repeats)
-    gelu = times[runners[0].name]
-    rows = []
-    for r in runners:
-        paired = [t / g for t, g in zip(times[r.name], gelu)]
-        rows.append(dict(variant=r.name, tokens=tokens, num_tokens=num_tokens,
-                         us=1e6 * statistics.median(times[r.name]), vs_gelu=statistics.median(paired), ratio_runs=' '.join(f'{v:.3f}' for v in paired)))
-        log(f"{r.name:36s} {rows[-1]['us']:9.1f} us  {rows[-1]['vs_gelu']:.3f}x GELU's time")
-    return rows
-
-
 def _markdown(rows, cols):
     def fmt(v):
         return f'{v:.3g}' if isinstance(v, float) else str(v)
     lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]
     lines += ['| ' + ' | '.join(fmt(r.get(c, '')) for c in cols) + ' |' for r in rows]
     return '\n'.join(lines)
-
-
-def _save_results(out: str, md: list, results: dict, header: dict):
-    """``<out>.md``, ``<out>.json`` and (with models) ``<out>.csv``, atomically: written after every
-    part, so a later failure loses nothing measured."""
-    atomic_write(out + '.md', lambda f: f.write('\n'.join(md)), text=True)
-    atomic_write(out + '.json', lambda f: json.dump(dict(**header, **results), f, indent=1), text=True)
-    if 'models' in results:
-        def write(f):
-            w = csv.DictWriter(f, fieldnames=sorted({k for r in results['models'] for k in r}))
-            w.writeheader()
-            w.writerows(results['models'])
-        atomic_write(out + '.csv', write, text=True)
-
-
-def _models_part(args) -> tuple:
-    rows = benchmark_models(args.models, args.mode, args.batch_size, args.device, args.amp, args.compile,
-                            steps=args.steps, repeats=args.repeats, memory=not args.no_memory, reference=args.reference)
-    for r in rows:
-        if args.reference is not None:
-            print(f"HEADLINE {r['mode']:5s} {r['model']} / {args.reference}: {r['ratio']:.3f}x img/s (paired rounds "
-                  f"{r['ratio_runs']})")
-        elif 'ratio' in r:
-            print(f"HEADLINE {r['mode']:5s} {r['model']} / {COUNTERPARTS[parse_model_spec(r['model'])[0]]}: "
-                  f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory, "
-                  f"{r['saved_ratio']:.2f}x activations saved for backward")
-    columns = ['ratio_runs'] if args.reference is not None else []
-    return rows, ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', *columns, 'step_ms',
-                                                  'params', 'gflops_per_img', 'tflops_per_s', 'peak_mem_mib',
-                                                  'mem_ratio', 'saved_mib', 'saved_ratio', 'spread']), '']
-
-
-def _pattention_part(args) -> tuple:
-    rows = benchmark_pattention()
-    return rows, ['### Pattention vs the layers it replaces (ViT-B shapes, fp32)',
-                  _markdown(rows, ['layer', 'pass', 'ms', 'gflops', 'gflop_per_s']), '']
-
-
-def _profile_part(args) -> tuple:
-    rows = profile_breakdown(args.models, args.profile_batch_size, args.device)
-    return rows, [f'### Where a training step goes (torch.profiler self time, batch {args.profile_batch_size})',
-                  _markdown(rows, ['model', 'category', 'ms', 'share']), '']
-
-
-def _data_part(args) -> tuple:
-    from .data_benchmark import benchmark_data  # albumentations: only this part needs it (GPU images lack it)
-    tables = benchmark_data(args.data_root, args.data_images, tuple(args.workers))
-    return tables, ['### JPEG decoding, one thread', _markdown(tables['decode'], ['decoder', 'img_per_s']), '',
-                    '### Training augmentation at 224 px, one thread',
-                    _markdown(tables['augment'], ['pipeline', 'img_per_s']), '',
-                    '### DataLoader: decode + augmentation + uint8 batches',
-                    _markdown(tables['loader'], ['source', 'workers', 'img_per_s', 'img_per_s_per_worker']), '']
-
-
-def _score_norm_part(args) -> tuple:
-    tokens, num_tokens = args.score_shape
-    rows = benchmark_score_norm(tokens, num_tokens, repeats=args.repeats, device=args.device)
-    return rows, [f'### Θ against GELU over [{tokens}, {num_tokens}] scores, forward + backward',
-                  _markdown(rows, ['variant', 'us', 'vs_gelu', 'ratio_runs']), '']
-
-
-#: The parts of a benchmark run, in the order they run.
-PARTS = {'models': _models_part, 'pattention': _pattention_part, 'score_norm': _score_norm_part,
-         'profile': _profile_part, 'data': _data_part}
-
-
-def run_benchmark(args, command: str) -> dict:
-    """Run the parts ``args.parts`` (:data:`PARTS`) with the options of ``tools/benchmark.py`` (its
-    parsed arguments ``args``), writing ``<args.out>.md / .csv / .json`` with the machine, the date
-    and ``command`` after each part. Returns ``{part: rows}``."""
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    info = machine_info(torch.device(args.device))
-    stamp = time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())
-    print(f'{info}\n{stamp}\n{command}')
-    md = [f'Machine: {info}  \nDate: {stamp}  \nCommand: `{command}`\n']
-    results = {}
-    for name, part in PARTS.items():
-        if name in args.parts:
-            results[name], lines = part(args)
-            md += lines
-            _save_results(args.out, md, results, dict(machine=info, date=stamp, command=command))
-    print(f'wrote {args.out}.md / .csv / .json')
-    return results
