@@ -1,7 +1,8 @@
 """Layer benchmarks: one Pattention against the ``Linear`` layers it replaces (``--parts pattention``), and
 its score normalisation Θ (Eq. 5) against the GELU a ViT applies to as many elements (``--parts
-score_norm``), forward and backward, timed as ``tkvision.experiments.benchmark`` times models (warm-up, then
-interleaved rounds, medians). Results and the reading of them: ``docs/performance.md``.
+score_norm``), forward and backward, with ``tkvision.experiments.benchmark``'s timing helpers (warm-up, then
+rounds and their median; Θ's variants interleaved within each round and paired against the GELU). Results and the
+reading of them: ``docs/performance.md``.
 """
 import statistics
 
