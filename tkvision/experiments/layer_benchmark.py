@@ -65,9 +65,10 @@ def score_norm_variants(num_tokens: int, device='cpu', compile_: bool = True) ->
     CPU default, ``pattention_autograd.py``), plain autograd (the reference, :class:`L2NormGELU`) and
     ``torch.compile`` of the plain one (inductor fuses its passes; ``compile_=False`` leaves it out); τ is a
     0-d tensor on ``device``, as a Pattention's buffer."""
-    from ..layers.pattention import L2NormGELU
+    from ..layers.pattention import L2NormGELU, default_tau
     from ..layers.pattention_autograd import l2_norm_gelu
-    tau, eps, plain = torch.tensor(num_tokens ** 0.5, device=device), 1e-6, L2NormGELU()
+    tau = torch.tensor(default_tau('l2_norm_gelu', num_tokens), device=device)
+    eps, plain = 1e-6, L2NormGELU()
     variants = {'GELU (the ViT MLP\'s activation)': F.gelu,
                 'Θ closed form (CPU default)': lambda a: l2_norm_gelu(a, tau, eps),
                 'Θ plain autograd (reference)': lambda a: plain(a, tau, eps)}
