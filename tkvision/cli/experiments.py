@@ -40,8 +40,8 @@ def benchmark_main(argv=None) -> int:
     ap.add_argument('--repeats', type=int, default=5, help='interleaved rounds; the median is reported')
     ap.add_argument('--parts', nargs='+', default=list(PARTS), choices=list(PARTS))
     ap.add_argument('--profile-batch-size', type=int, default=8)
-    ap.add_argument('--score-shape', type=int, nargs=2, default=[128 * 17, 72], metavar=('TOKENS', 'NUM_TOKENS'),
-                    help='--parts score_norm: the scores Θ normalises (default: the quick recipe, batch 128, 72 tokens)')
+    ap.add_argument('--score-shape', type=int, nargs=2, metavar=('TOKENS', 'NUM_TOKENS'),
+                    help="--parts score_norm: the scores Θ normalises (default: benchmark_score_norm's, the quick recipe's)")
     ap.add_argument('--no-memory', action='store_true', help='skip the CPU peak-RSS child processes')
     ap.add_argument('--data-root', help='--parts data: an ImageNet-layout folder (default: Fashion-MNIST JPEGs)')
     ap.add_argument('--data-images', type=int, default=256, help='--parts data: images decoded per round')

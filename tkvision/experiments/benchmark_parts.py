@@ -69,9 +69,10 @@ def _data_part(args) -> tuple:
 
 
 def _score_norm_part(args) -> tuple:
-    tokens, num_tokens = args.score_shape
-    rows = benchmark_score_norm(tokens, num_tokens, repeats=args.repeats, device=args.device)
-    return rows, [f'### Θ against GELU over [{tokens}, {num_tokens}] scores, forward + backward',
+    shape = dict(zip(('tokens', 'num_tokens'), args.score_shape or ()))  # none given: the function's default
+    rows = benchmark_score_norm(**shape, repeats=args.repeats, device=args.device)
+    where = f'[{shape["tokens"]}, {shape["num_tokens"]}]' if shape else "the quick recipe's"
+    return rows, [f'### Θ against GELU over {where} scores, forward + backward',
                   _markdown(rows, ['variant', 'us', 'vs_gelu', 'ratio_runs']), '']
 
 
