@@ -88,8 +88,22 @@ def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path
     flops_ratio = (2 * rows['tf']['train_gflops_per_image']) / (3 * rows['vit']['train_gflops_per_image'])
     assert abs(rows['tf']['compute_vs_reference'] - flops_ratio) < 2e-3
     assert rows['vit']['seeds'] == 1
+    # the settings column: what each config sets otherwise than the reference's, the reference's own empty
+    assert rows['vit']['changes'] == ''
+    assert rows['tf']['changes'] == 'epochs=2; model=tokenformer_vit_ti16; num_tokens=' + str(TINY_FMNIST['num_tokens'])
     with pytest.raises(ValueError, match='--reference vit2: no finished point'):
         comparison_rows([tf, vit], points, reference='vit2')
+
+
+def test_the_settings_column_names_each_changed_key_and_model_kwarg_and_no_output():
+    """The levers' table says what each lever changed: differing top-level keys and model kwargs by name
+    (a kwarg only the reference sets reads ``(unset)``), sorted; where a run is written is not a setting."""
+    from tkvision.experiments.comparison import config_changes_from
+    reference = dict(model='m', epochs=6, output='runs/a', model_kwargs=dict(num_tokens=72, tau_scale=2.0))
+    lever = dict(model='m', epochs=6, output='runs/b', parameter_token_lr_scale=0.25,
+                 model_kwargs=dict(num_tokens=72, key_std=0.1))
+    assert config_changes_from(reference, lever) == 'key_std=0.1; parameter_token_lr_scale=0.25; tau_scale=(unset)'
+    assert config_changes_from(reference, dict(reference, output='runs/c')) == ''
 
 
 def test_a_report_keeps_the_stored_points_it_does_not_measure_again(tmp_path):

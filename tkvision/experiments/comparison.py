@@ -11,7 +11,8 @@ run): the results files of ``docs/comparison.md``.
   GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: :func:`train_flops_per_image`),
   the run's training TFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
   and test top-1 (mean and sample std over seeds), and the img/s, minutes and compute of each row as a
-  ratio to the reference row (``--reference``, timm's ViT).
+  ratio to the reference row (``--reference``, timm's ViT), and ``changes``: what the config sets otherwise
+  than the reference's (:func:`config_changes_from`), the settings column of the levers' table.
 
 ``--time`` trains nothing to the end: it times each config's training in our trainer alone (one
 epoch over ``--time-images`` images, the configs interleaved, ``--repeats`` rounds, the median) into
@@ -48,7 +49,7 @@ from .benchmark import machine_info
 from .growth_experiment import train_flops_per_image
 from .sweep import point_dir, run_sweep
 
-__all__ = ['run_comparison', 'collect_points', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records',
+__all__ = ['run_comparison', 'collect_points', 'config_changes_from', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records',
            'read_points', 'merge_points', 'comparison_rows', 'write_report', 'keep_metrics', 'curve_rows', 'write_curves']
 
 #: Columns of ``points.csv``.
@@ -91,9 +92,28 @@ def _config_row(config: str, points: list) -> dict:
                 test_top1_mean=round(test[0], 2), test_top1_std=round(test[1], 2))
 
 
+def config_changes_from(reference: dict, cfg: dict) -> str:
+    """What config ``cfg`` sets otherwise than ``reference`` (both as :func:`load_config` returns them, defaults
+    filled in): ``'key=value'`` per differing top-level key and per differing ``model_kwargs`` entry (named
+    by the entry alone), sorted, joined by ``'; '``; ``'key=(unset)'`` for a model kwarg only the reference
+    sets; ``''`` when nothing differs. ``output`` (where a run is written) is not a setting."""
+    changes = []
+    for key in sorted(set(reference) | set(cfg)):
+        old, new = reference.get(key), cfg.get(key)
+        if key == 'output' or old == new:
+            continue
+        if key == 'model_kwargs':
+            old, new = old or {}, new or {}
+            changes += [f"{k}={new.get(k, '(unset)')}" for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)]
+        else:
+            changes.append(f'{key}={new}')
+    return '; '.join(sorted(changes))
+
+
 def comparison_rows(configs: list, points: list, reference: str) -> list:
     """One row per config that has finished points, in ``configs``' order, with ``*_vs_reference``
-    ratios (img/s, minutes, training compute) to the row named ``reference``.
+    ratios (img/s, minutes, training compute) to the row named ``reference`` and the ``changes`` its
+    config makes to the reference's (:func:`config_changes_from`).
 
     Raises:
         ValueError: no finished point of the reference config (the ratios would have no base).
@@ -104,10 +124,13 @@ def comparison_rows(configs: list, points: list, reference: str) -> list:
     if base is None:
         raise ValueError(f'--reference {reference}: no finished point of that config (configs with points: '
                          f"{', '.join(r['config'] for r in rows) or 'none'})")
+    paths = {_name(c): c for c in configs}
+    reference_cfg = load_config(paths[reference])
     for r in rows:
         r.update(img_per_s_vs_reference=round(r['img_per_s'] / base['img_per_s'], 3),
                  minutes_vs_reference=round(r['minutes'] / base['minutes'], 3),
-                 compute_vs_reference=round(r['train_tflops'] / base['train_tflops'], 3))
+                 compute_vs_reference=round(r['train_tflops'] / base['train_tflops'], 3),
+                 changes=config_changes_from(reference_cfg, load_config(paths[r['config']])))
     return rows
 
 

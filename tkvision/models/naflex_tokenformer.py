@@ -68,7 +68,7 @@ class NaFlexTokenFormer(NaFlexVit):
         num_tokens: shorthand as in :class:`~tkvision.models.TokenFormerViT`: patch embedding, Q/K/V and
             output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
             ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each.
-        score_norm / key_std / block_norm_weight / block_norm_bias / fused_qkv: the fixed-grid family's.
+        score_norm / key_std / value_std / block_norm_weight / block_norm_bias / fused_qkv: the fixed-grid family's.
 
     Shapes: ``forward(dict(patches [B, N, p*p*C], patch_coord [B, N, 2], patch_valid [B, N]))`` or
     ``forward([B, C, H, W])`` -> ``[B, num_classes]``; ``forward_features`` returns NaFlexVit's
@@ -82,7 +82,7 @@ class NaFlexTokenFormer(NaFlexVit):
 
     def __init__(self, cfg=None, in_chans=3, num_classes=1000, img_size=None, num_tokens=768, num_tokens_patch=None,
                  num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
-                 key_std=0.02, block_norm_weight=False, block_norm_bias=False, fused_qkv=False, device=None, dtype=None,
+                 key_std=0.02, value_std=None, block_norm_weight=False, block_norm_bias=False, fused_qkv=False, device=None, dtype=None,
                  **kwargs):
         if img_size is not None and 'pos_embed_grid_size' not in kwargs:
             kwargs['pos_embed_grid_size'] = None  # NaFlexVit then derives the grid from img_size
@@ -95,7 +95,7 @@ class NaFlexTokenFormer(NaFlexVit):
         block = _block_builder(dict(
             num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
             num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm,
-            value_std=2 / (cfg.depth * math.sqrt(cfg.embed_dim)), key_std=key_std, norm_weight=block_norm_weight,
+            value_std=2 / (cfg.depth * math.sqrt(cfg.embed_dim)) if value_std is None else value_std, key_std=key_std, norm_weight=block_norm_weight,
             norm_bias=block_norm_bias, fused_qkv=fused_qkv))
         # our layers take no device argument: build them under the device, as timm's factory does
         with torch.device(device) if device is not None else contextlib.nullcontext():

@@ -58,6 +58,8 @@ class TokenFormerViT(ViTContract, nn.Module):
         key_std: initial std of the blocks' key parameter tokens (the public code's 0.02). Eq. 5's
             scores are invariant to the keys' scale, so it sets how far an optimizer step turns them:
             AdamW moves a key by about ``lr`` whatever its size (a lever of docs/comparison.md).
+        value_std: initial std of the blocks' value parameter tokens; None (default): the public code's
+            2 / (depth √embed_dim). Unlike the keys' it sets the outputs' scale (a lever of docs/comparison.md).
         tau_scale: every Pattention's τ (Eq. 5), the patch embedding's included, is ``tau_scale`` times
             its default (√n of its own n): above 1 the GELU sees larger normalised scores (more
             nonlinear), below 1 smaller (closer to linear). A lever of docs/comparison.md.
@@ -86,7 +88,7 @@ class TokenFormerViT(ViTContract, nn.Module):
     (``num_prefix_tokens`` = class token + registers); ``forward_head``: that ``-> [B, num_classes]``.
 
     Initialisation (tested in ``tests/test_models.py``): in blocks, key tokens N(0, key_std²) and value
-    tokens N(0, (2 / (depth √d))²), both the public TokenFormer code's; patch-embedding key and value
+    tokens N(0, value_std²), by default 0.02 and 2 / (depth √d), both the public TokenFormer code's; patch-embedding key and value
     tokens N(0, 0.02²); position embedding trunc-normal 0.02 and class token N(0, 1e-6²) and head
     weight trunc-normal 0.02, bias 0 (timm's ViT).
     """
@@ -94,7 +96,7 @@ class TokenFormerViT(ViTContract, nn.Module):
     def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool='token',
                  embed_dim=768, depth=12, num_heads=12, num_tokens=768, num_tokens_patch=None,
                  num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
-                 key_std=0.02, tau_scale=1.0, learn_tau=False, block_norm_weight=False, block_norm_bias=False,
+                 key_std=0.02, value_std=None, tau_scale=1.0, learn_tau=False, block_norm_weight=False, block_norm_bias=False,
                  fc_norm=None, class_token=True, reg_tokens=0, no_embed_class=False, pos_embed='learn',
                  qk_norm=False, init_values=None, fused_qkv=False, dynamic_img_size=False, drop_rate=0.,
                  pos_drop_rate=0., proj_drop_rate=0., attn_drop_rate=0., drop_path_rate=0.):
@@ -135,7 +137,7 @@ class TokenFormerViT(ViTContract, nn.Module):
             self.pos_embed = None
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
-        value_std = 2 / (depth * math.sqrt(embed_dim))
+        value_std = 2 / (depth * math.sqrt(embed_dim)) if value_std is None else value_std
         self.blocks = self._build_blocks(depth, dpr, dict(
             dim=embed_dim, num_heads=num_heads, num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
             num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm, value_std=value_std, key_std=key_std,
