@@ -70,6 +70,28 @@ def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
     assert report(str(tmp_path / 'again'), stored['results']) == text
 
 
+def test_a_preempted_point_stops_the_sweep_instead_of_training_the_next(tmp_path, monkeypatch, capsys):
+    """SIGTERM (a scheduler's preemption, a user's ``kill``) stops the trainer with its state saved; the
+    sweep must stop there too, with the preemption exit status, not record a failure and train the next
+    point (it did: the signal read as a failed point)."""
+    from tkvision.engine.trainer import EXIT_PREEMPTED, Preempted
+    from tkvision.experiments import sweep
+    calls = []
+
+    def preempted(config, seed, run_dir, extra):
+        calls.append((os.path.basename(config), seed))
+        raise Preempted(f'stopped by SIGTERM; state saved to {run_dir}/last.pth')
+    monkeypatch.setattr(sweep, '_run_point', preempted)
+    configs = [_write(tmp_path / name, dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST))
+               for name in ('a.yaml', 'b.yaml')]
+    with pytest.raises(Preempted):
+        sweep.run_sweep(configs, [0, 1], str(tmp_path / 'out'), log=lambda *a: None)
+    assert calls == [('a.yaml', 0)]
+    assert not os.path.exists(tmp_path / 'out' / 'a' / 'seed0' / 'result.json')
+    assert sweep_main([*configs, '--seeds', '0', '--out', str(tmp_path / 'out')]) == EXIT_PREEMPTED
+    assert calls == [('a.yaml', 0)] * 2 and 'stopped by SIGTERM' in capsys.readouterr().err
+
+
 def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path):
     """docs/comparison.md's rows: mean and sample std over seeds, compute = counted GFLOPs x training
     images x epochs, and each ratio against the reference (ViT) row, here from hand-written points."""

@@ -5,6 +5,7 @@ import traceback
 
 import torch.distributed as dist
 
+from ..engine.trainer import EXIT_PREEMPTED, Preempted
 from ..utils.errors import USER_ERRORS
 
 __all__ = ['run_cli']
@@ -16,7 +17,8 @@ _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, er
 def run_cli(tool, argv=None) -> int:
     """Run ``tool(argv)`` for a command-line tool: errors from :data:`~tkvision.utils.errors.USER_ERRORS`
     and the machine's errors a user fixes (disk full, read-only or forbidden path) print one line
-    ``error: ...`` on stderr and return 2; other errors propagate with their traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
+    ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1 (``Preempted``, its state saved)
+    prints why and returns :data:`~tkvision.engine.trainer.EXIT_PREEMPTED`; other errors propagate with their traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
     left open (a torchrun launch) is destroyed on the way out."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv
@@ -24,6 +26,9 @@ def run_cli(tool, argv=None) -> int:
         argv.remove('--debug')
     try:
         return tool(argv)
+    except Preempted as e:
+        print(str(e), file=sys.stderr)
+        return EXIT_PREEMPTED
     except (*USER_ERRORS, OSError) as e:
         if not isinstance(e, USER_ERRORS) and e.errno not in _ENVIRONMENT_ERRNOS:
             raise

@@ -53,7 +53,12 @@ def benchmark_main(argv=None) -> int:
 
 
 def sweep_main(argv=None) -> int:
-    """``tkvision-sweep`` / ``tools/sweep.py``; see ``--help``. Exit 1 when every point failed."""
+    """``tkvision-sweep`` / ``tools/sweep.py``; see ``--help``. Exit 1 when every point failed, 2 on a bad setting,
+    :data:`~tkvision.engine.trainer.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
+    return run_cli(_sweep, argv)
+
+
+def _sweep(argv) -> int:
     ap = argparse.ArgumentParser(description='Run ablation configs over seeds and tabulate the results.')
     ap.add_argument('configs', nargs='+', help='config files (globs are expanded)')
     ap.add_argument('--seeds', nargs='+', type=int, default=[0])
@@ -76,7 +81,12 @@ def sweep_main(argv=None) -> int:
 
 def comparison_main(argv=None) -> int:
     """``tkvision-comparison`` / ``tools/comparison.py``; see ``--help``
-    (:mod:`tkvision.experiments.comparison`). Prints the result rows."""
+    (:mod:`tkvision.experiments.comparison`). Prints the result rows; exit 2 on a bad setting,
+    :data:`~tkvision.engine.trainer.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
+    return run_cli(_comparison, argv)
+
+
+def _comparison(argv) -> int:
     ap = argparse.ArgumentParser(description='TokenFormer against ViT at equal parameters, compute and time.')
     ap.add_argument('configs', nargs='+', help='config files (globs are expanded; _base_ files are skipped)')
     ap.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])

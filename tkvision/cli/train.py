@@ -13,7 +13,7 @@ from ..engine.config import DEFAULTS, load_config, parse_overrides, section
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
 from ..engine.recipes import format_recipes, list_recipes
-from ..engine.trainer import EXIT_PREEMPTED, Preempted, check_model_input, resolve_run_config, train
+from ..engine.trainer import check_model_input, resolve_run_config, train
 from .common import run_cli
 
 __all__ = ['parse_train_args', 'train_main', 'validate_main']
@@ -75,11 +75,7 @@ def _done_message(res: dict, minutes: float) -> str:
 def _train(argv) -> int:
     cfg, resume = parse_train_args(argv)
     t0 = time.perf_counter()
-    try:
-        res = train(cfg, resume=resume)
-    except Preempted as e:
-        print(str(e), file=sys.stderr)
-        return EXIT_PREEMPTED
+    res = train(cfg, resume=resume)  # Preempted: run_cli returns EXIT_PREEMPTED
     if (not dist.is_initialized() or dist.get_rank() == 0) and (res['top1'] is not None or res['val_loss'] is not None):
         print(_done_message(res, (time.perf_counter() - t0) / 60))
     return 0

@@ -26,7 +26,7 @@ import torch
 from ..engine.checkpoint import LAST_CHECKPOINT, METRICS_FILE
 from ..engine.config import load_config
 from ..engine.plotting import plt
-from ..engine.trainer import train
+from ..engine.trainer import EXIT_PREEMPTED, Preempted, train
 from ..utils.files import atomic_write
 
 __all__ = ['run_sweep', 'summarize', 'expand_configs', 'point_dir']
@@ -73,6 +73,11 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
     A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, test_top1, params, img_per_s,
     minutes, error``: ``top1`` / ``best_top1`` on the validation split, ``test_top1`` on the test split
     (evaluated once, at the end; None when the dataset has none: :func:`tkvision.data.has_test_split`). ``result.json`` in the point's folder marks it finished.
+
+    Raises:
+        Preempted: SIGTERM / SIGUSR1 stopped a point (its ``last.pth`` written; with ``launcher='torchrun'``,
+            the point exited with :data:`~tkvision.engine.trainer.EXIT_PREEMPTED`): the sweep stops there, so a
+            scheduler's preemption or a user's ``kill`` ends it, and rerunning resumes that point.
     """
     records = []
     for config in configs:
@@ -103,6 +108,15 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
                                minutes=sum(float(r['epoch_time']) for r in rows) / 60)
                 rec['status'] = 'ok'
                 atomic_write(done, lambda f: json.dump(rec, f), text=True)
+            except Preempted:
+                log(f'[stop] {name} seed {seed}: preempted; rerun the same command to resume it')
+                raise
+            except subprocess.CalledProcessError as e:
+                if e.returncode == EXIT_PREEMPTED:
+                    log(f'[stop] {name} seed {seed}: preempted; rerun the same command to resume it')
+                    raise Preempted(f'{name} seed {seed} stopped by a signal; state saved under {run_dir}') from e
+                rec.update(status='failed', error=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
+                log(f'[fail] {name} seed {seed}: {rec["error"]}')
             except Exception as e:  # a failed point is reported, not fatal
                 rec.update(status='failed', error=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
                 log(f'[fail] {name} seed {seed}: {rec["error"]}')
