@@ -5,8 +5,7 @@ import traceback
 
 import torch.distributed as dist
 
-from ..engine.trainer import EXIT_PREEMPTED, Preempted
-from ..utils.errors import USER_ERRORS
+from ..utils.errors import EXIT_PREEMPTED, USER_ERRORS, Preempted
 
 __all__ = ['run_cli']
 

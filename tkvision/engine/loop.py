@@ -25,7 +25,7 @@ from tqdm import tqdm
 from ..data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size,
                     set_loader_epoch)
 from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, Preempted
 from ..utils.seeding import derive_seed
 from .build import model_for_config
 from .checkpoint import LAST_CHECKPOINT, save_training_checkpoint
@@ -43,10 +43,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; the message gives the update range and, if one
     exists, the last good checkpoint."""
-
-
-class Preempted(RuntimeError):
-    """The run was asked to stop (SIGTERM / SIGUSR1); its state was saved to ``last.pth``."""
 
 
 def _ignore_stop_signals(_worker_id):

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .. import growth
 from ..data import dataset_size, has_test_split, resolve_data_cfg
-from ..utils.errors import ConfigError, RunError
+from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.seeding import derive_seed
 from .build import create_model, input_shape
 from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_WEIGHTS, METRICS_FILE, RECONSTRUCTION_FILE,
@@ -47,8 +47,6 @@ from .state import TrainState
 __all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'log_epoch', 'growth_due', 'TrainState',
            'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
 
-#: Exit status after a checkpoint written on SIGTERM / SIGUSR1 (sysexits' EX_TEMPFAIL: "try again").
-EXIT_PREEMPTED = 75
 
 
 def resolve_run_config(cfg: dict) -> dict:

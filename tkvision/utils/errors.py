@@ -1,9 +1,10 @@
 """The exceptions tkvision raises for input a user can fix: each message names the key, path or
-tensor and what to do. Command-line tools print them as one line (:mod:`tkvision.cli`, exit 2).
+tensor and what to do. Command-line tools print them as one line (:mod:`tkvision.cli`, exit 2). And
+:class:`Preempted`, a run stopped by a signal with its state saved (tools exit :data:`EXIT_PREEMPTED`).
 
 A leaf module: every room may import it, it imports nothing of tkvision.
 """
-__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS']
+__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED']
 
 
 class ConfigError(ValueError):
@@ -24,3 +25,12 @@ class WeightsMismatchError(ValueError):
 
 #: Errors caused by the user's input: printed as one line by the command-line tools.
 USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, WeightsMismatchError, RunError, UsageError)
+
+
+class Preempted(RuntimeError):
+    """The run was asked to stop (SIGTERM / SIGUSR1); its state was saved to ``last.pth``. Not a user error:
+    rerunning the same command resumes it."""
+
+
+#: Exit status after a checkpoint written on SIGTERM / SIGUSR1 (sysexits' EX_TEMPFAIL: "try again").
+EXIT_PREEMPTED = 75
