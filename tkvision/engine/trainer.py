@@ -48,7 +48,6 @@ __all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_kee
            'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
 
 
-
 def resolve_run_config(cfg: dict) -> dict:
     """``cfg`` validated, with its null data keys filled from the model (:func:`tkvision.data.resolve_data_cfg`).
 

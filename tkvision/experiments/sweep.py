@@ -26,7 +26,8 @@ import torch
 from ..engine.checkpoint import LAST_CHECKPOINT, METRICS_FILE
 from ..engine.config import load_config
 from ..engine.plotting import plt
-from ..engine.trainer import EXIT_PREEMPTED, Preempted, train
+from ..engine.trainer import train
+from ..utils.errors import EXIT_PREEMPTED, Preempted
 from ..utils.files import atomic_write
 
 __all__ = ['run_sweep', 'summarize', 'expand_configs', 'point_dir']
@@ -100,7 +101,10 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
                 if launcher == 'local':
                     rec.update(_run_point(config, seed, run_dir, list(extra)))
                 else:
-                    subprocess.run(cmd + _prepare_point_dir(run_dir), check=True)
+                    proc = subprocess.run(cmd + _prepare_point_dir(run_dir))
+                    if proc.returncode == EXIT_PREEMPTED:
+                        raise Preempted(f'{name} seed {seed} stopped by a signal; state saved under {run_dir}')
+                    proc.check_returncode()
                     with open(os.path.join(run_dir, METRICS_FILE)) as f:
                         rows = list(csv.DictReader(f))
                     rec.update(top1=float(rows[-1]['top1']), test_top1=float(rows[-1].get('test_top1') or 'nan'), best_top1=max(float(r['top1']) for r in rows if r.get('top1')),
@@ -111,12 +115,6 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
             except Preempted:
                 log(f'[stop] {name} seed {seed}: preempted; rerun the same command to resume it')
                 raise
-            except subprocess.CalledProcessError as e:
-                if e.returncode == EXIT_PREEMPTED:
-                    log(f'[stop] {name} seed {seed}: preempted; rerun the same command to resume it')
-                    raise Preempted(f'{name} seed {seed} stopped by a signal; state saved under {run_dir}') from e
-                rec.update(status='failed', error=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
-                log(f'[fail] {name} seed {seed}: {rec["error"]}')
             except Exception as e:  # a failed point is reported, not fatal
                 rec.update(status='failed', error=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
                 log(f'[fail] {name} seed {seed}: {rec["error"]}')
