@@ -54,7 +54,7 @@ def benchmark_main(argv=None) -> int:
 
 def sweep_main(argv=None) -> int:
     """``tkvision-sweep`` / ``tools/sweep.py``; see ``--help``. Exit 1 when every point failed, 2 on a bad setting,
-    :data:`~tkvision.engine.trainer.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
+    :data:`~tkvision.utils.errors.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
     return run_cli(_sweep, argv)
 
 
@@ -82,7 +82,7 @@ def _sweep(argv) -> int:
 def comparison_main(argv=None) -> int:
     """``tkvision-comparison`` / ``tools/comparison.py``; see ``--help``
     (:mod:`tkvision.experiments.comparison`). Prints the result rows; exit 2 on a bad setting,
-    :data:`~tkvision.engine.trainer.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
+    :data:`~tkvision.utils.errors.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
     return run_cli(_comparison, argv)
 
 

@@ -77,7 +77,7 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
 
     Raises:
         Preempted: SIGTERM / SIGUSR1 stopped a point (its ``last.pth`` written; with ``launcher='torchrun'``,
-            the point exited with :data:`~tkvision.engine.trainer.EXIT_PREEMPTED`): the sweep stops there, so a
+            the point exited with :data:`~tkvision.utils.errors.EXIT_PREEMPTED`): the sweep stops there, so a
             scheduler's preemption or a user's ``kill`` ends it, and rerunning resumes that point.
     """
     records = []
