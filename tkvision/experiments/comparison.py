@@ -72,7 +72,10 @@ def read_points(path: str) -> list:
 
 
 def _mean_std(values: list) -> tuple:
-    return statistics.mean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+    """Mean and sample std, both rounded to 2 decimals; one value has no spread: its std is None (an empty
+    cell in ``results.csv``, shown as – in docs), not 0.0, which would claim seeds that agree."""
+    mean = round(statistics.mean(values), 2)
+    return mean, (round(statistics.stdev(values), 2) if len(values) > 1 else None)
 
 
 def _config_row(config: str, points: list) -> dict:
@@ -88,8 +91,7 @@ def _config_row(config: str, points: list) -> dict:
                 train_gflops_per_image=gflops, train_tflops=gflops * images * cfg['epochs'] / 1e3,
                 seeds=len(points), img_per_s=round(statistics.mean(p['img_per_s'] for p in points), 1),
                 minutes=round(statistics.mean(p['minutes'] for p in points), 2),
-                top1_mean=round(top1[0], 2), top1_std=round(top1[1], 2),
-                test_top1_mean=round(test[0], 2), test_top1_std=round(test[1], 2))
+                top1_mean=top1[0], top1_std=top1[1], test_top1_mean=test[0], test_top1_std=test[1])
 
 
 def config_changes_from(reference: dict, cfg: dict) -> str:
