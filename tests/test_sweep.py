@@ -93,8 +93,8 @@ def test_a_preempted_point_stops_the_sweep_instead_of_training_the_next(tmp_path
 
 
 def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path):
-    """docs/comparison.md's rows: mean and sample std over seeds (none for one seed), compute = counted GFLOPs x training
-    images x epochs, and each ratio against the reference (ViT) row, here from hand-written points."""
+    """docs/comparison.md's rows: mean and sample std over seeds (none for one seed), compute = counted GFLOPs x
+    training images x epochs, and each ratio against the reference (ViT) row, here from hand-written points."""
     from tkvision.experiments.comparison import comparison_rows
     base = dict(model_kwargs=dict(TINY_FMNIST), rrc_scale=None, batch_size=64, train_subset=512, threads=1)
     tf = _write(tmp_path / 'tf.yaml', dict(base, model='tokenformer_vit_ti16', epochs=2))

@@ -10,9 +10,10 @@ run): the results files of ``docs/comparison.md``.
 - ``results.csv``: one row per config: model, parameter tokens, epochs, trainable parameters, training
   GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: :func:`train_flops_per_image`),
   the run's training TFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
-  and test top-1 (mean and sample std over seeds), and the img/s, minutes and compute of each row as a
-  ratio to the reference row (``--reference``, timm's ViT), and ``changes``: what the config sets otherwise
-  than the reference's (:func:`config_changes_from`), the settings column of the levers' table.
+  and test top-1 (mean and sample std over seeds; one seed's std is empty), and the img/s, minutes and
+  compute of each row as a ratio to the reference row (``--reference``, timm's ViT), and ``changes``: what
+  the config sets otherwise than the reference's (:func:`config_changes_from`), the settings column of the
+  levers' table.
 
 ``--time`` trains nothing to the end: it times each config's training in our trainer alone (one
 epoch over ``--time-images`` images, the configs interleaved, ``--repeats`` rounds, the median) into
