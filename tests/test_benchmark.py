@@ -54,6 +54,51 @@ def test_saved_activations_of_each_backward_path():
     assert mib['autograd'] - mib['lean'] == pytest.approx(2 * scores, rel=0.1)
 
 
+def test_counting_saved_activations_frees_the_graph():
+    """Measuring a model's saved activations must not keep its forward graph alive: a pack hook that
+    returned the op's own output closed a cycle through C++ (output -> grad_fn -> packed output) that
+    Python's gc cannot free, so each measurement leaked a graph, and on the H200 the report's later parts
+    ran out of its 139 GiB (issue 37)."""
+    import gc
+
+    import timm
+    import torch
+
+    from tkvision.experiments.benchmark import saved_activation_mib
+
+    def live_tensors():
+        gc.collect()
+        return sum(1 for o in gc.get_objects() if torch.is_tensor(o))
+    m = timm.create_model('tokenformer_vit_ti16', img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2,
+                          num_tokens=16)
+    x = torch.randn(2, 3, 32, 32)
+    before = live_tensors()
+    for amp in (None, torch.bfloat16):
+        assert saved_activation_mib(m, x, amp) > 0
+    assert live_tensors() == before
+
+
+def test_a_gpu_profile_counts_each_kernel_once():
+    """On a GPU the profiler lists each kernel twice: inside the operator that launched it (its
+    ``self_device_time_total``) and as an event of its own. The H200 report of 2026-11-27 summed both,
+    so its step came to 2.2x the step and 'other' (the kernel events) to 64%. Only operators count."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from tkvision.experiments.benchmark import category_ms
+
+    def event(key, device_type, device_us, cpu_us):
+        return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=device_us,
+                               self_cpu_time_total=cpu_us)
+    events = [event('aten::mm', DeviceType.CPU, 3000, 50), event('nvjet_hsh_128x256_gemm', DeviceType.CUDA, 3000, 0),
+              event('aten::gelu', DeviceType.CPU, 1000, 20), event('vectorized_elementwise_kernel', DeviceType.CUDA,
+                                                                   1000, 0)]
+    assert category_ms(events, on_gpu=True, steps=2) == {'matmul': 1.5, 'score normalisation / GELU': 0.5}
+    assert category_ms(events, on_gpu=False, steps=1) == {'matmul': 0.05, 'other': 0.0,
+                                                          'score normalisation / GELU': 0.02}
+
+
 def test_ratios_against_a_reference_are_paired_per_round(monkeypatch):
     """``--reference``: each round's ratio is taken within the round, so a machine that slows down between
     rounds does not bias it: a model 2x faster in every round of a drifting clock is 2.0x in each."""

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from ..experiments.gpu_report import gpu_report
+from ..experiments.gpu_report import ESTIMATE_S, gpu_report
 
 __all__ = ['gpu_report_main']
 
@@ -21,9 +21,16 @@ def gpu_report_main(argv=None) -> int:
     ap.add_argument('--compile-modes', nargs='+', default=['eager', 'compiled'], choices=['eager', 'compiled'])
     ap.add_argument('--steps', type=int, default=3, help='steps per timed round')
     ap.add_argument('--repeats', type=int, default=3, help='interleaved rounds; the median is reported')
+    ap.add_argument('--budget-minutes', type=float, default=None,
+                    help="skip a part whose estimated seconds would overrun this (a lent GPU's lease)")
+    ap.add_argument('--data-dir', default=None,
+                    help="Fashion-MNIST's idx files for the end-to-end run (default: the Debian package's)")
+    ap.add_argument('--parts', nargs='+', default=None, choices=sorted(ESTIMATE_S),
+                    help='run only these parts (default: all, in the order of the module docstring)')
     args = ap.parse_args(argv)
     if args.device.startswith('cuda') and not torch.cuda.is_available():
         ap.error('no CUDA device here: run on a GPU machine, or pass --device cpu --tiny to check the command')
     command = 'python tools/gpu_report.py ' + ' '.join(argv if argv is not None else sys.argv[1:])
-    gpu_report(args.device, args.out, args.tiny, tuple(args.compile_modes), args.steps, args.repeats, command)
+    gpu_report(args.device, args.out, args.tiny, tuple(args.compile_modes), args.steps, args.repeats, command,
+               args.budget_minutes, args.data_dir, args.parts)
     return 0

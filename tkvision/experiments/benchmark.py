@@ -9,8 +9,9 @@ Method: every model is built and warmed up, then the models are timed interleave
 ``--repeats`` rounds of ``--steps`` steps each; the figure is the median round. Each TokenFormer is
 reported as a ratio to its timm counterpart from the same run (:data:`COUNTERPARTS`). FLOPs per
 image come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul-class ops and attention; a
-multiply-add is 2 FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: the CUDA allocator's peak on GPU;
-on CPU the peak RSS of a fresh child process running the same steps (RSS cannot be reset in-process).
+multiply-add is 2 FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: on GPU the CUDA
+allocator's peak of one step, counting the model's own tensors only (:func:`_cuda_step_peak_mib`); on
+CPU the peak RSS of a fresh child process running the same steps (RSS cannot be reset in-process).
 """
 import os
 import platform
@@ -29,7 +30,7 @@ from ..layers import Pattention
 from ..utils.errors import UsageError
 
 __all__ = ['COUNTERPARTS', 'parse_model_spec', 'available_memory_mib', 'check_train_memory', 'flop_counter',
-           'saved_activation_mib', 'benchmark_models', 'profile_breakdown', 'machine_info']
+           'saved_activation_mib', 'benchmark_models', 'category_ms', 'profile_breakdown', 'machine_info']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -149,12 +150,31 @@ def saved_activation_mib(model: torch.nn.Module, x: torch.Tensor, amp=None) -> f
         ptr = t.untyped_storage().data_ptr()
         if ptr not in params:
             seen[ptr] = t.untyped_storage().nbytes()
-        return t
+        # detached: a hook that returns an op's own output closes a cycle (output -> grad_fn -> the
+        # packed output) through C++ that Python's gc cannot see, and every graph would leak
+        return t.detach()
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
             model(x)
     return sum(seen.values()) / 2 ** 20
+
+
+def _cuda_step_peak_mib(runner, device) -> float:
+    """Allocator peak of one step of ``runner`` in MiB, counting only its own tensors: the peak over
+    what was allocated before the step (activations, gradients, temporaries, the output) plus its
+    parameters and optimizer state. The other models of the run stay allocated beside it; counting
+    them too would pull every ratio towards 1."""
+    _sync(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    runner()
+    _sync(device)
+    own = list(runner.model.parameters())
+    if runner.mode == 'train':
+        own += [t for state in runner.opt.state.values() for t in state.values() if torch.is_tensor(t)]
+    own_bytes = sum(t.numel() * t.element_size() for t in own)
+    return (torch.cuda.max_memory_allocated(device) - before + own_bytes) / 2 ** 20
 
 
 def _peak_rss_child(name, mode, batch_size, steps) -> float:
@@ -248,10 +268,7 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
         for r in runners:
             step = statistics.median(times[r.name])
             if device.type == 'cuda':
-                torch.cuda.reset_peak_memory_stats(device)
-                r()
-                _sync(device)
-                mem = torch.cuda.max_memory_allocated(device) / 2 ** 20
+                mem = _cuda_step_peak_mib(r, device)
             else:
                 mem = _peak_rss_child(r.name, mode, batch_size, 2) if memory else float('nan')
             saved = saved_activation_mib(r.model.train(), r.x, r.amp) if mode == 'train' else float('nan')
@@ -289,6 +306,24 @@ PROFILE_CATEGORIES = (
 )
 
 
+def category_ms(events, on_gpu: bool, steps: int) -> dict:
+    """``{category: ms per step}`` of profiler ``events`` (``key_averages()``) by :data:`PROFILE_CATEGORIES`.
+
+    On a GPU each operator's ``self_device_time_total`` already holds the kernels it launched, and
+    the kernels also appear as events of their own (device type CUDA, named after the kernel): only
+    operator events are counted, or every kernel would count twice (the H200 report of 2026-11-27 did,
+    its 'other' holding the kernels). On a CPU: ``self_cpu_time_total`` of every event."""
+    from torch.autograd import DeviceType
+    totals = {}
+    for ev in events:
+        if on_gpu and ev.device_type != DeviceType.CPU:
+            continue
+        cat = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
+        us = ev.self_device_time_total if on_gpu else ev.self_cpu_time_total
+        totals[cat] = totals.get(cat, 0.0) + us / 1000 / steps
+    return totals
+
+
 def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, amp=None) -> list:
     """Self time of a training step per op category (``PROFILE_CATEGORIES``), per model, summed over
     ``steps`` profiled steps after one warm-up step (several steps smooth out OS noise); ``amp``:
@@ -307,11 +342,7 @@ def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, am
             for _ in range(steps):
                 step()
             _sync(device)
-        totals = {}
-        for ev in prof.key_averages():
-            cat = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
-            us = ev.self_device_time_total if device.type == 'cuda' else ev.self_cpu_time_total
-            totals[cat] = totals.get(cat, 0.0) + us / 1000 / steps
+        totals = category_ms(prof.key_averages(), device.type == 'cuda', steps)
         total = sum(totals.values())
         for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
             rows.append(dict(model=name, category=cat, ms=ms, share=ms / total))
