@@ -78,9 +78,10 @@ def _sync(device):
 def parse_model_spec(spec: str):
     """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
     benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@fused_qkv=true``.
-    ``lean_backward`` and ``closed_form_backward`` are set on every Pattention of the model
-    (``@lean_backward=false@closed_form_backward=false``: autograd's backward, the reference; the
-    defaults are the lean one on CUDA, the closed-form one on CPU)."""
+    ``lean_backward``, ``closed_form_backward`` and ``fused_kernel`` are set on every Pattention of the
+    model (``@lean_backward=false@closed_form_backward=false``: autograd's backward, the reference; the
+    defaults are the lean one on CUDA, the closed-form one on CPU; ``@fused_kernel=true``: the Triton
+    kernels of ``pattention_triton.py``)."""
     import yaml
     name, *opts = spec.split('@')
     kwargs = {}
@@ -99,7 +100,8 @@ class _Step:
         self.name, self.mode, self.device = name, mode, device
         base, kwargs = parse_model_spec(name)
         paths = dict(lean_backward=kwargs.pop('lean_backward', 'auto'),
-                     closed_form_backward=kwargs.pop('closed_form_backward', True))
+                     closed_form_backward=kwargs.pop('closed_form_backward', True),
+                     fused_kernel=kwargs.pop('fused_kernel', False))
         self.model = timm.create_model(base, **kwargs).to(device)
         for m in self.model.modules():
             if isinstance(m, Pattention):

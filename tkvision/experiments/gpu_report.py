@@ -9,7 +9,9 @@ It writes one markdown report (and its JSON) with, in order, each part saved as 
    allocator's peak of one step, counting only the model's own tensors) and achieved TFLOP/s (model
    FLOPs) of each TokenFormer of :data:`PAIRS` and its timm ViT, bf16 autocast, eager (with the
    :data:`VARIANTS`: fused Q/K/V, autograd's backward instead of the lean one, the paper's B/16) and
-   ``torch.compile``d (the plain TokenFormer† and the ViT), as ratios to the ViT of the same run;
+   ``torch.compile``d (the plain TokenFormer† and the ViT; then, in a part of its own so a failure
+   loses nothing else, B/16† training through the fused Triton kernels, ``@fused_kernel=true``), as
+   ratios to the ViT of the same run;
 3. whether each figure meets issue 37's :data:`TARGETS` (shares of the measured peak);
 4. a ``torch.profiler`` table of one B/16† training step, grouped as in ``docs/performance.md``;
 5. the lean backward against autograd's (:func:`lean_backward_check`): gradient error next to bf16's
@@ -66,14 +68,14 @@ TINY_PAIRS = (('tokenformer_vit_ti16' + _TINY + '@num_tokens=16', 'vit_tiny_patc
 #: and peak memory as ratios to the ViT, achieved TFLOP/s as a share of the peak measured in the run.
 TARGETS = dict(train_ratio=1.0, mem_ratio=1.0, peak_share=0.40)
 #: The TokenFormer options timed beside the plain one in eager mode (each compiled model costs a
-#: minute or more of compilation, so only the plain one is compiled); a variant starting with a model
-#: name replaces the model (the first pair's: the paper's B/16, 12 heads of 768 with its own tokens).
+#: minute or more of compilation, so only the plain one is compiled).
 VARIANTS = ('', '@fused_qkv=true', '@lean_backward=false')
+#: Other models timed in a pair's eager part: beside B/16†, the paper's B/16 (its own token counts).
 _PAIR_EXTRAS = {'tokenformer_vit_b16_matched': ('tokenformer_vit_b16',)}
-#: Seconds each part was expected to take on an H100 when the schedule was written (compilation
-#: included): what ``--budget-minutes`` weighs before starting a part.
-ESTIMATE_S = dict(peak=10, eager=45, compiled_train=120, compiled_infer=60, large_eager=45, large_compiled=170,
-                  profile=20, lean=30, end_to_end=170, mae=30)
+#: Seconds each part took, or was expected to take, on the H200 of 2026-11-27 (compilation included):
+#: what ``--budget-minutes`` weighs before starting a part.
+ESTIMATE_S = dict(peak=10, eager=45, compiled_train=120, compiled_fused=100, compiled_infer=60, large_eager=45,
+                  large_compiled=170, profile=20, lean=30, end_to_end=170, mae=30)
 
 
 def card_info(device: torch.device) -> dict:
@@ -120,7 +122,7 @@ def throughput(pair, device, compiled: bool, modes, steps, repeats, peak_tflops=
     without one)."""
     tokenformer, vit, batch = pair
     log(f"--- {tokenformer} vs {vit}, batch {batch}, {'compiled' if compiled else 'eager'}, {'/'.join(modes)}")
-    extra = _PAIR_EXTRAS.get(tokenformer, ()) if len(variants) > 1 else ()
+    extra = () if compiled else _PAIR_EXTRAS.get(tokenformer, ())
     models = [tokenformer + v for v in variants] + list(extra) + [vit]
     got = benchmark_models(models, modes, batch, device, 'bf16', compiled, steps=steps, repeats=repeats,
                            memory=False, log=log)
@@ -285,7 +287,7 @@ def _render(info: dict, parts: dict, command: str) -> str:
 
 
 #: Parts that need ``--compile-modes compiled``.
-_COMPILED_PARTS = ('compiled_train', 'compiled_infer', 'large_compiled')
+_COMPILED_PARTS = ('compiled_train', 'compiled_fused', 'compiled_infer', 'large_compiled')
 
 
 def _parts(pairs, device, tiny: bool, compiled: bool, steps: int, repeats: int, info: dict, data_dir, log) -> list:
@@ -306,7 +308,8 @@ def _parts(pairs, device, tiny: bool, compiled: bool, steps: int, repeats: int, 
             parts['end_to_end'] = end_to_end(device, work, tiny, compiled, data_dir, log)
 
     plan = [('peak', peak), ('eager', rows(big, False, ('train', 'infer'), VARIANTS)),
-            ('compiled_train', rows(big, True, ('train',)))]
+            ('compiled_train', rows(big, True, ('train',))),
+            ('compiled_fused', rows(big, True, ('train',), ('@fused_kernel=true',)))]
     plan += [('large_eager', rows(pairs[1], False, ('train', 'infer')))] if len(pairs) > 1 else []
     plan += [('profile', lambda parts: parts.update(profile=profile_breakdown(
                  [big[0]], min(big[2], 64), device, log=log, amp='bf16'))),

@@ -211,6 +211,11 @@ class Pattention(nn.Module):
             passes over the scores than autograd's op-by-op graph, same values); ``False`` gives plain
             autograd of :class:`L2NormGELU`, the reference. Inference, TorchScript and FX tracing always
             take the plain path.
+        fused_kernel: for ``l2_norm_gelu`` (a fixed τ, K_P as ``[n, in_features]``, this class's own
+            ``scores``), run forward and backward through the fused Triton kernels of
+            ``pattention_triton.py`` instead (opt-in; CUDA, or the CPU under ``TRITON_INTERPRET=1``;
+            the same function, held equal to the plain path by ``tests/test_pattention_triton.py``). Off
+            by default: whether it pays on a GPU is not measured yet. Elsewhere it is ignored.
 
     Attributes:
         key_param_tokens: K_P, ``[num_tokens, in_features]`` (a subclass may keep K_P under another
@@ -230,7 +235,7 @@ class Pattention(nn.Module):
 
     def __init__(self, in_features, out_features, num_tokens, score_norm='l2_norm_gelu', tau=None,
                  eps=1e-6, key_std=0.02, value_std=0.02, kind: Optional[str] = None, lean_backward='auto',
-                 closed_form_backward=True, device=None, dtype=None):
+                 closed_form_backward=True, fused_kernel=False, device=None, dtype=None):
         super().__init__()
         if min(in_features, out_features, num_tokens) <= 0:
             raise ValueError(f'Pattention sizes must be positive, got in_features={in_features}, '
@@ -243,7 +248,7 @@ class Pattention(nn.Module):
         tau = entry.default_tau(num_tokens) if tau is None else tau
         self.in_features, self.out_features, self.score_norm, self.eps = in_features, out_features, score_norm, eps
         self.key_std, self.value_std, self.lean_backward = key_std, value_std, lean_backward
-        self.closed_form_backward = closed_form_backward
+        self.closed_form_backward, self.fused_kernel = closed_form_backward, fused_kernel
         factory = dict(device=device, dtype=dtype)
         setattr(self, self.key_name, nn.Parameter(torch.empty(num_tokens, in_features, **factory)))  # K_P
         self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
@@ -281,12 +286,25 @@ class Pattention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]``."""
+        if not torch.jit.is_scripting() and self._fusable():
+            return self._attend_fused(x)
         scores = self.scores(x)
         if not torch.jit.is_scripting():
             path = self._backward_path(x)
             if path != 'autograd':
                 return self._attend_hand_written(scores, path)
         return self.score_normalization(scores, self.tau, self.eps) @ self.value_param_tokens
+
+    @torch.jit.unused
+    def _fusable(self) -> bool:
+        # the kernels compute x K_Pᵀ themselves: a subclass with its own scores() keeps the plain path
+        return (self.fused_kernel and self.score_norm == 'l2_norm_gelu' and type(self).scores is Pattention.scores
+                and not self.tau.requires_grad and not is_fx_symbolic_tracing())
+
+    @torch.jit.unused
+    def _attend_fused(self, x: torch.Tensor) -> torch.Tensor:
+        from .pattention_triton import pattention_fused  # Triton only when asked for (not on every platform)
+        return pattention_fused(x, self.keys, self.value_param_tokens, self.tau, self.eps)
 
     @torch.jit.unused
     def _attend_hand_written(self, scores: torch.Tensor, path: str) -> torch.Tensor:

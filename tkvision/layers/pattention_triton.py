@@ -1,0 +1,212 @@
+"""Fused Pattention in Triton (issue 37, item 4): ``GELU(A·τ/‖A‖) V`` with ``A = X K_Pᵀ`` (paper Eq. 5,
+the default ``l2_norm_gelu``) in two GEMM kernels instead of GEMM, four to six elementwise passes, GEMM.
+
+Opt-in (``Pattention(fused_kernel=True)``, or ``@fused_kernel=true`` in a benchmark's model spec); the
+plain path of :class:`~tkvision.layers.pattention.Pattention` stays the reference, and
+``tests/test_pattention_triton.py`` holds this one equal to it in value and gradient (float32 against
+float64, CI runs it on the CPU under ``TRITON_INTERPRET=1``).
+
+Forward:
+
+1. ``_scores_kernel``: ``A = X K_Pᵀ`` tile by tile; its epilogue writes A and adds each row's ``Σ A²``
+   (float32, from the accumulators) into ``sumsq [T]``, so no pass over A computes the norm;
+2. ``r = τ / max(‖A‖, ε)`` on ``[T]`` (PyTorch, one tiny op);
+3. ``_attend_kernel``: ``O = GELU(A·r) V``; its prologue scales and applies GELU to each A tile in
+   registers, so ``S = GELU(Z)`` is never written. Only A and the row norms are kept for backward (as the
+   lean backward does).
+
+Backward, with ``Z = A·r`` recomputed where needed (the closed form of ``pattention_autograd.py``):
+
+1. ``_grad_scores_kernel``: ``dS = dO V_Pᵀ``; its epilogue forms ``dZ = dS ⊙ GELU'(Z)`` and adds each row's
+   ``⟨dZ, Z⟩`` into ``dot [T]``;
+2. ``_grad_value_kernel``: ``dV_P = GELU(Z)ᵀ dO``, GELU applied in the prologue;
+3. PyTorch: ``dA = r (dZ − Z ⟨dZ, Z⟩ / τ²)`` where ``‖A‖ > ε`` (else ``r dZ``), ``dX = dA K_P``,
+   ``dK_P = dAᵀ X`` (one elementwise pass and two cuBLAS GEMMs; folding dA into them is left).
+
+τ gets no gradient (as the lean and closed-form backwards; a learned τ takes the plain path). Under
+autocast the inputs are cast to its dtype as ``F.linear`` would be; the GEMMs accumulate in float32,
+A is stored in the input dtype and ``dZ`` in float32. Tile sizes are fixed (64 x 64 x 32, 4 warps), not
+autotuned: whether the kernel pays on a GPU is not measured yet (the H200 lease of 2026-11-27 ended
+before it existed; ``docs/performance.md``).
+"""
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+__all__ = ['pattention_fused']
+
+_BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, _WARPS = 64, 64, 32, 4
+_INV_SQRT2 = 1 / math.sqrt(2)
+_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
+
+
+@triton.jit
+def _gelu(z):
+    return 0.5 * z * (1 + tl.math.erf(z * 0.7071067811865476))
+
+
+@triton.jit
+def _scores_kernel(x_ptr, k_ptr, a_ptr, sumsq_ptr, T, N, D, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """A[T, N] = X[T, D] K[N, D]ᵀ; sumsq[t] += Σ_n A[t, n]² (contiguous rows)."""
+    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rd = tl.arange(0, BLOCK_D)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for d0 in range(0, D, BLOCK_D):
+        x = tl.load(x_ptr + rt[:, None] * D + (d0 + rd)[None, :],
+                    mask=(rt[:, None] < T) & ((d0 + rd)[None, :] < D), other=0.0)
+        k = tl.load(k_ptr + rn[None, :] * D + (d0 + rd)[:, None],
+                    mask=(rn[None, :] < N) & ((d0 + rd)[:, None] < D), other=0.0)
+        acc += tl.dot(x, k)
+    tl.store(a_ptr + rt[:, None] * N + rn[None, :], acc.to(a_ptr.dtype.element_ty),
+             mask=(rt[:, None] < T) & (rn[None, :] < N))
+    tl.atomic_add(sumsq_ptr + rt, tl.sum(acc * acc, axis=1), mask=rt < T)  # masked entries are 0
+
+
+@triton.jit
+def _attend_kernel(a_ptr, r_ptr, v_ptr, o_ptr, T, N, E, BLOCK_T: tl.constexpr, BLOCK_E: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """O[T, E] = GELU(A[T, N] · r[T]) V[N, E]."""
+    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    rn = tl.arange(0, BLOCK_N)
+    r = tl.load(r_ptr + rt, mask=rt < T, other=0.0)
+    acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
+    for n0 in range(0, N, BLOCK_N):
+        a = tl.load(a_ptr + rt[:, None] * N + (n0 + rn)[None, :],
+                    mask=(rt[:, None] < T) & ((n0 + rn)[None, :] < N), other=0.0)
+        v = tl.load(v_ptr + (n0 + rn)[:, None] * E + re[None, :],
+                    mask=((n0 + rn)[:, None] < N) & (re[None, :] < E), other=0.0)
+        s = _gelu(a.to(tl.float32) * r[:, None])
+        acc += tl.dot(s.to(v.dtype), v)
+    tl.store(o_ptr + rt[:, None] * E + re[None, :], acc.to(o_ptr.dtype.element_ty),
+             mask=(rt[:, None] < T) & (re[None, :] < E))
+
+
+@triton.jit
+def _grad_scores_kernel(go_ptr, v_ptr, a_ptr, r_ptr, gz_ptr, dot_ptr, T, N, E, BLOCK_T: tl.constexpr,
+                        BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr):
+    """dZ[T, N] = (dO[T, E] V[N, E]ᵀ) ⊙ GELU'(A · r) (float32); dot[t] += Σ_n dZ Z."""
+    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    re = tl.arange(0, BLOCK_E)
+    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
+    for e0 in range(0, E, BLOCK_E):
+        go = tl.load(go_ptr + rt[:, None] * E + (e0 + re)[None, :],
+                     mask=(rt[:, None] < T) & ((e0 + re)[None, :] < E), other=0.0)
+        v = tl.load(v_ptr + rn[None, :] * E + (e0 + re)[:, None],
+                    mask=(rn[None, :] < N) & ((e0 + re)[:, None] < E), other=0.0)
+        acc += tl.dot(go, v)
+    inside = (rt[:, None] < T) & (rn[None, :] < N)
+    r = tl.load(r_ptr + rt, mask=rt < T, other=0.0)
+    z = tl.load(a_ptr + rt[:, None] * N + rn[None, :], mask=inside, other=0.0).to(tl.float32) * r[:, None]
+    gelu_grad = 0.5 * (1 + tl.math.erf(z * 0.7071067811865476)) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
+    gz = acc * gelu_grad
+    tl.store(gz_ptr + rt[:, None] * N + rn[None, :], gz, mask=inside)
+    tl.atomic_add(dot_ptr + rt, tl.sum(gz * z, axis=1), mask=rt < T)
+
+
+@triton.jit
+def _grad_value_kernel(a_ptr, r_ptr, go_ptr, gv_ptr, T, N, E, BLOCK_N: tl.constexpr, BLOCK_E: tl.constexpr,
+                       BLOCK_T: tl.constexpr):
+    """dV[N, E] = GELU(A[T, N] · r[T])ᵀ dO[T, E]."""
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    re = tl.program_id(1) * BLOCK_E + tl.arange(0, BLOCK_E)
+    rt = tl.arange(0, BLOCK_T)
+    acc = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
+    for t0 in range(0, T, BLOCK_T):
+        rows = t0 + rt
+        r = tl.load(r_ptr + rows, mask=rows < T, other=0.0)
+        a = tl.load(a_ptr + rows[:, None] * N + rn[None, :], mask=(rows[:, None] < T) & (rn[None, :] < N), other=0.0)
+        go = tl.load(go_ptr + rows[:, None] * E + re[None, :], mask=(rows[:, None] < T) & (re[None, :] < E),
+                     other=0.0)
+        s = _gelu(a.to(tl.float32) * r[:, None])
+        acc += tl.dot(tl.trans(s.to(go.dtype)), go)
+    tl.store(gv_ptr + rn[:, None] * E + re[None, :], acc.to(gv_ptr.dtype.element_ty),
+             mask=(rn[:, None] < N) & (re[None, :] < E))
+
+
+def _grid(rows: int, cols: int, block_rows: int, block_cols: int) -> tuple:
+    return triton.cdiv(rows, block_rows), triton.cdiv(cols, block_cols)
+
+
+class _FusedPattention(torch.autograd.Function):
+    """The fused forward and backward of the module docstring on ``x [T, D]``, ``key [N, D]``,
+    ``value [N, E]`` (contiguous, one dtype), ``tau`` (0-d float32), ``eps`` (float)."""
+
+    @staticmethod
+    def forward(ctx, x, key, value, tau, eps):
+        (t, d), n, e = x.shape, key.shape[0], value.shape[1]
+        scores = torch.empty(t, n, device=x.device, dtype=x.dtype)
+        sumsq = torch.zeros(t, device=x.device, dtype=torch.float32)
+        _scores_kernel[_grid(t, n, _BLOCK_ROWS, _BLOCK_COLS)](
+            x, key, scores, sumsq, t, n, d, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, num_warps=_WARPS)
+        norm = sumsq.sqrt()
+        r = tau.float() / norm.clamp_min(eps)
+        out = torch.empty(t, e, device=x.device, dtype=value.dtype)
+        _attend_kernel[_grid(t, e, _BLOCK_ROWS, _BLOCK_COLS)](
+            scores, r, value, out, t, n, e, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, num_warps=_WARPS)
+        ctx.save_for_backward(x, key, value, scores, norm, r, tau)
+        ctx.eps = eps
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, key, value, scores, norm, r, tau = ctx.saved_tensors
+        grad_out = grad_out.contiguous().to(value.dtype)
+        (t, n), e = scores.shape, value.shape[1]
+        grad_z = torch.empty(t, n, device=x.device, dtype=torch.float32)
+        dot = torch.zeros(t, device=x.device, dtype=torch.float32)
+        _grad_scores_kernel[_grid(t, n, _BLOCK_ROWS, _BLOCK_COLS)](
+            grad_out, value, scores, r, grad_z, dot, t, n, e, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER,
+            num_warps=_WARPS)
+        grad_value = torch.empty_like(value)
+        _grad_value_kernel[_grid(n, e, _BLOCK_ROWS, _BLOCK_COLS)](
+            scores, r, grad_out, grad_value, t, n, e, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, num_warps=_WARPS)
+        # dA = r (dZ − Z ⟨dZ, Z⟩ / ‖Z‖²), ‖Z‖ = τ where the norm was not clamped; else dA = r dZ
+        coefficient = torch.where(norm > ctx.eps, dot / tau.float().square(), torch.zeros_like(dot))
+        grad_scores = (r[:, None] * (grad_z - scores.float() * (r * coefficient)[:, None])).to(x.dtype)
+        return grad_scores @ key, grad_scores.t() @ x, grad_value, None, None
+
+
+def _check_device(x: torch.Tensor):
+    if not x.is_cuda and os.environ.get('TRITON_INTERPRET') != '1':
+        raise RuntimeError(f'Pattention(fused_kernel=True) runs Triton kernels, which need a CUDA tensor; got one on '
+                           f'{x.device}. Use fused_kernel=False there, or set TRITON_INTERPRET=1 before importing '
+                           'tkvision for a slow correctness check on the CPU.')
+
+
+def pattention_fused(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tau: torch.Tensor,
+                     eps: float) -> torch.Tensor:
+    """``GELU(A·τ/max(‖A‖₂, ε)) V_P`` with ``A = x K_Pᵀ`` (paper Eq. 5; the same function as
+    ``Pattention``'s plain path), through the fused kernels of the module docstring.
+
+    Args:
+        x: ``[..., D]`` input tokens.
+        key: ``[N, D]`` key parameter tokens K_P.
+        value: ``[N, E]`` value parameter tokens V_P.
+        tau: 0-d scale τ (no gradient flows to it).
+        eps: lower bound on the row norm.
+
+    Returns:
+        ``[..., E]``, in autocast's dtype under autocast, else in ``value``'s.
+
+    Raises:
+        RuntimeError: ``x`` is not on a CUDA device and ``TRITON_INTERPRET=1`` was not set.
+    """
+    _check_device(x)
+    device_type = x.device.type
+    if torch.is_autocast_enabled(device_type):  # cast as F.linear would, then run the kernels outside autocast
+        dtype = torch.get_autocast_dtype(device_type)
+        x, key, value = x.to(dtype), key.to(dtype), value.to(dtype)
+    else:
+        x = x.to(value.dtype)
+    lead = x.shape[:-1]
+    with torch.autocast(device_type, enabled=False):
+        out = _FusedPattention.apply(x.reshape(-1, x.shape[-1]).contiguous(), key.contiguous(), value.contiguous(),
+                                     tau, eps)
+    return out.reshape(*lead, value.shape[1])
