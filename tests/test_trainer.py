@@ -333,3 +333,28 @@ def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_p
     _, state = assert_torchrun_resumes_exactly(tmp_path, lambda out: [*_args(out, workers=0), '--log_interval', '2'],
                                                29561, lambda s: s['batches_done'] >= 5)
     assert state['epochs_done'] < 2 and 0 < state['batches_done'] < 32
+
+
+def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkeypatch):
+    """``data_wait`` in metrics.csv answers whether the loader keeps the device busy (issue 37 could not
+    tell on the H200): the seconds the training process blocks on the next batch over the epoch's
+    seconds. A loader that takes 50 ms per batch beside 10 ms steps is waited on for most of the epoch."""
+    from types import SimpleNamespace
+
+    class SlowLoader:
+        def __iter__(self):
+            for _ in range(4):
+                time.sleep(0.05)
+                yield torch.zeros(1), torch.zeros(1), []
+
+    monkeypatch.setattr(loop_mod, '_forward_backward', lambda *args, **kwargs: time.sleep(0.01))
+    monkeypatch.setattr(loop_mod, '_optimizer_step', lambda run, state: None)
+    meter = dict(loss_sum=torch.tensor(0.0, dtype=torch.float64), seen=4, skipped=0, seconds=0.0, data_seconds=0.0)
+    state = SimpleNamespace(meter=meter, batches_done=0, num_updates=0,
+                            optimizer=SimpleNamespace(param_groups=[dict(lr=1.0)]))
+    run = SimpleNamespace(cfg=dict(seed=0, log_interval=1), batches_per_epoch=4, accum=1, train_loader=SlowLoader(),
+                          rank=0, world=1, device=torch.device('cpu'), check=lambda state: False)
+    loop_mod._run_batches(run, state, 0, SimpleNamespace(update=lambda n: None, n=0, disable=True))
+    assert 0.2 <= meter['data_seconds'] <= meter['seconds'] and state.batches_done == 4
+    stats = loop_mod._epoch_stats(run, state)
+    assert stats['data_wait'] == pytest.approx(meter['data_seconds'] / meter['seconds']) and stats['data_wait'] > 0.6

@@ -63,7 +63,7 @@ def training_checkpoint(state) -> dict:
     already trained, at an update boundary), ``num_updates`` (optimizer updates), ``best`` (the best
     evaluation: ``dict(top1 | val_loss, epoch, source)``), ``token_counts`` (``growth.model_size``: the
     size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums:
-    ``loss_sum``, ``seen``, ``skipped``, ``seconds``), ``format_version``. The scheduler is not saved:
+    ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``format_version``. The scheduler is not saved:
     it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
     """
     m = state.meter
@@ -71,7 +71,8 @@ def training_checkpoint(state) -> dict:
                 scaler=state.scaler.state_dict(), model_ema=state.ema.module.state_dict() if state.ema else None,
                 epochs_done=state.epochs_done, batches_done=state.batches_done, num_updates=state.num_updates,
                 best=state.best, token_counts=state.size(), config=state.cfg,
-                meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'], seconds=m['seconds']),
+                meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'], seconds=m['seconds'],
+                           data_seconds=m['data_seconds']),
                 format_version=FORMAT_VERSION)
 
 

@@ -9,6 +9,7 @@ uses and returns a dict of averaged stats).
 Mixed precision is branch-free (nanoGPT's form): ``torch.autocast(enabled=amp is not None)`` and a
 ``GradScaler`` that is a no-op unless fp16.
 """
+import itertools
 import math
 import os
 import signal
@@ -231,7 +232,9 @@ def train_one_epoch(run: RunContext, state: TrainState, epoch: int) -> dict:
     batches. Host synchronisations happen only at :meth:`RunContext.check` points.
 
     Returns:
-        ``dict(train_loss, img_per_s, epoch_time, lr, skipped)`` over the whole epoch (all ranks).
+        ``dict(train_loss, img_per_s, epoch_time, data_wait, lr, skipped)`` over the whole epoch (all
+        ranks); ``data_wait``: the share of ``epoch_time`` the training process spent waiting for the
+        next batch from the loader (ranks averaged): near 0 when the loader keeps up with the device.
 
     Raises:
         Preempted: a stop signal arrived (the checkpoint is written first).
@@ -255,7 +258,14 @@ def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
     """The micro-batches of ``epoch`` from ``state.batches_done``: forward, backward, updates, checks."""
     cfg, n, accum, meter = run.cfg, run.batches_per_epoch, run.accum, state.meter
     t0 = time.perf_counter() - meter['seconds']
-    for i, (images, labels, bad) in enumerate(run.train_loader, start=state.batches_done):
+    batches = iter(run.train_loader)
+    for i in itertools.count(state.batches_done):
+        waited = time.perf_counter()  # the host blocks here only when the loader is behind the device
+        batch = next(batches, None)
+        meter['data_seconds'] += time.perf_counter() - waited
+        if batch is None:
+            break
+        images, labels, bad = batch
         seed_step(cfg['seed'], epoch, i, run.rank)
         meter['skipped'] += len(bad)
         update = (i + 1) % accum == 0 or i + 1 == n
@@ -279,13 +289,15 @@ def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
 def _epoch_stats(run: RunContext, state: TrainState) -> dict:
     """The epoch's averages over every rank (one all-reduce)."""
     meter = state.meter
-    stats = torch.tensor([meter['loss_sum'].item(), meter['seen'], meter['skipped']], dtype=torch.float64,
-                         device=run.device)
+    stats = torch.tensor([meter['loss_sum'].item(), meter['seen'], meter['skipped'], meter['data_seconds']],
+                         dtype=torch.float64, device=run.device)
     if run.world > 1:
         dist.all_reduce(stats)
-    loss_sum, seen, skipped = stats.tolist()
-    return dict(train_loss=loss_sum / max(seen, 1), img_per_s=seen / max(meter['seconds'], 1e-9),
-                epoch_time=meter['seconds'], lr=state.optimizer.param_groups[0]['lr'], skipped=int(skipped))
+    loss_sum, seen, skipped, data_seconds = stats.tolist()
+    seconds = max(meter['seconds'], 1e-9)
+    return dict(train_loss=loss_sum / max(seen, 1), img_per_s=seen / seconds, epoch_time=meter['seconds'],
+                data_wait=min(data_seconds / run.world / seconds, 1.0), lr=state.optimizer.param_groups[0]['lr'],
+                skipped=int(skipped))
 
 
 def _forward_backward(run: RunContext, state: TrainState, images, labels, scale: float, sync_grads: bool):

@@ -94,11 +94,13 @@ class TrainState:
         """:func:`tkvision.growth.model_size` of the live model (what a growth step changes)."""
         return growth.model_size(self.model)
 
-    def reset_meter(self, loss_sum=0.0, seen=0, skipped=0, seconds=0.0):
-        """The running epoch's sums: loss (on the device, no host sync per step), images, skipped images."""
+    def reset_meter(self, loss_sum=0.0, seen=0, skipped=0, seconds=0.0, data_seconds=0.0):
+        """The running epoch's sums: loss (on the device, no host sync per step), images, skipped images,
+        training seconds and the seconds of those spent waiting for the loader (a checkpoint written before
+        this was counted resumes with 0)."""
         self.meter = dict(loss_sum=torch.tensor(float(loss_sum), device=self.device, dtype=torch.float64),
                           nonfinite=torch.zeros((), device=self.device, dtype=torch.bool),
-                          seen=seen, skipped=skipped, seconds=seconds)
+                          seen=seen, skipped=skipped, seconds=seconds, data_seconds=data_seconds)
 
     def wrap(self):
         """(Re)build the compiled / DDP forward (``self.net``) over the current parameters."""

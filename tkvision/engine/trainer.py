@@ -158,7 +158,7 @@ def log_epoch(run: RunContext, history: list, row: dict):
                + (f"val loss {row['val_loss']:.4f}  " if 'top1' not in row and 'val_loss' in row else '')
                + (f"ema top-1 {row['ema_top1']:.2f}%  " if 'ema_top1' in row else '')
                + (f"test top-1 {row['test_top1']:.2f}% (once, at the end)  " if 'test_top1' in row else '')
-               + f"{row['img_per_s']:.0f} img/s  {row['epoch_time']:.1f}s"
+               + f"{row['img_per_s']:.0f} img/s  {row['epoch_time']:.1f}s (data wait {row['data_wait']:.0%})"
                + (f'  skipped {skipped} unreadable images' if skipped else '')
                + (f"  grew to {row['grown']}" if 'grown' in row else ''))
 
