@@ -31,7 +31,7 @@ def test_the_gpu_report_command_runs_on_cpu_and_writes_every_part(tmp_path):
     assert lean['saved_mib_lean'] < lean['saved_mib_autograd'] and lean['grad_error'] <= lean['bf16_error']
     e2e = parts['end_to_end']  # one epoch, then --resume to two: the checkpoint carried the run on
     assert [r['epoch'] for r in e2e['epochs']] == [0, 1] and len(e2e['legs']) == 2
-    assert all(0 <= r['top1'] <= 100 and 'ema_top1' in r for r in e2e['epochs'])
+    assert all(0 <= r['top1'] <= 100 and 'ema_top1' in r and 0 <= r['data_wait'] <= 1 for r in e2e['epochs'])
     assert 'torch.distributed.run' in e2e['command'] and '--resume' in e2e['command']
     compiled_parts = {'compiled_train', 'compiled_fused', 'compiled_infer'}
     assert {s['part'] for s in parts['skipped']} == compiled_parts  # --compile-modes eager

@@ -3,8 +3,6 @@ runs it (``torchrun``, an ImageNet recipe, a JPEG folder, one epoch, then ``--re
 import csv
 import importlib.util
 import os
-import shutil
-import statistics
 import subprocess
 import sys
 import time
@@ -34,25 +32,6 @@ def _train_command(folder: str, out: str, device, tiny: bool, compiled: bool, ep
             *(_E2E_TINY if tiny else _E2E), *(['--resume'] if resume else [])]
 
 
-class _Utilisation:
-    """``nvidia-smi``'s GPU utilisation (%), sampled every 200 ms while the block runs; ``mean`` is
-    None where there is no ``nvidia-smi`` (a CPU run)."""
-
-    def __enter__(self):
-        self.mean, self.proc = None, None
-        if shutil.which('nvidia-smi'):
-            self.proc = subprocess.Popen(['nvidia-smi', '--query-gpu=utilization.gpu', '--format=csv,noheader,nounits',
-                                          '-lms', '200'], stdout=subprocess.PIPE, text=True)
-        return self
-
-    def __exit__(self, *exc):
-        if self.proc is not None:
-            self.proc.terminate()
-            samples = [float(v) for v in self.proc.communicate()[0].split() if v.replace('.', '').isdigit()]
-            self.mean = statistics.mean(samples) if samples else None
-        return False
-
-
 def _number(text: str):
     """A metrics.csv cell as the number it holds (an int for a whole number), else the text."""
     try:
@@ -70,8 +49,10 @@ def end_to_end(device, work: str, tiny: bool, compiled: bool, data_dir=None, log
     two), validating every epoch.
 
     Returns:
-        ``dict(command, legs=[{wall_s, gpu_util}], epochs=[metrics.csv rows])``: ``gpu_util`` the mean
-        ``nvidia-smi`` utilisation (%) during the leg (None off a GPU); or ``dict(skipped=reason)``
+        ``dict(command, legs=[{wall_s}], epochs=[metrics.csv rows])``: each epoch's row holds
+        ``data_wait``, the share of its time the trainer waited for the loader (whether the loader
+        keeps the GPU busy; the H200 run of 2026-11-27 predates it and sampled ``nvidia-smi``'s
+        utilisation instead, which start-up and compiling dominated); or ``dict(skipped=reason)``
         without albumentations (the trainer's augmentations).
 
     Raises:
@@ -88,9 +69,8 @@ def end_to_end(device, work: str, tiny: bool, compiled: bool, data_dir=None, log
         cmd = _train_command(folder, out, device, tiny, compiled, epochs, resume)
         log(' '.join(cmd))
         t0 = time.perf_counter()
-        with _Utilisation() as util:
-            subprocess.run(cmd, check=True)
-        legs.append(dict(wall_s=time.perf_counter() - t0, gpu_util=util.mean))
+        subprocess.run(cmd, check=True)
+        legs.append(dict(wall_s=time.perf_counter() - t0))
     with open(os.path.join(out, 'metrics.csv')) as f:
         rows = [{k: _number(v) for k, v in row.items() if v != ''} for row in csv.DictReader(f)]
     return dict(command=' '.join(cmd[2:]), legs=legs, epochs=rows)

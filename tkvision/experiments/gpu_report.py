@@ -18,7 +18,7 @@ It writes one markdown report (and its JSON) with, in order, each part saved as 
    own, saved activations, peak memory, graph breaks under ``torch.compile``;
 6. the trainer end to end (:func:`.gpu_end_to_end.end_to_end`): ``torchrun``, the ImageNet recipe of the B/16†
    (bf16, compile, EMA, gradient accumulation) on a folder of 224 px Fashion-MNIST JPEGs, one epoch,
-   then ``--resume`` for three more, with the GPU's utilisation sampled while it trains;
+   then ``--resume`` for three more; each epoch's ``data_wait`` says whether the loader kept up;
 7. an MAE pretraining step around the TokenFormer† (img/s).
 
 Parts run in :func:`_schedule`'s order (what the issue asks first); with ``--budget-minutes`` a part
@@ -185,14 +185,13 @@ def lean_backward_check(spec: str, batch_size: int, device, compiled: bool, log=
         ``dict(grad_error, bf16_error, saved_mib_lean, saved_mib_autograd, peak_mib_lean,
         peak_mib_autograd, graph_breaks)``: ``grad_error`` is the relative error
         ``‖g_lean − g_autograd‖ / ‖g_autograd‖`` of all parameters' gradients together, ``bf16_error``
-        the same between
-        autograd's bf16 gradients and its float32 ones (autocast off): bf16's own error, the tolerance
-        the lean path must stay within. ``saved_mib_*``: activations kept for backward; ``peak_mib_*``:
-        the step's allocator peak over what was allocated before it. ``graph_breaks``: of
-        ``torch._dynamo.explain`` on the lean path's training forward (0: compile keeps it whole),
-        None unless ``compiled``.
+        the same between autograd's bf16 gradients and its float32 ones (autocast off): bf16's own
+        error, the tolerance the lean path must stay within. ``saved_mib_*``: activations kept for
+        backward; ``peak_mib_*``: the step's allocator peak over what was allocated before it.
+        ``graph_breaks``: of ``torch._dynamo.explain`` on the lean path's training forward (0: compile
+        keeps it whole), None unless ``compiled``.
     """
-    name, kwargs = parse_model_spec(spec)
+    name = parse_model_spec(spec)[0]
     torch.manual_seed(0)
     model = _Step(spec, 'train', batch_size, device, 'bf16', False).model  # the benchmark's own model build
     channels, hw = input_shape(model)
@@ -207,8 +206,9 @@ def lean_backward_check(spec: str, batch_size: int, device, compiled: bool, log=
             out[f'peak_mib_{path}'] = peak
             out[f'saved_mib_{path}'] = saved_activation_mib(model, x, amp)
 
-    def error(a, b):  # over all parameters together: a parameter with a near-zero gradient does not dominate
-        return float(sum((u - v).square().sum() for u, v in zip(a, b)).sqrt() / sum(v.square().sum() for v in b).sqrt())
+    def error(a, b):  # all parameters together: a parameter with a near-zero gradient does not dominate
+        difference = sum((u - v).square().sum() for u, v in zip(a, b))
+        return float((difference / sum(v.square().sum() for v in b)).sqrt())
 
     out.update(grad_error=error(grads['lean'], grads['autograd']),
                bf16_error=error(grads['autograd'], grads['float32']))

@@ -29,7 +29,6 @@ A is stored in the input dtype and ``dZ`` in float32. Tile sizes are fixed (64 x
 autotuned: whether the kernel pays on a GPU is not measured yet (the H200 lease of 2026-11-27 ended
 before it existed; ``docs/performance.md``).
 """
-import math
 import os
 
 import torch
@@ -39,12 +38,10 @@ import triton.language as tl
 __all__ = ['pattention_fused']
 
 _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, _WARPS = 64, 64, 32, 4
-_INV_SQRT2 = 1 / math.sqrt(2)
-_INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
 
 @triton.jit
-def _gelu(z):
+def _gelu(z):  # exact (erf) GELU, as F.gelu's default; 0.7071... = 1/√2 (a jitted function reads no globals)
     return 0.5 * z * (1 + tl.math.erf(z * 0.7071067811865476))
 
 
@@ -104,6 +101,7 @@ def _grad_scores_kernel(go_ptr, v_ptr, a_ptr, r_ptr, gz_ptr, dot_ptr, T, N, E, B
     inside = (rt[:, None] < T) & (rn[None, :] < N)
     r = tl.load(r_ptr + rt, mask=rt < T, other=0.0)
     z = tl.load(a_ptr + rt[:, None] * N + rn[None, :], mask=inside, other=0.0).to(tl.float32) * r[:, None]
+    # GELU'(z) = Φ(z) + z φ(z); 0.3989... = 1/√(2π)
     gelu_grad = 0.5 * (1 + tl.math.erf(z * 0.7071067811865476)) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
     gz = acc * gelu_grad
     tl.store(gz_ptr + rt[:, None] * N + rn[None, :], gz, mask=inside)
