@@ -46,19 +46,28 @@ def _gelu(z):  # exact (erf) GELU, as F.gelu's default; 0.7071... = 1/√2 (a ji
 
 
 @triton.jit
-def _scores_kernel(x_ptr, k_ptr, a_ptr, sumsq_ptr, T, N, D, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
-                   BLOCK_D: tl.constexpr):
-    """A[T, N] = X[T, D] K[N, D]ᵀ; sumsq[t] += Σ_n A[t, n]² (contiguous rows)."""
-    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _tile_times_transposed(x_ptr, y_ptr, rt, rn, T, N, D, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                           BLOCK_D: tl.constexpr):
+    """The float32 ``[BLOCK_T, BLOCK_N]`` tile (rows ``rt``, columns ``rn``) of X[T, D] Y[N, D]ᵀ
+    (contiguous rows): the score GEMM's and the dS GEMM's main loop."""
     rd = tl.arange(0, BLOCK_D)
     acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
     for d0 in range(0, D, BLOCK_D):
         x = tl.load(x_ptr + rt[:, None] * D + (d0 + rd)[None, :],
                     mask=(rt[:, None] < T) & ((d0 + rd)[None, :] < D), other=0.0)
-        k = tl.load(k_ptr + rn[None, :] * D + (d0 + rd)[:, None],
+        y = tl.load(y_ptr + rn[None, :] * D + (d0 + rd)[:, None],
                     mask=(rn[None, :] < N) & ((d0 + rd)[:, None] < D), other=0.0)
-        acc += tl.dot(x, k)
+        acc += tl.dot(x, y)
+    return acc
+
+
+@triton.jit
+def _scores_kernel(x_ptr, k_ptr, a_ptr, sumsq_ptr, T, N, D, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
+                   BLOCK_D: tl.constexpr):
+    """A[T, N] = X[T, D] K[N, D]ᵀ; sumsq[t] += Σ_n A[t, n]² (contiguous rows)."""
+    rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = _tile_times_transposed(x_ptr, k_ptr, rt, rn, T, N, D, BLOCK_T, BLOCK_N, BLOCK_D)
     tl.store(a_ptr + rt[:, None] * N + rn[None, :], acc.to(a_ptr.dtype.element_ty),
              mask=(rt[:, None] < T) & (rn[None, :] < N))
     tl.atomic_add(sumsq_ptr + rt, tl.sum(acc * acc, axis=1), mask=rt < T)  # masked entries are 0
@@ -90,14 +99,7 @@ def _grad_scores_kernel(go_ptr, v_ptr, a_ptr, r_ptr, gz_ptr, dot_ptr, T, N, E, B
     """dZ[T, N] = (dO[T, E] V[N, E]ᵀ) ⊙ GELU'(A · r) (float32); dot[t] += Σ_n dZ Z."""
     rt = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
-    re = tl.arange(0, BLOCK_E)
-    acc = tl.zeros((BLOCK_T, BLOCK_N), dtype=tl.float32)
-    for e0 in range(0, E, BLOCK_E):
-        go = tl.load(go_ptr + rt[:, None] * E + (e0 + re)[None, :],
-                     mask=(rt[:, None] < T) & ((e0 + re)[None, :] < E), other=0.0)
-        v = tl.load(v_ptr + rn[None, :] * E + (e0 + re)[:, None],
-                    mask=(rn[None, :] < N) & ((e0 + re)[:, None] < E), other=0.0)
-        acc += tl.dot(go, v)
+    acc = _tile_times_transposed(go_ptr, v_ptr, rt, rn, T, N, E, BLOCK_T, BLOCK_N, BLOCK_E)
     inside = (rt[:, None] < T) & (rn[None, :] < N)
     r = tl.load(r_ptr + rt, mask=rt < T, other=0.0)
     z = tl.load(a_ptr + rt[:, None] * N + rn[None, :], mask=inside, other=0.0).to(tl.float32) * r[:, None]
