@@ -46,6 +46,14 @@ def _gelu(z):  # exact (erf) GELU, as F.gelu's default; 0.7071... = 1/√2 (a ji
 
 
 @triton.jit
+def _z_tile(a_ptr, r, rows, cols, T, N):
+    """Z = A · r on the tile (``rows``, ``cols``) of A[T, N] (contiguous rows), float32, 0 outside A;
+    ``r``: the rows' scales, already loaded. Where the kernels recompute Θ's input from the stored A."""
+    a = tl.load(a_ptr + rows[:, None] * N + cols[None, :], mask=(rows[:, None] < T) & (cols[None, :] < N), other=0.0)
+    return a.to(tl.float32) * r[:, None]
+
+
+@triton.jit
 def _tile_times_transposed(x_ptr, y_ptr, rt, rn, T, N, D, BLOCK_T: tl.constexpr, BLOCK_N: tl.constexpr,
                            BLOCK_D: tl.constexpr):
     """The float32 ``[BLOCK_T, BLOCK_N]`` tile (rows ``rt``, columns ``rn``) of X[T, D] Y[N, D]ᵀ
@@ -83,11 +91,9 @@ def _attend_kernel(a_ptr, r_ptr, v_ptr, o_ptr, T, N, E, BLOCK_T: tl.constexpr, B
     r = tl.load(r_ptr + rt, mask=rt < T, other=0.0)
     acc = tl.zeros((BLOCK_T, BLOCK_E), dtype=tl.float32)
     for n0 in range(0, N, BLOCK_N):
-        a = tl.load(a_ptr + rt[:, None] * N + (n0 + rn)[None, :],
-                    mask=(rt[:, None] < T) & ((n0 + rn)[None, :] < N), other=0.0)
         v = tl.load(v_ptr + (n0 + rn)[:, None] * E + re[None, :],
                     mask=((n0 + rn)[:, None] < N) & (re[None, :] < E), other=0.0)
-        s = _gelu(a.to(tl.float32) * r[:, None])
+        s = _gelu(_z_tile(a_ptr, r, rt, n0 + rn, T, N))
         acc += tl.dot(s.to(v.dtype), v)
     tl.store(o_ptr + rt[:, None] * E + re[None, :], acc.to(o_ptr.dtype.element_ty),
              mask=(rt[:, None] < T) & (re[None, :] < E))
@@ -101,8 +107,7 @@ def _grad_scores_kernel(go_ptr, v_ptr, a_ptr, r_ptr, gz_ptr, dot_ptr, T, N, E, B
     rn = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = _tile_times_transposed(go_ptr, v_ptr, rt, rn, T, N, E, BLOCK_T, BLOCK_N, BLOCK_E)
     inside = (rt[:, None] < T) & (rn[None, :] < N)
-    r = tl.load(r_ptr + rt, mask=rt < T, other=0.0)
-    z = tl.load(a_ptr + rt[:, None] * N + rn[None, :], mask=inside, other=0.0).to(tl.float32) * r[:, None]
+    z = _z_tile(a_ptr, tl.load(r_ptr + rt, mask=rt < T, other=0.0), rt, rn, T, N)
     # GELU'(z) = Φ(z) + z φ(z); 0.3989... = 1/√(2π)
     gelu_grad = 0.5 * (1 + tl.math.erf(z * 0.7071067811865476)) + z * tl.exp(-0.5 * z * z) * 0.3989422804014327
     gz = acc * gelu_grad
@@ -120,11 +125,9 @@ def _grad_value_kernel(a_ptr, r_ptr, go_ptr, gv_ptr, T, N, E, BLOCK_N: tl.conste
     acc = tl.zeros((BLOCK_N, BLOCK_E), dtype=tl.float32)
     for t0 in range(0, T, BLOCK_T):
         rows = t0 + rt
-        r = tl.load(r_ptr + rows, mask=rows < T, other=0.0)
-        a = tl.load(a_ptr + rows[:, None] * N + rn[None, :], mask=(rows[:, None] < T) & (rn[None, :] < N), other=0.0)
         go = tl.load(go_ptr + rows[:, None] * E + re[None, :], mask=(rows[:, None] < T) & (re[None, :] < E),
                      other=0.0)
-        s = _gelu(a.to(tl.float32) * r[:, None])
+        s = _gelu(_z_tile(a_ptr, tl.load(r_ptr + rows, mask=rows < T, other=0.0), rows, rn, T, N))
         acc += tl.dot(tl.trans(s.to(go.dtype)), go)
     tl.store(gv_ptr + rn[:, None] * E + re[None, :], acc.to(gv_ptr.dtype.element_ty),
              mask=(rn[:, None] < N) & (re[None, :] < E))
