@@ -68,6 +68,8 @@ def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
     assert abs(rows['tokenformer_chain']['of_largest'] - 100 * chain['compute'] / big['compute']) < 1e-9
     assert rows['tokenformer_chain']['size'].endswith('→ 16-64') and rows['tokenformer_scratch_16-64']['of_largest'] == 100
     assert report(str(tmp_path / 'again'), stored['results']) == text
+    # one seed has no spread: none in results.json (– in docs/growth.md), '(one seed)' in the report, not ± 0.00
+    assert rows['tokenformer_chain']['top1_std'] is None and '(one seed)' in text and '± 0.00' not in text
 
 
 def test_a_preempted_point_stops_the_sweep_instead_of_training_the_next(tmp_path, monkeypatch, capsys):
@@ -161,3 +163,23 @@ def test_curves_read_the_kept_metrics_at_one_based_epochs_and_name_a_missing_one
         dict(point='b_seed0', quantity='train_loss', epoch_1=2.0, epoch_2=1.5)]
     with pytest.raises(ValueError, match=r'b_seed0_metrics.csv has no epoch \[3\] \(it has 1..2\)'):
         curve_rows(str(tmp_path), [1, 3])
+
+
+def test_one_seed_is_reported_without_a_spread_and_several_with_the_sample_std(tmp_path):
+    """A single seed's std is None (an empty cell, – in the docs), never 0.0, which would claim that seeds
+    agree; several seeds' is the sample std (n - 1), here checked against hand arithmetic. The sweep's and
+    the NaFlex experiment's tables wrote 0.0 for one seed."""
+    from tkvision.experiments.naflex_experiment import summarize_rows
+    from tkvision.experiments.sweep import mean_std, summarize
+    assert mean_std([80.0, 82.0, 84.0]) == (82.0, 2.0) and mean_std([81.234], 2) == (81.23, None)
+    records = [dict(config='a', seed=0, status='ok', top1=80.0, test_top1=79.0, params=10, img_per_s=5.0, minutes=1.0),
+               dict(config='a', seed=1, status='ok', top1=83.0, test_top1=80.0, params=10, img_per_s=5.0, minutes=1.0),
+               dict(config='b', seed=0, status='ok', top1=70.0, test_top1=69.0, params=20, img_per_s=4.0, minutes=2.0)]
+    rows = {r['config']: r for r in summarize(records, str(tmp_path))}
+    assert abs(rows['a']['top1_std'] - 4.5 ** 0.5) < 1e-12 and rows['b']['top1_std'] is None
+    stored = {r['config']: r for r in csv.DictReader(open(tmp_path / 'results.csv'))}
+    assert stored['b']['top1_std'] == stored['b']['test_top1_std'] == ''
+    table = (tmp_path / 'results.md').read_text()
+    assert '| b | 70.00 (one seed) | 69.00 (one seed) |' in table and '| a | 81.50 ± 2.12 | 79.50 ± 0.71 |' in table
+    lengths = [dict(config='c', test_set='val', length=64, top1=60.0, img_per_s=9.0)]
+    assert summarize_rows(lengths)[0]['top1_std'] is None

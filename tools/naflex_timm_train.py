@@ -34,6 +34,7 @@ sys.path.insert(0, ROOT)
 
 from tkvision.data.fashion_mnist import write_image_folder  # noqa: E402
 from tkvision.experiments.benchmark import machine_info  # noqa: E402
+from tkvision.experiments.sweep import mean_std  # noqa: E402
 from tkvision.utils.files import atomic_write  # noqa: E402
 
 SIZES = [(32, 32), (48, 96), (96, 48), (64, 64)]
@@ -74,9 +75,7 @@ def means(rows: list) -> list:
         mine = [r for r in rows if r['model'] == model]
         row = dict(model=model, seeds=len(mine), params=mine[0]['params'])
         for key in ('top1_last', 'top1_best'):
-            values = [r[key] for r in mine]
-            row[key + '_mean'] = round(statistics.mean(values), 2)
-            row[key + '_std'] = round(statistics.stdev(values), 2) if len(values) > 1 else 0.0
+            row[key + '_mean'], row[key + '_std'] = mean_std([r[key] for r in mine], 2)
         row['img_per_s'] = round(statistics.mean(r['img_per_s'] for r in mine), 1)
         out.append(row)
     return out

@@ -48,7 +48,7 @@ from ..engine.trainer import resolve_run_config, train
 from ..utils.files import atomic_write
 from .benchmark import machine_info
 from .growth_experiment import train_flops_per_image
-from .sweep import point_dir, run_sweep
+from .sweep import mean_std, point_dir, run_sweep
 
 __all__ = ['run_comparison', 'collect_points', 'config_changes_from', 'time_configs', 'speed_rows', 'write_speed', 'points_from_records',
            'read_points', 'merge_points', 'comparison_rows', 'write_report', 'keep_metrics', 'curve_rows', 'write_curves']
@@ -72,13 +72,6 @@ def read_points(path: str) -> list:
         return [dict(r, seed=int(r['seed']), **{k: float(r[k]) for k in POINT_COLUMNS[2:]}) for r in csv.DictReader(f)]
 
 
-def _mean_std(values: list) -> tuple:
-    """Mean and sample std, both rounded to 2 decimals; one value has no spread: its std is None (an empty
-    cell in ``results.csv``, shown as – in docs), not 0.0, which would claim seeds that agree."""
-    mean = round(statistics.mean(values), 2)
-    return mean, (round(statistics.stdev(values), 2) if len(values) > 1 else None)
-
-
 def _config_row(config: str, points: list) -> dict:
     """One ``results.csv`` row: what the config trains (read from the file) and its seeds' figures."""
     cfg = resolve_run_config(load_config(config))
@@ -86,7 +79,7 @@ def _config_row(config: str, points: list) -> dict:
         params = sum(p.numel() for p in model_for_config(cfg).parameters() if p.requires_grad)
     gflops = train_flops_per_image(cfg) / 1e9
     images = len(build_dataset(section(cfg, 'data'), 'train', cfg['seed']))  # after the validation carve-out
-    top1, test = _mean_std([p['top1'] for p in points]), _mean_std([p['test_top1'] for p in points])
+    top1, test = mean_std([p['top1'] for p in points], 2), mean_std([p['test_top1'] for p in points], 2)
     return dict(config=_name(config), model=cfg['model'], num_tokens=cfg['model_kwargs'].get('num_tokens', ''),
                 embed_dim=cfg['model_kwargs'].get('embed_dim', ''), epochs=cfg['epochs'], params=params,
                 train_gflops_per_image=gflops, train_tflops=gflops * images * cfg['epochs'] / 1e3,

@@ -39,6 +39,7 @@ from ..engine.trainer import train
 from ..growth import model_size, schedule_sizes
 from ..utils.files import atomic_write
 from .benchmark import flop_counter
+from .sweep import mean_std, plus_minus
 
 __all__ = ['FAMILIES', 'ABLATION_BASE', 'ABLATIONS', 'TAU_VARIANTS', 'SHAPES', 'train_flops_per_image', 'stage_sizes', 'size_kwargs', 'plan_runs',
            'run_all', 'report']
@@ -213,10 +214,6 @@ def _mean_curve(seed_results):
             for e in range(n)]
 
 
-def _mean_std(xs):
-    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
 def answer(results: dict, family: str, chain: str = 'chain') -> dict:
     """How the ``family`` chain compares with its largest size from scratch (means over seeds).
 
@@ -270,7 +267,7 @@ def run_rows(results: dict) -> list:
     for name in order:
         rs, family = results[name], name.split('_')[0]
         largest = largest_compute[family]
-        m, s = _mean_std([r['top1'] for r in rs])
+        m, s = mean_std([r['top1'] for r in rs])
         main = '_scratch_' in name or name in (f'{family}_chain', *(f'{family}_chain_{k}' for k in SHAPES))
         rows.append(dict(
             name=name, family=family, group='main' if main else 'ablation',
@@ -297,8 +294,8 @@ def ablation_rows(results: dict) -> list:
             values = [r.get(key) for r in rs]
             paired = [r[key] - base[r['seed']][key] for r in rs if r.get(key) is not None
                       and base.get(r['seed'], {}).get(key) is not None]
-            m, s = _mean_std(values) if None not in values else (math.nan, math.nan)
-            dm, ds = _mean_std(paired) if paired else (math.nan, math.nan)
+            m, s = mean_std(values) if None not in values else (math.nan, math.nan)
+            dm, ds = mean_std(paired) if paired else (math.nan, math.nan)
             row.update({f'{prefix}top1': m, f'{prefix}top1_std': s, f'{prefix}delta': dm, f'{prefix}delta_std': ds})
         rows.append(row)
     return rows
@@ -321,13 +318,13 @@ def report(out: str, results: dict = None) -> str:
     lines += ['', '## Runs (top-1 %, mean ± std over seeds; compute in TFLOPs)', '',
               '| run | seeds | top-1 at each stage end | final top-1 | compute |', '|---|---|---|---|---|']
     for r in tables['run_rows']:
-        lines.append(f"| {r['name']} | {r['seeds']} | {r['stage_top1']} | {r['top1']:.2f} ± {r['top1_std']:.2f} | "
+        lines.append(f"| {r['name']} | {r['seeds']} | {r['stage_top1']} | {plus_minus(r['top1'], r['top1_std'])} | "
                      f"{r['compute_tflops']:.1f} |")
     lines += ['', '## What makes a growth step work (TokenFormer chain, one setting changed from the first recipe)', '',
               '| setting | seeds | final top-1 | Δ vs the first recipe (same seeds) |', '|---|---|---|---|']
     for r in tables['ablation_rows']:
-        lines.append(f"| {r['setting']} | {r['seeds']} | {r['top1']:.2f} ± {r['top1_std']:.2f} | "
-                     f"{r['delta']:+.2f} ± {r['delta_std']:.2f} |")
+        lines.append(f"| {r['setting']} | {r['seeds']} | {plus_minus(r['top1'], r['top1_std'])} | "
+                     f"{plus_minus(r['delta'], r['delta_std'], '+.2f')} |")
     lines += _tau_lines(tables['tau_rows'])
     text = '\n'.join(lines) + '\n'
     os.makedirs(out, exist_ok=True)
@@ -351,9 +348,9 @@ def tau_rows(results: dict) -> list:
         rs = results.get(f'tokenformer_chain_{name}')
         if not rs:
             continue
-        (m, s), (tm, ts) = _mean_std([r['top1'] for r in rs]), _mean_std([r['test_top1'] for r in rs])
+        (m, s), (tm, ts) = mean_std([r['top1'] for r in rs]), mean_std([r['test_top1'] for r in rs])
         steps = range(min(len(r['jumps']) for r in rs))
-        (dv, dvs), (dt, dts) = (_mean_std([r[key] - keep[r['seed']][key] for r in rs if r['seed'] in keep] or [math.nan])
+        (dv, dvs), (dt, dts) = (mean_std([r[key] - keep[r['seed']][key] for r in rs if r['seed'] in keep] or [math.nan])
                                 for key in ('top1', 'test_top1'))
         rows.append(dict(
             setting=what, seeds=len(rs), val_top1=m, val_top1_std=s, test_top1=tm, test_top1_std=ts,
@@ -371,8 +368,8 @@ def _tau_lines(rows: list) -> list:
              '| setting | seeds | final val top-1 | final test top-1 | val loss jump at each step | val top-1 jump at each step |',
              '|---|---|---|---|---|---|']
     for r in rows:
-        lines.append(f"| {r['setting']} | {r['seeds']} | {r['val_top1']:.2f} ± {r['val_top1_std']:.2f} | "
-                     f"{r['test_top1']:.2f} ± {r['test_top1_std']:.2f} | {r['loss_jumps']} | {r['top1_jumps']} |")
+        lines.append(f"| {r['setting']} | {r['seeds']} | {plus_minus(r['val_top1'], r['val_top1_std'])} | "
+                     f"{plus_minus(r['test_top1'], r['test_top1_std'])} | {r['loss_jumps']} | {r['top1_jumps']} |")
     return lines
 
 

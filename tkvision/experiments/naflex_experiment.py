@@ -35,7 +35,7 @@ from ..engine.evaluate import evaluate
 from ..engine.loop import naflex_patch_size
 from ..utils.files import atomic_write
 from .benchmark import machine_info
-from .sweep import point_dir, run_sweep
+from .sweep import mean_std, point_dir, run_sweep
 
 __all__ = ['SIZES', 'UNSEEN_SIZES', 'LENGTHS', 'write_data', 'at_length', 'evaluate_run', 'summarize_rows', 'run_experiment']
 
@@ -103,11 +103,6 @@ def evaluate_run(run_dir: str, test_dirs: dict, lengths=LENGTHS) -> list:
     return rows
 
 
-def _spread(values: list) -> float:
-    """Sample std over seeds, 2 decimals (0 for one seed)."""
-    return round(statistics.stdev(values), 2) if len(values) > 1 else 0.0
-
-
 def summarize_rows(rows: list, keys=('config', 'test_set', 'length')) -> list:
     """Means and sample stds over seeds of ``top1`` and ``img_per_s`` for each ``keys`` group, in first-seen order."""
     groups = {}
@@ -115,8 +110,8 @@ def summarize_rows(rows: list, keys=('config', 'test_set', 'length')) -> list:
         groups.setdefault(tuple(r[k] for k in keys), []).append(r)
     out = []
     for key, group in groups.items():
-        top1 = [r['top1'] for r in group]
-        out.append(dict(zip(keys, key), seeds=len(group), top1_mean=round(statistics.mean(top1), 2), top1_std=_spread(top1),
+        top1 = mean_std([r['top1'] for r in group], 2)
+        out.append(dict(zip(keys, key), seeds=len(group), top1_mean=top1[0], top1_std=top1[1],
                         img_per_s=round(statistics.mean(r['img_per_s'] for r in group), 1)))
     return out
 
@@ -147,9 +142,8 @@ def _training_means(training: list) -> list:
     out = []
     for config in dict.fromkeys(r['config'] for r in training):
         group = [r for r in training if r['config'] == config]
-        val, test = [r['val_top1'] for r in group], [r['test_top1'] for r in group]
+        val, test = mean_std([r['val_top1'] for r in group], 2), mean_std([r['test_top1'] for r in group], 2)
         out.append(dict(config=config, params=group[0]['params'], seeds=len(group),
-                        val_top1_mean=round(statistics.mean(val), 2), val_top1_std=_spread(val),
-                        test_top1_mean=round(statistics.mean(test), 2), test_top1_std=_spread(test),
+                        val_top1_mean=val[0], val_top1_std=val[1], test_top1_mean=test[0], test_top1_std=test[1],
                         train_img_per_s=round(statistics.mean(r['train_img_per_s'] for r in group), 1)))
     return out

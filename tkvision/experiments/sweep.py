@@ -137,11 +137,33 @@ def _write_tables(rows: list, records: list, out: str):
     lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |',
              '|---|---|---|---|---|---|---|---|']
     for r in rows:
-        lines.append(f"| {r['config']} | {r['top1_mean']:.2f} ± {r['top1_std']:.2f} | "
-                     f"{r['test_top1_mean']:.2f} ± {r['test_top1_std']:.2f} | {r['seeds']} | {r['params']} | "
+        lines.append(f"| {r['config']} | {plus_minus(r['top1_mean'], r['top1_std'])} | "
+                     f"{plus_minus(r['test_top1_mean'], r['test_top1_std'])} | {r['seeds']} | {r['params']} | "
                      f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write('\n'.join(lines) + '\n')
+
+
+def mean_std(values: list, digits: int = None) -> tuple:
+    """Mean and sample standard deviation (``statistics.stdev``, n - 1 in the denominator) of one figure over
+    seeds, each rounded to ``digits`` decimals when given. One value has no spread: its std is None (an empty
+    cell in a CSV, null in JSON, – in the docs' tables), not 0.0, which would claim seeds that agree. Every
+    report of several seeds (sweep, comparison, growth, NaFlex) takes its spreads from here.
+
+    Raises:
+        statistics.StatisticsError: ``values`` is empty.
+    """
+    mean = statistics.mean(values)
+    std = statistics.stdev(values) if len(values) > 1 else None
+    if digits is not None:
+        mean, std = round(mean, digits), (None if std is None else round(std, digits))
+    return mean, std
+
+
+def plus_minus(mean: float, std, spec: str = '.2f') -> str:
+    """A report's ``'mean ± std'`` cell (``spec`` formats the mean, e.g. ``'+.2f'`` for a delta); ``'mean
+    (one seed)'`` where :func:`mean_std` gave no spread."""
+    return f'{mean:{spec}} (one seed)' if std is None else f'{mean:{spec}} ± {std:.2f}'
 
 
 def summarize(records, out, title='Ablation sweep') -> list:
@@ -155,20 +177,17 @@ def summarize(records, out, title='Ablation sweep') -> list:
     for config in dict.fromkeys(r['config'] for r in records):
         ok = [r for r in records if r['config'] == config and r.get('status') == 'ok']
         failed = [r for r in records if r['config'] == config and r.get('status') != 'ok']
-        top1 = [r['top1'] for r in ok]
-        test = [r['test_top1'] for r in ok if r.get('test_top1') is not None]
+        top1 = mean_std([r['top1'] for r in ok] or [float('nan')])
+        test = mean_std([r['test_top1'] for r in ok if r.get('test_top1') is not None] or [float('nan')])
         rows.append(dict(config=config, seeds=' '.join(str(r['seed']) for r in ok),
-                         top1_mean=statistics.mean(top1) if top1 else float('nan'),
-                         top1_std=statistics.stdev(top1) if len(top1) > 1 else 0.0,
-                         test_top1_mean=statistics.mean(test) if test else float('nan'),
-                         test_top1_std=statistics.stdev(test) if len(test) > 1 else 0.0,
+                         top1_mean=top1[0], top1_std=top1[1], test_top1_mean=test[0], test_top1_std=test[1],
                          params=ok[0]['params'] if ok and 'params' in ok[0] else '',
                          img_per_s=statistics.mean(r['img_per_s'] for r in ok) if ok else float('nan'),
                          minutes=statistics.mean(r['minutes'] for r in ok) if ok else float('nan'),
                          failed='; '.join(f"seed {r['seed']}: {r.get('error', '?')}" for r in failed)))
     _write_tables(rows, records, out)
     fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(rows)), 4))
-    ax.bar(range(len(rows)), [r['top1_mean'] for r in rows], yerr=[r['top1_std'] for r in rows], capsize=4,
+    ax.bar(range(len(rows)), [r['top1_mean'] for r in rows], yerr=[r['top1_std'] or 0 for r in rows], capsize=4,
            color='tab:blue')
     ax.set_xticks(range(len(rows)), [r['config'] for r in rows], rotation=30, ha='right')
     finite = [r['top1_mean'] for r in rows if r['top1_mean'] == r['top1_mean']]
@@ -183,7 +202,7 @@ def summarize(records, out, title='Ablation sweep') -> list:
     if points:  # accuracy against size: the parameter-efficiency view (RingFormer's Tables 2-3)
         fig, ax = plt.subplots(figsize=(6.5, 4.5))
         for r in points:
-            ax.errorbar(r['params'] / 1e3, r['top1_mean'], yerr=r['top1_std'], fmt='o', capsize=4)
+            ax.errorbar(r['params'] / 1e3, r['top1_mean'], yerr=r['top1_std'] or 0, fmt='o', capsize=4)
             ax.annotate(r['config'], (r['params'] / 1e3, r['top1_mean']), textcoords='offset points', xytext=(5, 4),
                         fontsize=8)
         ax.set(xscale='log', xlabel='parameters (thousands, log scale)', ylabel='validation top-1 (%), mean ± std', title=title)
