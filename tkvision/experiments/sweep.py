@@ -30,7 +30,7 @@ from ..engine.trainer import train
 from ..utils.errors import EXIT_PREEMPTED, Preempted
 from ..utils.files import atomic_write
 
-__all__ = ['run_sweep', 'summarize', 'expand_configs', 'point_dir']
+__all__ = ['run_sweep', 'summarize', 'expand_configs', 'point_dir', 'mean_std', 'plus_minus']
 
 
 def point_dir(out: str, config: str, seed: int) -> str:
