@@ -183,3 +183,37 @@ def test_one_seed_is_reported_without_a_spread_and_several_with_the_sample_std(t
     assert '| b | 70.00 (one seed) | 69.00 (one seed) |' in table and '| a | 81.50 ± 2.12 | 79.50 ± 0.71 |' in table
     lengths = [dict(config='c', test_set='val', length=64, top1=60.0, img_per_s=9.0)]
     assert summarize_rows(lengths)[0]['top1_std'] is None
+
+
+def test_a_resumed_points_minutes_count_the_time_before_its_preemption(tmp_path, monkeypatch):
+    """A point stopped after its first epoch's checkpoint and finished by a rerun reports the minutes of
+    both parts, as ``result.json`` and the reports' minutes column (and their ratios) read it: the sweep
+    reported only the last part's wall time (a 75-epoch long-recipe run resumed for its last five epochs
+    said 10.5 minutes instead of ~150)."""
+    import time
+
+    from tkvision.engine import loop as loop_mod
+    from tkvision.experiments import sweep
+    base = dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=2, warmup_epochs=0.5,
+                batch_size=64, lr=2e-3, train_subset=256, val_subset=64, threads=1)
+    config = _write(tmp_path / 'point.yaml', base)
+    out, real_save, pause = str(tmp_path / 'sweep'), loop_mod.save_training_checkpoint, 4.0
+
+    def slow_then_crash(state, path):  # the first part takes `pause` seconds longer, then the process dies
+        time.sleep(pause)
+        real_save(state, path)
+        raise KeyboardInterrupt('simulated crash after the first checkpoint')
+
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', slow_then_crash)
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        sweep.run_sweep([config], [0], out, log=lambda *a: None)
+    first = time.perf_counter() - t0
+    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', real_save)
+    t0 = time.perf_counter()
+    [record] = sweep.run_sweep([config], [0], out, log=lambda *a: None)
+    second = time.perf_counter() - t0
+    assert record['status'] == 'ok'
+    # the first part's pause counted; more than the rerun's own wall time (all the old code counted), no more
+    # than both parts' wall time
+    assert 60 * record['minutes'] >= pause and second < 60 * record['minutes'] <= first + second

@@ -63,7 +63,9 @@ def training_checkpoint(state) -> dict:
     already trained, at an update boundary), ``num_updates`` (optimizer updates), ``best`` (the best
     evaluation: ``dict(top1 | val_loss, epoch, source)``), ``token_counts`` (``growth.model_size``: the
     size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums:
-    ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``format_version``. The scheduler is not saved:
+    ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``elapsed_seconds`` (the run's wall
+    seconds so far, all processes that trained it: ``TrainState.elapsed_seconds``; files without it count
+    from their resume), ``format_version``. The scheduler is not saved:
     it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
     """
     m = state.meter
@@ -73,7 +75,7 @@ def training_checkpoint(state) -> dict:
                 best=state.best, token_counts=state.size(), config=state.cfg,
                 meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'], seconds=m['seconds'],
                            data_seconds=m['data_seconds']),
-                format_version=FORMAT_VERSION)
+                elapsed_seconds=state.elapsed_seconds(), format_version=FORMAT_VERSION)
 
 
 def save_training_checkpoint(state, path: str):

@@ -7,6 +7,7 @@ evaluation; its ``state_dict`` is the ``last.pth`` format of
 model, the optimizer's moments, the EMA and the frozen rows always move together.
 """
 import math
+import time
 
 import torch
 from timm.utils import ModelEmaV3
@@ -29,6 +30,7 @@ class TrainState:
     Args:
         cfg: the run's (validated, data-resolved) config. device: where the model lives.
         world: number of processes. updates_per_epoch: optimizer updates per epoch (for the schedule).
+        started: ``time.monotonic()`` when this process began the run (its set-up counts; default: now).
 
     Attributes:
         model, optimizer, scheduler, scaler (a no-op unless fp16), ema (``ModelEmaV3`` or None).
@@ -37,14 +39,17 @@ class TrainState:
             trained (always at an optimizer-update boundary). num_updates: optimizer updates so far.
         best: ``dict(top1 | val_loss, epoch, source)`` of the best evaluation (highest top-1, or for
             ``task: mae`` the lowest validation reconstruction loss). meter: the running epoch's sums.
+        seconds_before: wall seconds the run had spent before this process took it over (0 for a new run;
+            the checkpoint's ``elapsed_seconds`` on resume): see :meth:`elapsed_seconds`.
 
     Raises:
         ConfigError: ``growth.freeze_old_tokens`` on a model without parameter tokens.
         FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
     """
 
-    def __init__(self, cfg: dict, device, world: int, updates_per_epoch: int):
+    def __init__(self, cfg: dict, device, world: int, updates_per_epoch: int, started: float = None):
         self.cfg, self.device, self.world, self.updates_per_epoch = cfg, device, world, updates_per_epoch
+        self.seconds_before, self._started = 0.0, time.monotonic() if started is None else started
         self.model = model_for_config(cfg).to(device)
         self.grown_from, self.init_report = {}, ''
         self.freeze_handles = []  # growth.freeze_old_tokens: hooks of the current stage
@@ -89,6 +94,12 @@ class TrainState:
                                     self.updates_per_epoch)
         scheduler.step_update(self.num_updates)
         return scheduler
+
+    def elapsed_seconds(self) -> float:
+        """Wall seconds of the whole run so far, in every process that trained it (model building,
+        training, evaluation and checkpoints included; work lost to a crash after the last checkpoint is
+        not): what a run that was stopped and resumed would have taken uninterrupted, plus set-up."""
+        return self.seconds_before + time.monotonic() - self._started
 
     def size(self) -> dict:
         """:func:`tkvision.growth.model_size` of the live model (what a growth step changes)."""
@@ -177,6 +188,7 @@ class TrainState:
             self.ema.module.load_state_dict(state['model_ema'])
         self.epochs_done, self.batches_done = state['epochs_done'], state['batches_done']
         self.num_updates, self.best = state['num_updates'], state['best']
+        self.seconds_before = state.get('elapsed_seconds', 0.0)  # checkpoints before the key: from here on
         self.reset_meter(**state['meter'])
         self.scheduler = self._make_scheduler()
         self.wrap()

@@ -22,6 +22,7 @@ draws, so the result is bit-identical to an uninterrupted run for any ``num_work
 import csv
 import os
 import signal
+import time
 
 import torch
 from timm.utils import random_seed
@@ -225,6 +226,7 @@ def _claim_output(cfg: dict, rank: int, device, resume):
 
 def _start(cfg: dict, resume):
     """Processes, output directory (locked, rank 0), data and state; every rank fails if one does."""
+    started = time.monotonic()  # the run's clock (TrainState.elapsed_seconds) counts the set-up too
     cfg = resolve_run_config(cfg)
     check_model_input(cfg)
     setup_threads(section(cfg, 'run'))
@@ -233,7 +235,7 @@ def _start(cfg: dict, resume):
     try:
         random_seed(cfg['seed'])  # the same initial weights on every rank
         run = RunContext(cfg, rank, world, device)
-        state = TrainState(cfg, device, world, run.updates_per_epoch)
+        state = TrainState(cfg, device, world, run.updates_per_epoch, started)
         if cfg['task'] != 'mae':
             run.set_loss(state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
@@ -274,6 +276,7 @@ def _train_epochs(cfg: dict, run: RunContext, state: TrainState, history: list):
         if last_epoch:
             row.update(evaluate_test(run, state))
         row['tokens'] = sum(growth.model_size(state.model).values())
+        row['elapsed_minutes'] = state.elapsed_seconds() / 60  # the whole run's, across resumes
         due = growth_due(cfg, epoch)
         if due:
             # new tokens drawn from their own stream: the same on every rank, unrelated to the data's

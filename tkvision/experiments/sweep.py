@@ -18,7 +18,6 @@ import shutil
 import statistics
 import subprocess
 import sys
-import time
 import traceback
 
 import torch
@@ -57,14 +56,22 @@ def _command(config, seed, run_dir, launcher, nproc, extra):
     return [sys.executable, *args]
 
 
+def _timing(rows: list) -> dict:
+    """``img_per_s`` (mean over epochs) and ``minutes`` of a finished run from its ``metrics.csv`` rows:
+    the last row's ``elapsed_minutes``, the whole run's wall time across resumes
+    (:meth:`~tkvision.engine.state.TrainState.elapsed_seconds`); rows written before that column have
+    the sum of the epochs' training time (``epoch_time``, evaluation not counted)."""
+    last = rows[-1].get('elapsed_minutes')
+    minutes = float(last) if last not in (None, '') else sum(float(r['epoch_time']) for r in rows) / 60
+    return dict(img_per_s=statistics.mean(float(r['img_per_s']) for r in rows), minutes=minutes)
+
+
 def _run_point(config, seed, run_dir, extra):
     """Train one point in this process; returns the result record."""
     cfg = load_config(config, ['--seed', str(seed), '--output', run_dir, '--progress', 'false', *extra])
-    t0 = time.perf_counter()
     res = train(cfg, resume=bool(_prepare_point_dir(run_dir)))
-    hist = res['history']
-    return dict(top1=res['top1'], best_top1=res['best_top1'], test_top1=res['test_top1'], params=sum(p.numel() for p in res['model'].parameters()),
-                img_per_s=statistics.mean(float(h['img_per_s']) for h in hist), minutes=(time.perf_counter() - t0) / 60,
+    return dict(top1=res['top1'], best_top1=res['best_top1'], test_top1=res['test_top1'],
+                params=sum(p.numel() for p in res['model'].parameters()), **_timing(res['history']),
                 threads=torch.get_num_threads())
 
 
@@ -73,7 +80,9 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
 
     A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, test_top1, params, img_per_s,
     minutes, error``: ``top1`` / ``best_top1`` on the validation split, ``test_top1`` on the test split
-    (evaluated once, at the end; None when the dataset has none: :func:`tkvision.data.has_test_split`). ``result.json`` in the point's folder marks it finished.
+    (evaluated once, at the end; None when the dataset has none: :func:`tkvision.data.has_test_split`);
+    ``img_per_s`` and ``minutes`` (the whole run's, a resumed one's parts summed): :func:`_timing`.
+    ``result.json`` in the point's folder marks it finished.
 
     Raises:
         Preempted: SIGTERM / SIGUSR1 stopped a point (its ``last.pth`` written; with ``launcher='torchrun'``,
@@ -107,9 +116,8 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
                     proc.check_returncode()
                     with open(os.path.join(run_dir, METRICS_FILE)) as f:
                         rows = list(csv.DictReader(f))
-                    rec.update(top1=float(rows[-1]['top1']), test_top1=float(rows[-1].get('test_top1') or 'nan'), best_top1=max(float(r['top1']) for r in rows if r.get('top1')),
-                               img_per_s=statistics.mean(float(r['img_per_s']) for r in rows),
-                               minutes=sum(float(r['epoch_time']) for r in rows) / 60)
+                    rec.update(top1=float(rows[-1]['top1']), test_top1=float(rows[-1].get('test_top1') or 'nan'),
+                               best_top1=max(float(r['top1']) for r in rows if r.get('top1')), **_timing(rows))
                 rec['status'] = 'ok'
                 atomic_write(done, lambda f: json.dump(rec, f), text=True)
             except Preempted:
