@@ -6,7 +6,8 @@ run): the results files of ``docs/comparison.md``.
 (finished points are skipped), then writes two files into ``--report-dir``:
 
 - ``points.csv``: one row per finished (config, seed): validation top-1 (what a choice is made on), test
-  top-1 (evaluated once, at the end), img/s and training minutes of that run.
+  top-1 (evaluated once, at the end), img/s and the wall minutes of that run (a resumed run's parts summed:
+  the sweep's record).
 - ``results.csv``: one row per config: model, parameter tokens, epochs, trainable parameters, training
   GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: :func:`train_flops_per_image`),
   the run's training TFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
