@@ -40,6 +40,9 @@ def test_the_long_comparison_trains_the_long_recipe():
     levers['tokenformer_num_tokens_96.yaml'] = token_lr  # long.yaml's own 96-token model (model_kwargs)
     levers['tokenformer_num_tokens_128.yaml'] = token_lr  # 128 tokens (model_kwargs)
     levers['tokenformer_num_tokens_96_drop_path_0_2.yaml'] = token_lr | {'drop_path_rate'}  # 96 tokens, drop path 0.2
+    token_decay = token_lr | {'parameter_token_weight_decay'}  # the quarter rate with the tokens' decay given back
+    levers['tokenformer_token_lr_quarter_token_decay.yaml'] = token_decay
+    levers['tokenformer_num_tokens_128_token_decay.yaml'] = token_decay
     paths = glob.glob(os.path.join(ROOT, 'configs', 'comparison', 'fashion_mnist', 'long', '[!_]*.yaml'))
     assert set(levers) <= {os.path.basename(p) for p in paths}
     for path in paths:
