@@ -37,7 +37,9 @@ def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.opt
     the class token and the position embedding (the model's ``no_weight_decay``), layer-wise lr decay
     with ``layer_decay`` (the model's ``group_matcher``). ``parameter_token_weight_decay`` (None: the
     run's ``weight_decay``) and ``parameter_token_lr_scale`` (1.0) set the weight decay and scale the lr of
-    every Pattention's key and value parameter tokens (issue 34's levers): :func:`split_parameter_tokens`."""
+    every Pattention's key and value parameter tokens (issue 34's levers): :func:`split_parameter_tokens`.
+    AdamW's decay is decoupled and scaled by the group's lr (each step multiplies a weight by
+    ``1 - lr * weight_decay``), so ``parameter_token_lr_scale`` scales the tokens' effective decay too."""
     optimizer = create_optimizer_v2(model, opt=optim['opt'], lr=lr, weight_decay=optim['weight_decay'],
                                     betas=tuple(optim['opt_betas']), eps=optim['opt_eps'],
                                     layer_decay=optim['layer_decay'])
