@@ -185,3 +185,19 @@ def test_score_norm_benchmark_times_eq5_and_gelu():
     rows = benchmark_score_norm(tokens=8, num_tokens=n, steps=1, repeats=3, compile_=False, log=lambda *_: None)
     assert rows[0]['vs_gelu'] == 1.0 and rows[0]['ratio_runs'] == '1.000 1.000 1.000'
     assert [r['variant'] for r in rows] == list(variants)
+
+
+@pytest.mark.parametrize('mode', ['train', 'infer'])
+def test_the_fused_kernels_are_counted_as_the_plain_path_they_compute(mode):
+    """The H200 report of 2026-11-28 gave ``@fused_kernel=true`` 29 TFLOP/s against 108 for the plain
+    path at 0.72x its img/s: PyTorch's FLOP counter does not see Triton kernels, so only the ops around
+    them were counted (and on a CPU the count raised). The fused kernels compute the plain path's GEMMs,
+    so a model's FLOPs per image must not depend on the path; the plain path's count is the reference."""
+    import torch
+
+    from tkvision.experiments import benchmark as bench
+    tiny = 'tokenformer_vit_ti16@img_size=32@patch_size=8@embed_dim=32@depth=2@num_heads=2@num_tokens=16'
+    plain = bench._Step(tiny, mode, 2, torch.device('cpu'), None, False)
+    fused = bench._Step(tiny + '@fused_kernel=true', mode, 2, torch.device('cpu'), None, False)
+    assert fused.flops_per_image() == plain.flops_per_image() > 0
+    assert all(m.fused_kernel for m in fused.model.modules() if isinstance(m, bench.Pattention))  # restored

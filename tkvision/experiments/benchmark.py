@@ -130,6 +130,18 @@ class _Step:
         self.opt.zero_grad(set_to_none=True)
 
     def flops_per_image(self) -> float:
+        # PyTorch's FLOP counter does not see Triton kernels: count the fused layers through the plain
+        # path, whose GEMMs they compute (a fused row would otherwise count only the ops around them)
+        fused = [m for m in self.model.modules() if isinstance(m, Pattention) and m.fused_kernel]
+        for m in fused:
+            m.fused_kernel = False
+        try:
+            return self._counted_flops_per_image()
+        finally:
+            for m in fused:
+                m.fused_kernel = True
+
+    def _counted_flops_per_image(self) -> float:
         with flop_counter() as counter:
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
                 if self.mode == 'infer':

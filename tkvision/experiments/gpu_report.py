@@ -9,9 +9,12 @@ It writes one markdown report (and its JSON) with, in order, each part saved as 
    allocator's peak of one step, counting only the model's own tensors) and achieved TFLOP/s (model
    FLOPs) of each TokenFormer of :data:`PAIRS` and its timm ViT, bf16 autocast, eager (with the
    :data:`VARIANTS`: fused Q/K/V, autograd's backward instead of the lean one, the paper's B/16) and
-   ``torch.compile``d (the plain TokenFormer† and the ViT; then, in a part of its own so a failure
-   loses nothing else, B/16† training through the fused Triton kernels, ``@fused_kernel=true``), as
-   ratios to the ViT of the same run;
+   ``torch.compile``d (the plain TokenFormer† and the ViT), as ratios to the ViT of the same run; then
+   parts of their own, so a failure loses nothing else, each with its own ViT: B/16† training compiled
+   with the closed-form backward beside the lean one (``compiled_closed_form``), and through the fused
+   Triton kernels (``@fused_kernel=true``) eager beside the plain path (``eager_fused``) and compiled
+   (``compiled_fused``); and one Pattention layer at B/16†'s sizes, plain against the fused kernels
+   with each of the tile choices of :mod:`.gpu_fused` (``fused_tiles``);
 3. whether each figure meets issue 37's :data:`TARGETS` (shares of the measured peak);
 4. a ``torch.profiler`` table of one B/16† training step, grouped as in ``docs/performance.md``;
 5. the lean backward against autograd's (:func:`lean_backward_check`): gradient error next to bf16's
@@ -35,6 +38,7 @@ reported as skipped with the wheels to carry: ``albumentations>=2.0.8`` and its 
 """
 import gc
 import json
+import os
 import statistics
 import subprocess
 import tempfile
@@ -51,6 +55,7 @@ from ..utils.files import atomic_write
 from .benchmark import (_markdown, _Step, _sync, _time, benchmark_models, machine_info, parse_model_spec,
                         profile_breakdown, saved_activation_mib)
 from .gpu_end_to_end import end_to_end
+from .gpu_fused import fused_tiles
 
 __all__ = ['BF16_PEAK_TFLOPS', 'PAIRS', 'TINY_PAIRS', 'TARGETS', 'card_info', 'measured_peak_tflops', 'throughput',
            'check_targets', 'lean_backward_check', 'mae_step', 'gpu_report']
@@ -74,8 +79,8 @@ VARIANTS = ('', '@fused_qkv=true', '@lean_backward=false')
 _PAIR_EXTRAS = {'tokenformer_vit_b16_matched': ('tokenformer_vit_b16',)}
 #: Seconds each part took, or was expected to take, on the H200 of 2026-11-27 (compilation included):
 #: what ``--budget-minutes`` weighs before starting a part.
-ESTIMATE_S = dict(peak=10, eager=45, compiled_train=120, compiled_fused=100, compiled_infer=60, large_eager=45,
-                  large_compiled=170, profile=20, lean=30, end_to_end=170, mae=30)
+ESTIMATE_S = dict(peak=10, eager=45, compiled_train=120, compiled_fused=100, eager_fused=40, compiled_closed_form=180,
+                  fused_tiles=60, compiled_infer=60, large_eager=45, large_compiled=170, profile=20, lean=30, end_to_end=170, mae=30)
 
 
 def card_info(device: torch.device) -> dict:
@@ -114,15 +119,15 @@ def measured_peak_tflops(device: torch.device, size: int = 8192, products: int =
 
 
 def throughput(pair, device, compiled: bool, modes, steps, repeats, peak_tflops=None, variants=VARIANTS,
-               log=print) -> list:
+               extras=True, log=print) -> list:
     """Rows of :func:`tkvision.experiments.benchmark.benchmark_models` (bf16) of one pair ``(tokenformer,
     vit, batch_size)`` in ``modes``: the TokenFormer with each of ``variants`` (and, for B/16†, the
-    paper's B/16), then the ViT; each row with ``pair, compiled, ratio`` (img/s over the ViT's in the
+    paper's B/16, unless ``extras`` is False or ``compiled``), then the ViT; each row with ``pair, compiled, ratio`` (img/s over the ViT's in the
     same run and mode), ``mem_ratio`` and ``peak_share`` (achieved TFLOP/s over ``peak_tflops``; None
     without one)."""
     tokenformer, vit, batch = pair
     log(f"--- {tokenformer} vs {vit}, batch {batch}, {'compiled' if compiled else 'eager'}, {'/'.join(modes)}")
-    extra = () if compiled else _PAIR_EXTRAS.get(tokenformer, ())
+    extra = () if compiled or not extras else _PAIR_EXTRAS.get(tokenformer, ())
     models = [tokenformer + v for v in variants] + list(extra) + [vit]
     got = benchmark_models(models, modes, batch, device, 'bf16', compiled, steps=steps, repeats=repeats,
                            memory=False, log=log)
@@ -253,12 +258,17 @@ def mae_step(encoder_spec: str, batch_size: int, device, compiled: bool, decoder
     return dict(model=f'MAE({encoder_spec})', batch_size=batch_size, compiled=compiled, img_per_s=batch_size / seconds)
 
 
+def _measured(info: dict) -> str:
+    peak = info.get('measured_peak_tflops')
+    return 'not measured in this call (no peak part)' if peak is None else \
+        f'{peak:.0f} TFLOP/s (measured, random 8192² bf16 products)'
+
+
 def _render(info: dict, parts: dict, command: str) -> str:
     """The report's markdown."""
     md = [f"# GPU report: {info['card']}", '', f"Card: {info['card']}  \nDriver: {info['driver']}  \n"
           f"torch {info['torch']} (CUDA {info['cuda']})  \nDate: {info['date']}  \nbf16 peak: "
-          f"{info['peak_tflops'] or 'unknown'} TFLOP/s (data sheet), {info.get('measured_peak_tflops') or 0:.0f} "
-          f"TFLOP/s (measured, random 8192² bf16 products)  \nCommand: `{command}`", '']
+          f"{info['peak_tflops'] or 'unknown'} TFLOP/s (data sheet), {_measured(info)}  \nCommand: `{command}`", '']
     if parts.get('throughput'):
         md += ['## Throughput (bf16; ratio and mem_ratio: over the ViT of the same run; peak_share: of the '
                'measured peak)', '', _markdown(parts['throughput'], [
@@ -277,6 +287,10 @@ def _render(info: dict, parts: dict, command: str) -> str:
                _markdown(e2e.get('legs', [e2e]), list((e2e.get('legs') or [e2e])[0])), '']
         if e2e.get('epochs'):
             md += [_markdown(e2e['epochs'], list(e2e['epochs'][-1])), '']
+    if parts.get('fused_tiles'):
+        md += ['## One Pattention layer, bf16 forward and backward: the plain path against the fused kernels', '',
+               _markdown(parts['fused_tiles'], ['layer', 'rows', 'path', 'tiles', 'train_ms', 'ratio', 'relative_error']),
+               '']
     if parts.get('mae'):
         md += ['## MAE pretraining step', '',
                _markdown(parts['mae'], ['model', 'batch_size', 'compiled', 'img_per_s']), '']
@@ -287,7 +301,9 @@ def _render(info: dict, parts: dict, command: str) -> str:
 
 
 #: Parts that need ``--compile-modes compiled``.
-_COMPILED_PARTS = ('compiled_train', 'compiled_fused', 'compiled_infer', 'large_compiled')
+_COMPILED_PARTS = ('compiled_train', 'compiled_fused', 'compiled_closed_form', 'compiled_infer', 'large_compiled')
+#: Parts that run the fused Triton kernels: a GPU, or the CPU under ``TRITON_INTERPRET=1``.
+_TRITON_PARTS = ('compiled_fused', 'eager_fused', 'fused_tiles')
 
 
 def _parts(pairs, device, tiny: bool, compiled: bool, steps: int, repeats: int, info: dict, data_dir, log) -> list:
@@ -295,9 +311,10 @@ def _parts(pairs, device, tiny: bool, compiled: bool, steps: int, repeats: int, 
     against ViT-B, training, compiled) first, then what it asks next; each ``run`` adds to ``parts``."""
     big = pairs[0]
 
-    def rows(pair, use_compile, modes, variants=('',)):
+    def rows(pair, use_compile, modes, variants=('',), extras=True):
         return lambda parts: parts['throughput'].extend(throughput(
-            pair, device, use_compile, modes, steps, repeats, info.get('measured_peak_tflops'), variants, log))
+            pair, device, use_compile, modes, steps, repeats, info.get('measured_peak_tflops'), variants, extras,
+            log))
 
     def peak(parts):
         info['measured_peak_tflops'] = measured_peak_tflops(device, 8192 if device.type == 'cuda' else 256)
@@ -309,7 +326,13 @@ def _parts(pairs, device, tiny: bool, compiled: bool, steps: int, repeats: int, 
 
     plan = [('peak', peak), ('eager', rows(big, False, ('train', 'infer'), VARIANTS)),
             ('compiled_train', rows(big, True, ('train',))),
-            ('compiled_fused', rows(big, True, ('train',), ('@fused_kernel=true',)))]
+            # each path against the plain (lean) one and the ViT of the same run; the fused kernels last,
+            # since a fault in a kernel of our own can leave the CUDA context unusable for what follows
+            ('compiled_closed_form', rows(big, True, ('train',), ('', '@lean_backward=false'))),
+            ('eager_fused', rows(big, False, ('train',), ('', '@fused_kernel=true'), extras=False)),
+            ('compiled_fused', rows(big, True, ('train',), ('@fused_kernel=true',))),
+            ('fused_tiles', lambda parts: parts.update(fused_tiles=fused_tiles(device, tiny, steps, repeats,
+                                                                               log=log)))]
     plan += [('large_eager', rows(pairs[1], False, ('train', 'infer')))] if len(pairs) > 1 else []
     plan += [('profile', lambda parts: parts.update(profile=profile_breakdown(
                  [big[0]], min(big[2], 64), device, log=log, amp='bf16'))),
@@ -353,6 +376,8 @@ def gpu_report(device='cuda', out='docs/bench/gpu', tiny=False, compile_modes=('
             continue
         if key in _COMPILED_PARTS and not compiled:
             parts['skipped'].append(dict(part=key, reason='not asked (--compile-modes has no compiled)'))
+        elif key in _TRITON_PARTS and device.type != 'cuda' and os.environ.get('TRITON_INTERPRET') != '1':
+            parts['skipped'].append(dict(part=key, reason='the fused kernels need CUDA (or TRITON_INTERPRET=1)'))
         elif end is not None and time.monotonic() + ESTIMATE_S[key] > end:
             parts['skipped'].append(dict(part=key, reason=f'--budget-minutes {budget_minutes}: its estimated '
                                                           f'{ESTIMATE_S[key]} s would overrun it'))

@@ -25,9 +25,11 @@ Backward, with ``Z = A·r`` recomputed where needed (the closed form of ``patten
 
 τ gets no gradient (as the lean and closed-form backwards; a learned τ takes the plain path). Under
 autocast the inputs are cast to its dtype as ``F.linear`` would be; the GEMMs accumulate in float32,
-A is stored in the input dtype and ``dZ`` in float32. Tile sizes are fixed (64 x 64 x 32, 4 warps), not
-autotuned: whether the kernel pays on a GPU is not measured yet (the H200 lease of 2026-11-27 ended
-before it existed; ``docs/performance.md``).
+A is stored in the input dtype and ``dZ`` in float32. Tile sizes are fixed (:data:`TILES`), not
+autotuned. Measured on an H200 (2026-11-28, ``docs/performance.md``), it does not pay: B/16† bf16
+training at 0.72x the plain path's img/s eager and 0.29x the compiled plain path's; per layer, slower
+than the plain path at 576 tokens with every tile choice timed, faster (1.16x) only at the FFN's 2,304
+tokens with larger tiles. It stays as the measured alternative, opt-in.
 """
 import os
 
@@ -35,9 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ['pattention_fused']
+__all__ = ['TILES', 'pattention_fused']
 
-_BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, _WARPS = 64, 64, 32, 4
+#: (block rows, block columns, block inner, warps) of every kernel launch: fixed, not autotuned (the GPU
+#: report's ``fused_tiles`` part times other choices through ``pattention_fused(..., tiles=...)``).
+TILES = (64, 64, 32, 4)
 
 
 @triton.jit
@@ -142,38 +146,40 @@ class _FusedPattention(torch.autograd.Function):
     ``value [N, E]`` (contiguous, one dtype), ``tau`` (0-d float32), ``eps`` (float)."""
 
     @staticmethod
-    def forward(ctx, x, key, value, tau, eps):
+    def forward(ctx, x, key, value, tau, eps, tiles):
         (t, d), n, e = x.shape, key.shape[0], value.shape[1]
+        block_rows, block_cols, block_inner, warps = tiles
         scores = torch.empty(t, n, device=x.device, dtype=x.dtype)
         sumsq = torch.zeros(t, device=x.device, dtype=torch.float32)
-        _scores_kernel[_grid(t, n, _BLOCK_ROWS, _BLOCK_COLS)](
-            x, key, scores, sumsq, t, n, d, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, num_warps=_WARPS)
+        _scores_kernel[_grid(t, n, block_rows, block_cols)](
+            x, key, scores, sumsq, t, n, d, block_rows, block_cols, block_inner, num_warps=warps)
         norm = sumsq.sqrt()
         r = tau.float() / norm.clamp_min(eps)
         out = torch.empty(t, e, device=x.device, dtype=value.dtype)
-        _attend_kernel[_grid(t, e, _BLOCK_ROWS, _BLOCK_COLS)](
-            scores, r, value, out, t, n, e, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, num_warps=_WARPS)
+        _attend_kernel[_grid(t, e, block_rows, block_cols)](
+            scores, r, value, out, t, n, e, block_rows, block_cols, block_inner, num_warps=warps)
         ctx.save_for_backward(x, key, value, scores, norm, r, tau)
-        ctx.eps = eps
+        ctx.eps, ctx.tiles = eps, tiles
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, key, value, scores, norm, r, tau = ctx.saved_tensors
+        block_rows, block_cols, block_inner, warps = ctx.tiles
         grad_out = grad_out.contiguous().to(value.dtype)
         (t, n), e = scores.shape, value.shape[1]
         grad_z = torch.empty(t, n, device=x.device, dtype=torch.float32)
         dot = torch.zeros(t, device=x.device, dtype=torch.float32)
-        _grad_scores_kernel[_grid(t, n, _BLOCK_ROWS, _BLOCK_COLS)](
-            grad_out, value, scores, r, grad_z, dot, t, n, e, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER,
-            num_warps=_WARPS)
+        _grad_scores_kernel[_grid(t, n, block_rows, block_cols)](
+            grad_out, value, scores, r, grad_z, dot, t, n, e, block_rows, block_cols, block_inner,
+            num_warps=warps)
         grad_value = torch.empty_like(value)
-        _grad_value_kernel[_grid(n, e, _BLOCK_ROWS, _BLOCK_COLS)](
-            scores, r, grad_out, grad_value, t, n, e, _BLOCK_ROWS, _BLOCK_COLS, _BLOCK_INNER, num_warps=_WARPS)
+        _grad_value_kernel[_grid(n, e, block_rows, block_cols)](
+            scores, r, grad_out, grad_value, t, n, e, block_rows, block_cols, block_inner, num_warps=warps)
         # dA = r (dZ − Z ⟨dZ, Z⟩ / ‖Z‖²), ‖Z‖ = τ where the norm was not clamped; else dA = r dZ
         coefficient = torch.where(norm > ctx.eps, dot / tau.float().square(), torch.zeros_like(dot))
         grad_scores = (r[:, None] * (grad_z - scores.float() * (r * coefficient)[:, None])).to(x.dtype)
-        return grad_scores @ key, grad_scores.t() @ x, grad_value, None, None
+        return grad_scores @ key, grad_scores.t() @ x, grad_value, None, None, None
 
 
 def _check_device(x: torch.Tensor):
@@ -184,7 +190,7 @@ def _check_device(x: torch.Tensor):
 
 
 def pattention_fused(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, tau: torch.Tensor,
-                     eps: float) -> torch.Tensor:
+                     eps: float, tiles: tuple = TILES) -> torch.Tensor:
     """``GELU(A·τ/max(‖A‖₂, ε)) V_P`` with ``A = x K_Pᵀ`` (paper Eq. 5; the same function as
     ``Pattention``'s plain path), through the fused kernels of the module docstring.
 
@@ -194,6 +200,8 @@ def pattention_fused(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ta
         value: ``[N, E]`` value parameter tokens V_P.
         tau: 0-d scale τ (no gradient flows to it).
         eps: lower bound on the row norm.
+        tiles: ``(block rows, block columns, block inner, warps)`` of every launch (:data:`TILES`; powers
+            of two, each block at least 16 for ``tl.dot``).
 
     Returns:
         ``[..., E]``, in autocast's dtype under autocast, else in ``value``'s.
@@ -211,5 +219,5 @@ def pattention_fused(x: torch.Tensor, key: torch.Tensor, value: torch.Tensor, ta
     lead = x.shape[:-1]
     with torch.autocast(device_type, enabled=False):
         out = _FusedPattention.apply(x.reshape(-1, x.shape[-1]).contiguous(), key.contiguous(), value.contiguous(),
-                                     tau, eps)
+                                     tau, eps, tuple(tiles))
     return out.reshape(*lead, value.shape[1])
