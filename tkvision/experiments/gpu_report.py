@@ -77,10 +77,11 @@ TARGETS = dict(train_ratio=1.0, mem_ratio=1.0, peak_share=0.40)
 VARIANTS = ('', '@fused_qkv=true', '@lean_backward=false')
 #: Other models timed in a pair's eager part: beside B/16†, the paper's B/16 (its own token counts).
 _PAIR_EXTRAS = {'tokenformer_vit_b16_matched': ('tokenformer_vit_b16',)}
-#: Seconds each part took, or was expected to take, on the H200 of 2026-11-27 (compilation included):
+#: Seconds each part took, or was expected to take, on the H200s of 2026-11-27/28 (compilation included):
 #: what ``--budget-minutes`` weighs before starting a part.
-ESTIMATE_S = dict(peak=10, eager=45, compiled_train=120, compiled_fused=100, eager_fused=40, compiled_closed_form=180,
-                  fused_tiles=60, compiled_infer=60, large_eager=45, large_compiled=170, profile=20, lean=30, end_to_end=170, mae=30)
+ESTIMATE_S = dict(peak=10, eager=45, compiled_train=120, compiled_fused=100, eager_fused=40,
+                  compiled_closed_form=180, fused_tiles=60, compiled_infer=60, large_eager=45, large_compiled=170,
+                  profile=20, lean=30, end_to_end=170, mae=30)
 
 
 def card_info(device: torch.device) -> dict:
@@ -122,9 +123,9 @@ def throughput(pair, device, compiled: bool, modes, steps, repeats, peak_tflops=
                extras=True, log=print) -> list:
     """Rows of :func:`tkvision.experiments.benchmark.benchmark_models` (bf16) of one pair ``(tokenformer,
     vit, batch_size)`` in ``modes``: the TokenFormer with each of ``variants`` (and, for B/16†, the
-    paper's B/16, unless ``extras`` is False or ``compiled``), then the ViT; each row with ``pair, compiled, ratio`` (img/s over the ViT's in the
-    same run and mode), ``mem_ratio`` and ``peak_share`` (achieved TFLOP/s over ``peak_tflops``; None
-    without one)."""
+    paper's B/16, unless ``extras`` is False or ``compiled``), then the ViT; each row with ``pair,
+    compiled, ratio`` (img/s over the ViT's in the same run and mode), ``mem_ratio`` and ``peak_share``
+    (achieved TFLOP/s over ``peak_tflops``; None without one)."""
     tokenformer, vit, batch = pair
     log(f"--- {tokenformer} vs {vit}, batch {batch}, {'compiled' if compiled else 'eager'}, {'/'.join(modes)}")
     extra = () if compiled or not extras else _PAIR_EXTRAS.get(tokenformer, ())
@@ -289,8 +290,8 @@ def _render(info: dict, parts: dict, command: str) -> str:
             md += [_markdown(e2e['epochs'], list(e2e['epochs'][-1])), '']
     if parts.get('fused_tiles'):
         md += ['## One Pattention layer, bf16 forward and backward: the plain path against the fused kernels', '',
-               _markdown(parts['fused_tiles'], ['layer', 'rows', 'path', 'tiles', 'train_ms', 'ratio', 'relative_error']),
-               '']
+               _markdown(parts['fused_tiles'],
+                         ['layer', 'rows', 'path', 'tiles', 'train_ms', 'ratio', 'relative_error']), '']
     if parts.get('mae'):
         md += ['## MAE pretraining step', '',
                _markdown(parts['mae'], ['model', 'batch_size', 'compiled', 'img_per_s']), '']
