@@ -9,7 +9,8 @@ from .benchmark import _sync, _time
 __all__ = ['FUSED_TILES', 'FUSED_LAYERS', 'FUSED_ROWS', 'fused_tiles']
 
 #: The tile choices ``(block rows, block columns, block inner, warps)`` :func:`fused_tiles` times: the
-#: kernels' default (``TILES``) first, then larger tiles, which a Hopper GPU's tensor cores favour.
+#: kernels' default (``pattention_triton.TILES``, written out: this module imports without Triton) first,
+#: then larger tiles, which a Hopper GPU's tensor cores favour.
 FUSED_TILES = ((64, 64, 32, 4), (128, 64, 32, 4), (64, 128, 32, 4), (128, 128, 32, 8), (128, 128, 64, 8),
                (128, 64, 64, 4))
 #: B/16†'s Pattention layers ``(in_features, num_tokens, out_features)`` (Q/K/V, proj, patch: 576 tokens;
