@@ -1,21 +1,22 @@
 # The README's two set-up commands: `make train` (main job) and `make test` (what CI runs).
 # Both create the environment on a fresh machine: a virtualenv in .venv with the pinned
-# torch/torchvision of DEVELOPERS.md, this package (editable) and its test extras, and the
-# Fashion-MNIST Debian package.
+# torch/torchvision of DEVELOPERS.md, this package (editable) with its test and docs extras, and the
+# Fashion-MNIST Debian package; `make test` also installs Debian's Chromium (the docs site's browser test).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+CHROMIUM := /usr/bin/chromium
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: env data train train-long test test-lowest-deps test-timm-upstream benchmark bench-gpu sweep growth-experiment clean
+.PHONY: env data browser docs train train-long test test-lowest-deps test-timm-upstream benchmark bench-gpu sweep growth-experiment clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PINS)
-	$(PY) -m pip install -q -e '.[test,tensorboard]'
+	$(PY) -m pip install -q -e '.[test,tensorboard,docs]'
 	touch $@
 
 env: $(VENV)/.installed
@@ -24,6 +25,16 @@ $(FMNIST):
 	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq dataset-fashion-mnist
 
 data: $(FMNIST)
+
+$(CHROMIUM):
+	$(SUDO) apt-get update -qq && $(SUDO) apt-get install -y -qq chromium
+
+browser: $(CHROMIUM)
+
+# The documentation site (MkDocs Material, the API from the docstrings) into site/; a warning or a broken
+# link fails it.
+docs: env
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
 # Exit status 75 is a pre-emption (SIGTERM / SIGUSR1): the state is saved and the run resumable.
 PREEMPTED = || { rc=$$?; [ $$rc -ne 75 ] || echo "make: the run was stopped by a signal and saved its state (exit 75): continue it with make $@ ARGS=--resume" >&2; exit $$rc; }
@@ -38,7 +49,7 @@ train-long: env data
 	$(PY) tools/train.py --config configs/fashion_mnist/long.yaml $(ARGS) $(PREEMPTED)
 
 # Nothing may skip here: make test installs every test extra (tests/conftest.py, TKVISION_NO_SKIPS).
-test: env data
+test: env data browser
 	TKVISION_NO_SKIPS=1 $(PY) -m pytest -q $(ARGS)
 
 # The lower bounds setup.cfg declares, tested: those versions in .lowest-deps/, ahead of the venv's, on
@@ -59,14 +70,14 @@ test-timm-upstream: env
 benchmark: env
 	$(PY) tools/benchmark.py $(ARGS)
 
-# On a GPU machine (< 10 min on one H100): one report under docs/bench/ (tkvision/experiments/gpu_report.py).
+# On a GPU machine (< 10 min on one H100): one report under docs/bench/ (studies/performance/gpu_report.py).
 # Needs torch, timm, triton; the end-to-end part also albumentations. CPU check: ARGS="--device cpu --tiny".
 bench-gpu:
-	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) tools/gpu_report.py --out docs/bench/gpu $(ARGS)
+	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) -m studies.performance.gpu_report --out docs/bench/gpu $(ARGS)
 
 # Growth chain vs from scratch (docs/growth.md): ~40 min per seed-set on 2 cores; ARGS='--seeds 0' for one seed.
 growth-experiment: env data
-	$(PY) tools/growth_experiment.py --out runs/growth_chain --train_subset 20000 $(ARGS)
+	$(PY) -m studies.growth.growth_experiment --out runs/growth_chain --train_subset 20000 $(ARGS)
 
 clean:
 	rm -rf runs .pytest_cache

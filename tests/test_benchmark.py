@@ -37,17 +37,13 @@ def test_saved_activations_of_each_backward_path():
     import torch
 
     from tkvision.experiments.benchmark import saved_activation_mib
+    from tkvision.layers import set_backward_mode
     kw = dict(img_size=32, patch_size=8, embed_dim=64, depth=2, num_heads=2, num_tokens=128)
     x = torch.randn(4, 3, 32, 32)
-    paths = {'autograd': dict(lean_backward=False, closed_form_backward=False),
-             'closed_form': dict(lean_backward=False, closed_form_backward=True), 'lean': dict(lean_backward=True)}
     mib = {}
-    for path, options in paths.items():
+    for path in ('autograd', 'closed_form', 'lean'):
         m = timm.create_model('tokenformer_vit_ti16', **kw)
-        for mod in m.modules():
-            for key, value in options.items():
-                if hasattr(mod, key):
-                    setattr(mod, key, value)
+        set_backward_mode(m, path)
         mib[path] = saved_activation_mib(m, x)
     scores = 4 * 17 * (128 * 4 + 512) * 2 * 4 / 2 ** 20  # [B*N, n] fp32 per Pattention of 2 blocks
     assert mib['autograd'] - mib['closed_form'] == pytest.approx(scores, rel=0.1)
@@ -107,7 +103,7 @@ def test_ratios_against_a_reference_are_paired_per_round(monkeypatch):
     from tkvision.experiments import benchmark as bench
     clock = iter([0, 1, 1, 1.5,  10, 14, 14, 16,  20, 20.5, 20.5, 20.75])  # rounds: A=1, B=0.5; 4, 2; 0.5, 0.25
     monkeypatch.setattr(bench.time, 'perf_counter', lambda: next(clock))
-    monkeypatch.setattr(bench, '_Step', lambda name, *a: type('S', (), dict(
+    monkeypatch.setattr(bench, 'ModelStep', lambda name, *a: type('S', (), dict(
         name=name, params=1, model=torch.nn.Linear(1, 1), x=None, amp=None, flops_per_image=lambda self: 1.,
         __call__=lambda self: None))())
     rows = bench.benchmark_models(['a', 'b'], modes=('infer',), batch_size=1, warmup=0, steps=1, repeats=3,
@@ -119,11 +115,11 @@ def test_ratios_against_a_reference_are_paired_per_round(monkeypatch):
 
 def test_model_spec_options_reach_the_model_and_keep_the_counterpart():
     from tkvision.experiments.benchmark import COUNTERPARTS, parse_model_spec
-    assert parse_model_spec('tokenformer_vit_b16_matched@fused_qkv=true@depth=2') == (
-        'tokenformer_vit_b16_matched', dict(fused_qkv=True, depth=2))
+    assert parse_model_spec('tokenformer_vit_b16_matched@qk_norm=true@depth=2') == (
+        'tokenformer_vit_b16_matched', dict(qk_norm=True, depth=2))
     assert 'tokenformer_vit_b16_matched' in COUNTERPARTS
     with pytest.raises(ValueError, match='key=value'):
-        parse_model_spec('tokenformer_vit_b16_matched@fused_qkv')
+        parse_model_spec('tokenformer_vit_b16_matched@qk_norm')
 
 
 def test_a_cpu_training_benchmark_that_cannot_fit_is_refused_before_it_runs(monkeypatch):
@@ -136,12 +132,12 @@ def test_a_cpu_training_benchmark_that_cannot_fit_is_refused_before_it_runs(monk
     from tkvision.utils.errors import UsageError
     tiny = 'tokenformer_vit_ti16@img_size=32@patch_size=8@embed_dim=32@depth=2@num_heads=2@num_tokens=16'
     steps = []
-    monkeypatch.setattr(bench._Step, '__call__', lambda self: steps.append(1))
+    monkeypatch.setattr(bench.ModelStep, '__call__', lambda self: steps.append(1))
     monkeypatch.setattr(bench, 'available_memory_mib', lambda: 0.5)
     with pytest.raises(UsageError, match=r'batch 8 needs about .* GiB .* available: lower --batch-size'):
         bench.benchmark_models([tiny], modes=('train',), batch_size=8, memory=False)
     assert steps == []
-    runner = bench._Step(tiny, 'train', 8, torch.device('cpu'), None, False)
+    runner = bench.ModelStep(tiny, 'train', 8, torch.device('cpu'), None, False)
     monkeypatch.setattr(bench, 'available_memory_mib', lambda: float('inf'))
     need = bench.check_train_memory([runner], 8, log=lambda m: None)
     warned = []
@@ -161,7 +157,7 @@ def test_score_norm_benchmark_times_eq5_and_gelu():
 
     import torch
 
-    from tkvision.experiments.layer_benchmark import benchmark_score_norm, score_norm_variants
+    from studies.performance.layer_benchmark import benchmark_score_norm, score_norm_variants
     n = 9
     a = torch.randn(5, n, dtype=torch.float64)
     grad = torch.randn(5, n, dtype=torch.float64)
@@ -185,19 +181,3 @@ def test_score_norm_benchmark_times_eq5_and_gelu():
     rows = benchmark_score_norm(tokens=8, num_tokens=n, steps=1, repeats=3, compile_=False, log=lambda *_: None)
     assert rows[0]['vs_gelu'] == 1.0 and rows[0]['ratio_runs'] == '1.000 1.000 1.000'
     assert [r['variant'] for r in rows] == list(variants)
-
-
-@pytest.mark.parametrize('mode', ['train', 'infer'])
-def test_the_fused_kernels_are_counted_as_the_plain_path_they_compute(mode):
-    """The H200 report of 2026-11-28 gave ``@fused_kernel=true`` 29 TFLOP/s against 108 for the plain
-    path at 0.72x its img/s: PyTorch's FLOP counter does not see Triton kernels, so only the ops around
-    them were counted (and on a CPU the count raised). The fused kernels compute the plain path's GEMMs,
-    so a model's FLOPs per image must not depend on the path; the plain path's count is the reference."""
-    import torch
-
-    from tkvision.experiments import benchmark as bench
-    tiny = 'tokenformer_vit_ti16@img_size=32@patch_size=8@embed_dim=32@depth=2@num_heads=2@num_tokens=16'
-    plain = bench._Step(tiny, mode, 2, torch.device('cpu'), None, False)
-    fused = bench._Step(tiny + '@fused_kernel=true', mode, 2, torch.device('cpu'), None, False)
-    assert fused.flops_per_image() == plain.flops_per_image() > 0
-    assert all(m.fused_kernel for m in fused.model.modules() if isinstance(m, bench.Pattention))  # restored

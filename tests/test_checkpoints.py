@@ -16,7 +16,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from tkvision import growth
-from tkvision.cli.experiments import attention_distance_main
+from studies.ringformer.attention_distance import main as attention_distance_main
 from tkvision.cli.train import validate_main
 from tkvision.cli.weights import export_main, mae_visualize_main
 from tkvision.engine.checkpoint import load_training_checkpoint, model_for_checkpoint

@@ -28,7 +28,7 @@ def test_ablation_configs_change_one_thing():
 
 
 def test_the_long_comparison_trains_the_long_recipe():
-    """The long-recipe comparison (configs/comparison/fashion_mnist/long/) restates long.yaml's training keys
+    """The long-recipe comparison (studies/comparison/configs/long/) restates long.yaml's training keys
     because long.yaml's model keys would merge into the ViT's; this holds the two recipes to the same keys.
     A lever config differs in its levers alone (the keys it is named after)."""
     long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
@@ -43,7 +43,7 @@ def test_the_long_comparison_trains_the_long_recipe():
     token_decay = token_lr | {'parameter_token_weight_decay'}  # the quarter rate with the tokens' decay given back
     levers['tokenformer_token_lr_quarter_token_decay.yaml'] = token_decay
     levers['tokenformer_num_tokens_128_token_decay.yaml'] = token_decay
-    paths = glob.glob(os.path.join(ROOT, 'configs', 'comparison', 'fashion_mnist', 'long', '[!_]*.yaml'))
+    paths = glob.glob(os.path.join(ROOT, 'studies', 'comparison', 'configs', 'long', '[!_]*.yaml'))
     assert set(levers) <= {os.path.basename(p) for p in paths}
     for path in paths:
         cfg = load_config(path)

@@ -5,7 +5,8 @@ Two devices stand in for a GPU:
 - **Fake CUDA** (``torch._subclasses.FakeTensorMode``): tensors that claim ``device='cuda:0'`` and
   carry only shape, dtype and device. The trainer's update runs on them as on a GPU: the uint8 batch
   normalised on the device (``BatchPreprocessor``), the forward under ``torch.autocast('cuda',
-  bfloat16)`` (the recipe's ``amp: bf16``) with the lean backward on (its CUDA default, ``'auto'``), the
+  bfloat16)`` (the recipe's ``amp: bf16``) with the default closed-form backward (eager: ``compile:
+  false``; the default ``compile: 'auto'`` compiles on CUDA, which this file checks without running), the
   loss and the run's meters, then the optimizer step (AdamW, the schedule) and the EMA update
   (``ModelEmaV3``), all built by :class:`tkvision.engine.state.TrainState` for ``device='cuda'``. This
   catches a tensor created on the CPU inside ``forward`` (fake tensors refuse to mix devices), a host
@@ -15,7 +16,7 @@ Two devices stand in for a GPU:
   the device of every gradient (``hasPrimaryContext``), which fails without a GPU, so the backward of
   fake CUDA tensors cannot run here. On the meta device it runs through the same autograd functions
   (the lean backward forced on), and a host synchronisation or a CPU tensor in the backward raises
-  there too.
+  there too (both hand-written backwards).
 
 What this cannot catch, and why: a missing CUDA or bf16 *kernel* (fake and meta tensors run the
 operators' shape functions, never the kernels: a first GPU run, ``make bench-gpu``, checks those);
@@ -42,7 +43,7 @@ from tkvision.models.ringformer import RingFormerViT
 
 TINY = dict(img_size=32, patch_size=8, in_chans=3, embed_dim=32, depth=2, num_heads=2)
 FAMILIES = {
-    'tokenformer': dict(model='tokenformer_vit_ti16', model_kwargs=dict(TINY, num_tokens=16, fused_qkv=True)),
+    'tokenformer': dict(model='tokenformer_vit_ti16', model_kwargs=dict(TINY, num_tokens=16)),
     'ringformer': dict(model='ringformer_vit_small_patch16_224', model_kwargs=dict(TINY, num_classes=10)),
     'ring_x_token': dict(model='tokenformer_ring_vit_small_patch16_224', model_kwargs=dict(TINY, num_classes=10)),
     'mae': dict(model='tokenformer_vit_ti16', model_kwargs=dict(TINY, num_tokens=16), task='mae',
@@ -53,7 +54,8 @@ FAMILIES = {
 def _config(tmp_path, family: str, **overrides) -> dict:
     """The run config of ``family`` as a CUDA recipe sets it: bf16 autocast, EMA, label smoothing."""
     cfg = dict(FAMILIES[family], dataset='folder', data_dir=str(tmp_path), amp='bf16', model_ema=True,
-               model_ema_decay=0.99, smoothing=0.1, epochs=2, warmup_epochs=0.5, batch_size=4, output=str(tmp_path / 'r'))
+               model_ema_decay=0.99, smoothing=0.1, epochs=2, warmup_epochs=0.5, batch_size=4, output=str(tmp_path / 'r'),
+               compile=False)
     return resolve_run_config(load_config(None, dict(cfg, **overrides)))
 
 
@@ -111,7 +113,7 @@ def _fake_cuda(monkeypatch):
 
 @pytest.mark.parametrize('family', FAMILIES)
 def test_a_training_update_on_fake_cuda_stays_on_the_device_without_a_host_sync(tmp_path, monkeypatch, family):
-    """One trainer update (preprocess, bf16 forward with the lean backward, loss, meters, optimizer,
+    """One trainer update (preprocess, bf16 forward with the closed-form backward, loss, meters, optimizer,
     schedule, EMA) on tensors that claim ``cuda:0``: nothing leaves the device, nothing synchronises."""
     cfg = _config(tmp_path, family)
     state = _state(cfg)
@@ -122,12 +124,12 @@ def test_a_training_update_on_fake_cuda_stays_on_the_device_without_a_host_sync(
 def _one_update(cfg: dict, state):
     run = _run(cfg, "cuda")
     state.scaler = _RecordingScaler(state.scaler)
-    lean = [m for m in state.model.modules() if isinstance(m, Pattention)]
-    assert bool(lean) == (cfg['model'] != 'ringformer_vit_small_patch16_224')  # RingFormer: linear layers
-    assert all(m.lean_backward == 'auto' for m in lean)  # 'auto' = lean on CUDA, the default
+    layers = [m for m in state.model.modules() if isinstance(m, Pattention)]
+    assert bool(layers) == (cfg['model'] != 'ringformer_vit_small_patch16_224')  # RingFormer: linear layers
+    assert all(m._training_backward() == 'closed_form' for m in layers)  # the default, on CUDA as on a CPU
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)  # as the loader gives them, on the host
     labels = torch.randint(0, 10, (4,))
-    loop_mod._forward_backward(run, state, images, labels, scale=1.0, sync_grads=True)
+    loop_mod._forward_backward(run, state, images, labels, scale=1.0, sync_grads=True, prefixes=[None])
     (loss,) = state.scaler.losses
     assert loss.device.type == 'cuda' and loss.dtype == torch.float32 and loss.shape == ()
     assert state.meter['loss_sum'].device.type == 'cuda' and state.meter['nonfinite'].device.type == 'cuda'
@@ -164,16 +166,15 @@ def _bf16_forward(state):
     assert bool(seen) == (not isinstance(state.model, RingFormerViT))  # RingFormer: linear layers
 
 
+@pytest.mark.parametrize('backward_mode', ['closed_form', 'lean'])
 @pytest.mark.parametrize('family', FAMILIES)
-def test_a_full_training_step_on_meta_runs_the_lean_backward(tmp_path, monkeypatch, family):
-    """Forward, backward (through the lean backward, forced on: its CUDA default), optimizer and EMA on
-    the meta device: every trainable parameter gets a gradient of its own shape and dtype, and no
-    step needs a value (a host sync raises on meta)."""
-    cfg = _config(tmp_path, family, amp=None)
+def test_a_full_training_step_on_meta_runs_the_hand_written_backwards(tmp_path, monkeypatch, family, backward_mode):
+    """Forward, backward (through each hand-written backward), optimizer and EMA on the meta device: every
+    trainable parameter gets a gradient of its own shape and dtype, and no step needs a value (a host sync
+    raises on meta)."""
+    cfg = _config(tmp_path, family, amp=None, backward_mode=backward_mode)
     state = _onto(_state(cfg), 'meta')
-    for m in state.model.modules():
-        if isinstance(m, Pattention):
-            m.lean_backward = True
+    assert all(m.backward_mode == backward_mode for m in state.model.modules() if isinstance(m, Pattention))
     x = torch.randn(4, 3, 32, 32, device='meta')
     if cfg['task'] == 'mae':
         loss = state.model(x)[0]
@@ -186,6 +187,21 @@ def test_a_full_training_step_on_meta_runs_the_lean_backward(tmp_path, monkeypat
     state.optimizer.step()
     state.ema.update(state.model, step=1)
     assert all(p.device.type == 'meta' for p in state.ema.module.parameters())
+
+
+@pytest.mark.parametrize('compile_', ['auto', True, False])
+def test_a_cuda_run_compiles_by_default_and_a_cpu_run_does_not(tmp_path, monkeypatch, compile_):
+    """``compile: 'auto'`` (the default every recipe keeps) compiles the forward on CUDA, where a TokenFormer
+    trains at 0.85x ViT-B compiled against 0.37x eager, and not on a CPU; true / false force it. The eager
+    path is the closed-form backward either way."""
+    cfg = _config(tmp_path, 'tokenformer', compile=compile_)
+    state = _state(cfg)
+    assert isinstance(state.net, torch._dynamo.eval_frame.OptimizedModule) == (compile_ is True)
+    with _fake_cuda(monkeypatch):
+        _onto(state, 'cuda')  # wrap() again, on a device that claims CUDA (compiling waits for the first call)
+    assert isinstance(state.net, torch._dynamo.eval_frame.OptimizedModule) == (compile_ in ('auto', True))
+    assert all(m.backward_mode == 'closed_form' for m in state.model.modules() if isinstance(m, Pattention))
+    assert load_config(None, {})['compile'] == 'auto'
 
 
 @pytest.mark.parametrize('bug', ['cpu_tensor', 'item', 'bool'])

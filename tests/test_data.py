@@ -230,7 +230,7 @@ def test_fast_jpeg_decoding_gives_pils_pixels_and_refuses_bombs(jpeg_root, tmp_p
     import numpy as np
     from tkvision import data
     pytest.importorskip('simplejpeg')
-    from tkvision.experiments.data_benchmark import make_jpeg_folder
+    from studies.performance.data_benchmark import make_jpeg_folder
     root = make_jpeg_folder(str(tmp_path / 'big'), n_images=4, classes=2)
     paths = [os.path.join(d, f) for d, _, fs in os.walk(root) for f in fs]
     for path in paths:

@@ -81,16 +81,16 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
 
 
 @pytest.mark.parametrize('configs, report, reference', [
-    (['configs/comparison/fashion_mnist/*.yaml'], 'docs/comparison', 'vit_equal_width'),
-    (['configs/comparison/fashion_mnist/tokenformer_equal_params.yaml', 'configs/comparison/fashion_mnist/levers/*.yaml'],
+    (['studies/comparison/configs/*.yaml'], 'docs/comparison', 'vit_equal_width'),
+    (['studies/comparison/configs/tokenformer_equal_params.yaml', 'studies/comparison/configs/levers/*.yaml'],
      'docs/comparison/levers', 'tokenformer_equal_params'),
-    (['configs/comparison/fashion_mnist/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width')],
+    (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width')],
     ids=['comparison', 'levers', 'long'])
 def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
     """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables) are what today's code
     makes of the stored per-seed points and the configs: parameters and GFLOPs counted, means, spreads and
     ratios."""
-    res = subprocess.run([sys.executable, 'tools/comparison.py', *configs, '--from-points', f'{report}/points.csv',
+    res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', *configs, '--from-points', f'{report}/points.csv',
                           '--report-dir', str(tmp_path), '--reference', reference],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -101,7 +101,7 @@ def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs
 def test_long_curves_are_derived_from_the_kept_metrics(tmp_path):
     """docs/comparison/long/curves.csv (docs/comparison.md §3's curve table) is what today's code reads from the
     runs' metrics files kept beside the points (the command in docs/comparison.md)."""
-    res = subprocess.run([sys.executable, 'tools/comparison.py', 'configs/comparison/fashion_mnist/long/*.yaml',
+    res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', 'studies/comparison/configs/long/*.yaml',
                           '--from-points', 'docs/comparison/long/points.csv', '--report-dir', str(tmp_path),
                           '--reference', 'vit_equal_width', '--curve-epochs', '6', '12', '18', '36', '60', '75'],
                          cwd=ROOT, capture_output=True, text=True)
@@ -112,9 +112,18 @@ def test_long_curves_are_derived_from_the_kept_metrics(tmp_path):
 
 def test_naflex_means_are_derived_from_the_stored_runs():
     """docs/naflex/ours.json's means (docs/naflex.md's tables) are what today's code makes of its per-run rows."""
-    from tkvision.experiments.naflex_experiment import _training_means, summarize_rows
+    from studies.naflex.naflex_experiment import _training_means, summarize_rows
     with open(os.path.join(ROOT, 'docs', 'naflex', 'ours.json')) as f:
         stored = json.load(f)
     assert summarize_rows(stored['lengths']) == stored['length_means']
     assert _training_means(stored['training']) == stored['training_means']
     assert {r['config'] for r in stored['training']} == {'tokenformer', 'naflexvit', 'tokenformer_fixed_grid'}
+
+
+@pytest.mark.parametrize('tool', ['tools/render_reference.py', 'tools/headline.py'])
+def test_generated_pages_equal_what_the_code_and_results_files_give(tool):
+    """The config-key and command reference pages, the site's home page and the README's headline table are
+    generated (from the config's own tables, the console scripts' --help, README.md and the results files):
+    a stale one fails, naming the command that regenerates it."""
+    res = subprocess.run([sys.executable, tool, '--check'], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stdout + res.stderr

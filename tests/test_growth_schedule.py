@@ -11,7 +11,7 @@ from tkvision import growth
 from tkvision.engine import trainer as train_mod
 from tkvision.engine.config import ConfigError
 from tkvision.cli.train import validate_main
-from tkvision.experiments.growth_experiment import answer, plan_runs, size_kwargs
+from studies.growth.growth_experiment import answer, plan_runs, size_kwargs
 from tkvision.engine.config import section
 from tkvision.engine.optim import build_optimizer, build_scheduler
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from tkvision import growth
-from tkvision.layers import SCORE_NORMS, Pattention
+from tkvision.layers import Pattention
 
 BASE = dict(img_size=32, patch_size=8, embed_dim=32, depth=2, num_heads=2, num_tokens=16, num_classes=5)
 
@@ -114,41 +114,6 @@ def test_growth_stays_exact_with_every_option_on():
     assert (m(x) - before).abs().max().item() <= 1e-6
 
 
-@pytest.mark.parametrize('score_norm', SCORE_NORMS)
-def test_fused_qkv_equals_the_three_pattentions_in_value_and_gradient(score_norm):
-    """Issue 19's lever: one score GEMM for Q/K/V; the separate Pattentions stay the reference."""
-    torch.manual_seed(0)
-    kw = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_tokens=16,
-              num_classes=10, score_norm=score_norm)
-    ref = timm.create_model('tokenformer_vit_ti16', **kw)
-    fused = timm.create_model('tokenformer_vit_ti16', fused_qkv=True, **kw)
-    fused.load_state_dict(ref.state_dict())  # same parameters, same checkpoint keys
-    with torch.no_grad():  # distinct taus per projection must be kept apart
-        ref.blocks[0].attn.k.tau.mul_(1.5)
-        fused.blocks[0].attn.k.tau.mul_(1.5)
-    x = torch.randn(3, 1, 28, 28)
-    a, b = ref(x), fused(x)
-    torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6)
-    a.square().sum().backward()
-    b.square().sum().backward()
-    for (n, p), (_, q) in zip(ref.named_parameters(), fused.named_parameters()):
-        torch.testing.assert_close(q.grad, p.grad, rtol=1e-4, atol=1e-6, msg=n)
-
-
-def test_fused_qkv_growth_stays_exact_and_scripts():
-    torch.manual_seed(0)
-    m = timm.create_model('tokenformer_vit_ti16', img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2,
-                          num_heads=2, num_tokens=16, num_classes=10, fused_qkv=True).eval()
-    x = torch.randn(2, 1, 28, 28)
-    with torch.no_grad():
-        before = m(x)
-        growth.grow(m, qkv=8, ffn=16)
-        torch.testing.assert_close(m(x), before, rtol=0, atol=1e-6)
-        torch.testing.assert_close(torch.jit.script(m)(x), before, rtol=1e-5, atol=1e-6)
-    with pytest.raises(ValueError, match='fused_qkv'):
-        timm.create_model('tokenformer_ring_vit_small_patch16_224', fused_qkv=True, depth=1, img_size=32)
-
-
 def test_tau_scale_multiplies_every_pattentions_default_tau_stem_included():
     """``tau_scale`` (a lever of docs/comparison.md): each Pattention's τ is the scale times √n of its own n
     (Eq. 5), the patch embedding's too, and the output is Eq. 5 with that τ (float64, by hand)."""
@@ -173,12 +138,11 @@ def _loss_with_tau(model, tau, x, value):
         return model(x).sin().sum().item()
 
 
-@pytest.mark.parametrize('fused_qkv', [False, True])
-def test_learned_tau_gets_the_finite_difference_gradient_in_every_pattention(fused_qkv):
+def test_learned_tau_gets_the_finite_difference_gradient_in_every_pattention():
     """``learn_tau``: τ is a parameter of every Pattention (same state-dict keys) and its gradient matches a
-    central difference of the loss in float64, through the fused Q/K/V path too (the hand-written backwards
-    give τ none, so a learned τ must not take them)."""
-    m = _model(learn_tau=True, fused_qkv=fused_qkv).double().train()
+    central difference of the loss in float64 (the hand-written backwards give τ none, so a learned τ must
+    not take them)."""
+    m = _model(learn_tau=True).double().train()
     names = [n for n, _ in m.named_parameters() if n.endswith('.tau')]
     assert len(names) == 1 + 2 * 5 and not [n for n, _ in m.named_buffers() if n.endswith('tau')]
     assert set(m.state_dict()) == set(_model().state_dict())

@@ -274,7 +274,7 @@ def test_the_fixed_grid_is_resampled_from_its_trained_table_at_every_evaluation_
     """docs/naflex.md evaluates the fixed-grid TokenFormer at 16, 36, 64 and 144 patches: each length is a
     copy resampled from the trained position table (at its own length: that table, unchanged), never from the
     previous length's, and the trained model keeps its size."""
-    from tkvision.experiments.naflex_experiment import at_length
+    from studies.naflex.naflex_experiment import at_length
     m = timm.create_model('tokenformer_vit_ti16', img_size=48, patch_size=8, embed_dim=32, depth=1, num_heads=2,
                           num_tokens=8, global_pool='avg').eval()
     trained = m.pos_embed.detach().clone()

@@ -156,8 +156,8 @@ def test_init_std():
     assert abs(layer.value_param_tokens.std().item() - 0.005) < 0.0003
 
 
-HAND_WRITTEN = {'lean': dict(lean_backward=True), 'closed_form': dict(lean_backward=False, closed_form_backward=True)}
-PLAIN = dict(lean_backward=False, closed_form_backward=False)
+HAND_WRITTEN = {'lean': dict(backward_mode='lean'), 'closed_form': dict(backward_mode='closed_form')}
+PLAIN = dict(backward_mode='autograd')
 
 
 @pytest.mark.parametrize('path', HAND_WRITTEN)
@@ -182,17 +182,18 @@ def test_hand_written_backward_equals_reference_autograd(shape, path):
 
 
 def test_the_default_backward_paths():
-    """The defaults a user gets: closed form on CPU in training, the plain path in inference, other Θs
-    plain; the lean path is the CUDA default (``'auto'``)."""
+    """The defaults a user gets: the closed form in training (on every device), the plain path in
+    inference and for the other normalisations; an unknown mode is refused by name."""
     layer = Pattention(4, 4, 3)
-    assert layer.lean_backward == 'auto' and layer.closed_form_backward is True
-    x = torch.randn(2, 4)
-    assert layer._backward_path(x) == 'closed_form'
+    assert layer.backward_mode == 'closed_form'
+    assert layer._training_backward() == 'closed_form'
     with torch.no_grad():
-        assert layer._backward_path(x) == 'autograd'
-    assert Pattention(4, 4, 3, score_norm='gelu_l2_norm')._backward_path(x) == 'autograd'
-    assert Pattention(4, 4, 3, closed_form_backward=False)._backward_path(x) == 'autograd'
-    assert Pattention(4, 4, 3, lean_backward=True)._backward_path(x) == 'lean'
+        assert layer._training_backward() == 'autograd'
+    assert Pattention(4, 4, 3, score_norm='gelu_l2_norm')._training_backward() == 'autograd'
+    assert Pattention(4, 4, 3, backward_mode='autograd')._training_backward() == 'autograd'
+    assert Pattention(4, 4, 3, backward_mode='lean')._training_backward() == 'lean'
+    with pytest.raises(ValueError, match="unknown backward_mode 'fast'; choose one of closed_form, lean, autograd"):
+        Pattention(4, 4, 3, backward_mode='fast')
 
 
 @pytest.mark.parametrize('path', HAND_WRITTEN)
@@ -254,7 +255,7 @@ def test_a_registered_normalisation_works_in_every_model_path(monkeypatch):
         register_score_norm('l2_norm_relu', default_tau=float, zero_key_exact=False)(L2NormReLU)
     torch.manual_seed(0)
     m = timm.create_model('tokenformer_vit_ti16', img_size=32, patch_size=8, embed_dim=32, depth=1, num_heads=2,
-                          num_tokens=16, score_norm='l2_norm_relu', fused_qkv=True).eval()
+                          num_tokens=16, score_norm='l2_norm_relu').eval()
     x = torch.randn(2, 3, 32, 32)
     with torch.no_grad():
         before = m(x)

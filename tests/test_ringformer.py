@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import tkvision  # noqa: F401
 from tkvision import growth
-from tkvision.experiments.attention_distance import mean_attention_distance
+from studies.ringformer.attention_distance import mean_attention_distance
 from tkvision.layers import Pattention
 from tkvision.models.ringformer import Level, LevelSignal, attend_with_level_tokens
 
@@ -189,7 +189,7 @@ def test_attention_distance_tool_writes_the_plot(tmp_path):
     with open(cfg_path, 'w') as f:
         yaml.safe_dump({k: cfg[k] for k in ('model', 'model_kwargs', 'output', 'rrc_scale', 'threads')}, f)
     out, js = str(tmp_path / 'mad.png'), str(tmp_path / 'mad.json')
-    r = subprocess.run([sys.executable, os.path.join(ROOT, 'tools/attention_distance.py'), '--config', cfg_path,
+    r = subprocess.run([sys.executable, '-m', 'studies.ringformer.attention_distance', '--config', cfg_path,
                         '--num-images', '32', '--out', out, '--json', js], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     import json

@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from tkvision.experiments.growth_experiment import plan_runs, report, run_all
+from studies.growth.growth_experiment import plan_runs, report, run_all
 from tkvision.cli.experiments import sweep_main
 
 from .helpers import TINY_FMNIST
@@ -97,7 +97,7 @@ def test_a_preempted_point_stops_the_sweep_instead_of_training_the_next(tmp_path
 def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path):
     """docs/comparison.md's rows: mean and sample std over seeds (none for one seed), compute = counted GFLOPs x
     training images x epochs, and each ratio against the reference (ViT) row, here from hand-written points."""
-    from tkvision.experiments.comparison import comparison_rows
+    from studies.comparison.comparison import comparison_rows
     base = dict(model_kwargs=dict(TINY_FMNIST), rrc_scale=None, batch_size=64, train_subset=512, threads=1)
     tf = _write(tmp_path / 'tf.yaml', dict(base, model='tokenformer_vit_ti16', epochs=2))
     vit_kwargs = {k: v for k, v in TINY_FMNIST.items() if k != 'num_tokens'}
@@ -122,7 +122,7 @@ def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path
 def test_the_settings_column_names_each_changed_key_and_model_kwarg_and_no_output():
     """The levers' table says what each lever changed: differing top-level keys and model kwargs by name
     (a kwarg only the reference sets reads ``(unset)``), sorted; where a run is written is not a setting."""
-    from tkvision.experiments.comparison import config_changes_from
+    from studies.comparison.comparison import config_changes_from
     reference = dict(model='m', epochs=6, output='runs/a', model_kwargs=dict(num_tokens=72, tau_scale=2.0))
     lever = dict(model='m', epochs=6, output='runs/b', parameter_token_lr_scale=0.25,
                  model_kwargs=dict(num_tokens=72, key_std=0.1))
@@ -133,7 +133,7 @@ def test_the_settings_column_names_each_changed_key_and_model_kwarg_and_no_outpu
 def test_a_report_keeps_the_stored_points_it_does_not_measure_again(tmp_path):
     """A fresh checkout has docs/comparison/levers/points.csv but not the runs behind it: reporting today's
     runs keeps every stored (config, seed) that was not run again and replaces the ones that were."""
-    from tkvision.experiments.comparison import read_points, write_report
+    from studies.comparison.comparison import read_points, write_report
     base = dict(model_kwargs=dict(TINY_FMNIST), rrc_scale=None, batch_size=64, train_subset=512, threads=1,
                 model='tokenformer_vit_ti16', epochs=1)
     ref, lever = _write(tmp_path / 'ref.yaml', base), _write(tmp_path / 'lever.yaml', dict(base, epochs=2))
@@ -152,7 +152,7 @@ def test_a_report_keeps_the_stored_points_it_does_not_measure_again(tmp_path):
 def test_curves_read_the_kept_metrics_at_one_based_epochs_and_name_a_missing_one(tmp_path):
     """docs/comparison.md's curve table: the trainer's metrics.csv counts epochs from 0 and prints them from 1;
     ``--curve-epochs 2`` is the second row. A run that stopped short is named, not read as another epoch."""
-    from tkvision.experiments.comparison import curve_rows
+    from studies.comparison.comparison import curve_rows
     header = 'epoch,train_loss,top1\n'
     (tmp_path / 'a_seed0_metrics.csv').write_text(header + '0,1.0,50.0\n1,0.81234,61.256\n2,0.7,70.0\n')
     (tmp_path / 'b_seed0_metrics.csv').write_text(header + '0,2.0,40.0\n1,1.5,45.0\n')
@@ -169,7 +169,7 @@ def test_one_seed_is_reported_without_a_spread_and_several_with_the_sample_std(t
     """A single seed's std is None (an empty cell, – in the docs), never 0.0, which would claim that seeds
     agree; several seeds' is the sample std (n - 1), here checked against hand arithmetic. The sweep's and
     the NaFlex experiment's tables wrote 0.0 for one seed."""
-    from tkvision.experiments.naflex_experiment import summarize_rows
+    from studies.naflex.naflex_experiment import summarize_rows
     from tkvision.experiments.sweep import mean_std, summarize
     assert mean_std([80.0, 82.0, 84.0]) == (82.0, 2.0) and mean_std([81.234], 2) == (81.23, None)
     records = [dict(config='a', seed=0, status='ok', top1=80.0, test_top1=79.0, params=10, img_per_s=5.0, minutes=1.0),

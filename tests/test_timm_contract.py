@@ -115,16 +115,14 @@ def test_in_chans_adaptation_through_timms_loader(tmp_path):
     assert grey(torch.randn(1, 1, 64, 64)).shape == (1, 1000)
 
 
-@pytest.mark.parametrize('lean', [False, True])
-def test_compile_fullgraph_forward_and_backward(lean):
+@pytest.mark.parametrize('backward_mode', ['closed_form', 'lean'])
+def test_compile_fullgraph_forward_and_backward(backward_mode):
     """torch.compile captures the whole model, forward and backward, in one graph (no graph break);
     aot_eager runs the captured graphs without code generation, so the test stays fast on CPU."""
     import torch._dynamo
     torch._dynamo.reset()
     m = _model('tokenformer_vit_ti16', embed_dim=64, num_heads=2, num_tokens=16)
-    for layer in m.modules():
-        if isinstance(layer, tkvision.layers.Pattention):
-            layer.lean_backward = lean
+    tkvision.layers.set_backward_mode(m, backward_mode)
     x = torch.randn(2, 3, 64, 64)
     ref = m(x)
     ref.sum().backward()

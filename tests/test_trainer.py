@@ -353,6 +353,7 @@ def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkey
     state = SimpleNamespace(meter=meter, batches_done=0, num_updates=0,
                             optimizer=SimpleNamespace(param_groups=[dict(lr=1.0)]))
     run = SimpleNamespace(cfg=dict(seed=0, log_interval=1), batches_per_epoch=4, accum=1, train_loader=SlowLoader(),
+                          step_prefixes=lambda epoch, batch: [None],
                           rank=0, world=1, device=torch.device('cpu'), check=lambda state: False)
     loop_mod._run_batches(run, state, 0, SimpleNamespace(update=lambda n: None, n=0, disable=True))
     assert 0.2 <= meter['data_seconds'] <= meter['seconds'] and state.batches_done == 4

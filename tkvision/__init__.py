@@ -1,17 +1,18 @@
 """tkvision: TokenFormer vision transformers for timm.
 
-``import tkvision`` registers ``tokenformer_vit_*``, ``ringformer_vit_*`` and ``tokenformer_ring_vit_*``
-with ``timm.create_model``.
+``import tkvision`` registers ``tokenformer_vit_*``, ``naflexvit_tokenformer_*``, ``ringformer_vit_*`` and
+``tokenformer_ring_vit_*`` with ``timm.create_model``.
 
 Rooms (DEVELOPERS.md, "Layout"): ``layers`` (Pattention), ``models`` (the families, MAE), ``growth``
-(progressive scaling), ``data`` (datasets, transforms, loaders, shards), ``engine`` (config,
-training, evaluation, checkpoints), ``utils`` (errors, seeds, atomic writes); ``experiments`` and
-``cli`` sit at the edge and nothing in the library imports them.
+(growth by parameter tokens, elastic prefixes), ``data`` (datasets, transforms, loaders, shards), ``engine``
+(config, training, evaluation, checkpoints), ``utils`` (errors, seeds, atomic writes); ``experiments`` (the
+sweep, the model benchmark) and ``cli`` sit at the edge and nothing in the library imports them. The
+studies behind the results pages live in the repository's ``studies/``, outside the package.
 """
 from . import layers, models
 from .growth import grow
 from .layers import Pattention
 from .models import TokenFormerViT
 
-__version__ = '0.1.0'
+__version__ = '0.2.0'
 __all__ = ['Pattention', 'TokenFormerViT', 'grow', 'layers', 'models']

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Grow a checkpoint: ``python tools/grow.py --checkpoint small.safetensors --model M --to BIGGER --out grown.safetensors``.
+"""Grow a checkpoint: ``python tools/grow.py --checkpoint small.safetensors --model M --to BIGGER
+--out grown.safetensors``.
 
 Thin wrapper over :func:`tkvision.cli.weights.grow_main` (also installed as ``tkvision-grow``).
 """

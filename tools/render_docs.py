@@ -95,7 +95,8 @@ def render(spec: str) -> str:
 
 def documents() -> list:
     """README.md and every markdown file under docs/."""
-    return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True))
+    return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
+                                                                recursive=True))
 
 
 class SpecError(ValueError):

@@ -44,7 +44,8 @@ def derive(metrics_path: str) -> dict:
     with open(os.path.join(ROOT, metrics_path)) as f:
         rows = list(csv.DictReader(f))
     if not rows or 'epoch_time' not in rows[0]:
-        raise ValueError(f'{metrics_path}: expected a trainer metrics.csv with an epoch_time column and one row per epoch')
+        raise ValueError(f'{metrics_path}: expected a trainer metrics.csv with an epoch_time column and one row per '
+                         f'epoch')
     times, top1, loss = _floats(rows, 'epoch_time'), _floats(rows, 'top1'), _floats(rows, 'val_loss')
     later = times[1:] or times
     out = dict(epochs=len(rows), train_minutes=round(sum(times) / 60, 1),

@@ -83,7 +83,8 @@ def main(argv=None) -> int:
         with open(os.path.join(tmp, 'conftest.py'), 'w') as f:
             f.write('import tkvision  # noqa: F401  (registers our families with timm)\n\n\n'
                     'def pytest_configure(config):\n'
-                    "    for mark in ('base', 'cfg', 'cfg_nonstd', 'torchscript', 'features', 'fxforward', 'fxbackward'):\n"
+                    "    for mark in ('base', 'cfg', 'cfg_nonstd', 'torchscript', 'features', 'fxforward', "
+                    "'fxbackward'):\n"
                     "        config.addinivalue_line('markers', mark)\n")
         cmd = [sys.executable, '-m', 'pytest', '-q', '-p', 'no:cacheprovider', '-W', 'ignore', '--rootdir', tmp,
                os.path.join(tmp, 'test_models.py'), '-k', SELECTIONS[args.models], *pytest_args]

@@ -17,7 +17,8 @@ def run_cli(tool, argv=None) -> int:
     """Run ``tool(argv)`` for a command-line tool: errors from :data:`~tkvision.utils.errors.USER_ERRORS`
     and the machine's errors a user fixes (disk full, read-only or forbidden path) print one line
     ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1 (``Preempted``, its state saved)
-    prints why and returns :data:`~tkvision.utils.errors.EXIT_PREEMPTED`; other errors propagate with their traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
+    prints why and returns :data:`~tkvision.utils.errors.EXIT_PREEMPTED`; other errors propagate with their
+    traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
     left open (a torchrun launch) is destroyed on the way out."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = '--debug' in argv

@@ -38,7 +38,8 @@ def parse_train_args(argv=None):
         ``(cfg, resume)``. Raises ConfigError: a bad key or value (named).
     """
     ap = argparse.ArgumentParser(description='Train a TokenFormer ViT (or any timm model).', allow_abbrev=False)
-    ap.add_argument('--config', help='YAML recipe: a file, or the name of a shipped recipe (imagenet/tokenformer_vit_b16)')
+    ap.add_argument('--config',
+                    help='YAML recipe: a file, or the name of a shipped recipe (imagenet/tokenformer_vit_b16)')
     ap.add_argument('--list-recipes', action=_ListRecipes, help='list the shipped recipes (name, what each reproduces, '
                     'its figures) and exit')
     ap.add_argument('--data-dir', help='dataset root (ImageNet folder with train/ and val/)')
@@ -66,7 +67,8 @@ def _done_message(res: dict, minutes: float) -> str:
     last = os.path.join(out, LAST_WEIGHTS) + (' (EMA weights)' if res.get('ema') else '')
     test = (f", test top-1 {res['test_top1']:.2f}% (the test split, evaluated once)" if res.get('test_top1') is not None
             else '')
-    return (f"done in {minutes:.1f} min: final validation top-1 {res['top1']:.2f}% (best {res['best_top1']:.2f}%){test}\n"
+    return (f"done in {minutes:.1f} min: final validation top-1 {res['top1']:.2f}% (best "
+            f"{res['best_top1']:.2f}%){test}\n"
             f"  weights: {os.path.join(out, BEST_WEIGHTS)} (last: {last}, "
             f"state: {os.path.join(out, LAST_CHECKPOINT)})\n  curves:  {os.path.join(out, CURVES_FILE)}\n"
             f"  metrics: {os.path.join(out, METRICS_FILE)}")
@@ -92,7 +94,8 @@ def _validate(argv) -> int:
     ap = argparse.ArgumentParser(description='Evaluate a TokenFormer (or any timm) model on a val set.')
     ap.add_argument('--model', help='timm model name (default: the config\'s)')
     ap.add_argument('--checkpoint', required=True, help='.safetensors weights or a training .pth checkpoint')
-    ap.add_argument('--config', help="training config (data, img_size, mean/std, model_kwargs; default: a last.pth's own)")
+    ap.add_argument('--config',
+                    help="training config (data, img_size, mean/std, model_kwargs; default: a last.pth's own)")
     ap.add_argument('--data-dir', help='ImageNet folder with val/, or Fashion-MNIST files')
     ap.add_argument('--no-ema', action='store_true', help='use the model weights, not EMA, of a .pth checkpoint')
     ap.add_argument('--split', choices=('val', 'test'), default='val',
@@ -129,5 +132,5 @@ def validate_main(argv=None) -> int:
     return run_cli(_validate, argv)
 
 
-if __name__ == '__main__':  # torchrun -m tkvision.cli.train (tools/gpu_report.py's end-to-end run)
+if __name__ == '__main__':  # torchrun -m tkvision.cli.train (the GPU report's end-to-end run, studies/performance)
     sys.exit(train_main())

@@ -22,7 +22,8 @@ __all__ = ['grow_main', 'export_main', 'mae_visualize_main']
 def _grow(argv) -> int:
     ap = argparse.ArgumentParser(description='Grow a TokenFormer checkpoint by appending parameter tokens.')
     ap.add_argument('--checkpoint', required=True, help='.safetensors or .pth of the small model')
-    ap.add_argument('--model', required=True, help='registered variant of the checkpoint, e.g. tokenformer_vit_b16_matched')
+    ap.add_argument('--model', required=True,
+                    help='registered variant of the checkpoint, e.g. tokenformer_vit_b16_matched')
     ap.add_argument('--to', help='target variant whose token counts to grow to, e.g. tokenformer_vit_b16')
     for kind in ENCODER_KINDS:
         ap.add_argument(f'--add-{kind}', type=int, default=0, help=f'tokens to append to every {kind} Pattention')

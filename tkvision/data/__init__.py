@@ -18,6 +18,7 @@ from .readers import ReaderDataset, collate_skip_bad, decode_image
 from .transforms import DATA_CFG_KEYS, BatchPreprocessor, build_transform, resolve_data_cfg
 
 __all__ = ['FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'load_fashion_mnist', 'ArrayDataset', 'ReaderDataset',
-           'build_transform', 'decode_image', 'resolve_data_cfg', 'build_dataset', 'has_test_split', 'holdout_indices', 'build_loader', 'set_loader_epoch',
-           'batches_per_epoch', 'dataset_size', 'dataset_classes', 'train_class_map', 'collate_skip_bad',
-           'seed_sample', 'ResumableSampler', 'SeededDataset', 'BatchPreprocessor', 'DATA_CFG_KEYS']
+           'build_transform', 'decode_image', 'resolve_data_cfg', 'build_dataset', 'has_test_split',
+           'holdout_indices', 'build_loader', 'set_loader_epoch', 'batches_per_epoch', 'dataset_size',
+           'dataset_classes', 'train_class_map', 'collate_skip_bad', 'seed_sample', 'ResumableSampler',
+           'SeededDataset', 'BatchPreprocessor', 'DATA_CFG_KEYS']

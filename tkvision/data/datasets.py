@@ -20,11 +20,11 @@ import os
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
+from ..utils.errors import ConfigError
+from ..utils.seeding import derive_seed
 from .fashion_mnist import ArrayDataset, load_fashion_mnist
 from .loader import SeededDataset
 from .readers import ReaderDataset, check_same_classes, create_split_reader
-from ..utils.errors import ConfigError
-from ..utils.seeding import derive_seed
 from .shards import ShardStream, read_info
 from .transforms import build_transform
 
@@ -90,7 +90,8 @@ def _carve(data: dict, split: str, seed: int, class_to_idx):
                           'split into the shards (tools/make_shards.py from a folder with train/ and val/), or set 0')
     if name == 'fashion_mnist':
         images, labels = load_fashion_mnist('train', data['data_dir'], data['download'])
-        ds = ArrayDataset(images, labels, build_transform(data, train, seed, resize=data['img_size'] != images.shape[1]))
+        ds = ArrayDataset(images, labels, build_transform(data, train, seed,
+                                                          resize=data['img_size'] != images.shape[1]))
     else:
         reader = create_split_reader(data, 'train', class_to_idx if not train else None)
         labels = _reader_labels(reader)
@@ -104,7 +105,8 @@ def _evaluation_split(data: dict, split: str, seed: int, class_to_idx, rank: int
     train, name = split == 'train', data['dataset']
     if name == 'fashion_mnist':
         images, labels = load_fashion_mnist('train' if train else 'test', data['data_dir'], data['download'])
-        return ArrayDataset(images, labels, build_transform(data, train, seed, resize=data['img_size'] != images.shape[1]))
+        return ArrayDataset(images, labels, build_transform(data, train, seed,
+                                                            resize=data['img_size'] != images.shape[1]))
     if name.startswith('wds/'):
         ds = ShardStream(data['data_dir'], split, build_transform(data, train, seed), train=train,
                          batch_size=data['batch_size'], num_workers=data['num_workers'], rank=rank,

@@ -128,7 +128,7 @@ def write_image_folder(out: str, size: int = 224, train_per_class: int = 100, va
     ``sizes``: a list of ``(height, width)`` in px instead of ``size``: the k-th image of each class
     gets ``sizes[k % len(sizes)]`` (upscaled to cover it, centre-cropped to its aspect ratio), so every
     class has every resolution and aspect ratio in equal share: the mixed-size folders NaFlex models
-    train and are evaluated on (issue 36).
+    train and are evaluated on.
 
     Returns:
         ``{'train': n, 'val': n}`` images written.

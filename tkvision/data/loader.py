@@ -76,8 +76,10 @@ class SeededDataset(Dataset):
         return self.dataset[index]
 
 
-def build_loader(dataset: Dataset, data: dict, train: bool, seed: int, rank: int = 0, world_size: int = 1) -> DataLoader:
-    """DataLoader of ``dataset`` with the data section's ``batch_size`` and ``num_workers``, yielding ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
+def build_loader(dataset: Dataset, data: dict, train: bool, seed: int, rank: int = 0,
+                 world_size: int = 1) -> DataLoader:
+    """DataLoader of ``dataset`` with the data section's ``batch_size`` and ``num_workers``, yielding
+    ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
 
     Training: :class:`ResumableSampler` over :class:`SeededDataset` (order and augmentation depend
     only on seed, epoch and sample index: exact resume, any ``num_workers``), incomplete last batch
@@ -91,7 +93,8 @@ def build_loader(dataset: Dataset, data: dict, train: bool, seed: int, rank: int
         return DataLoader(dataset, batch_size=data['batch_size'], num_workers=workers, collate_fn=collate_skip_bad,
                           drop_last=train, pin_memory=torch.cuda.is_available())
     if train:
-        sampler, dataset = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed), SeededDataset(dataset)
+        sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
+        dataset = SeededDataset(dataset)
     else:
         sampler, dataset = None, Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(dataset, batch_size=data['batch_size'], sampler=sampler, shuffle=False, drop_last=train,

@@ -33,7 +33,8 @@ except ImportError:  # optional: PIL decodes everything, ~1.6x slower on JPEGs (
 def decode_image(data: bytes) -> np.ndarray:
     """Encoded image bytes -> uint8 RGB array ``[H, W, 3]``.
 
-    16-bit grey images (PNG, TIFF) are scaled to 8 bits (level / 257), not clipped. JPEGs go through ``simplejpeg`` (libjpeg-turbo, accurate DCT and upsampling: the same pixels as
+    16-bit grey images (PNG, TIFF) are scaled to 8 bits (level / 257), not clipped. JPEGs go through ``simplejpeg``
+    (libjpeg-turbo, accurate DCT and upsampling: the same pixels as
     PIL's decoder, measured 1.6x faster in docs/data.md) when it is installed, everything else
     through PIL. Images over twice PIL's ``MAX_IMAGE_PIXELS`` are refused as PIL refuses them.
 

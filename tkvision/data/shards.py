@@ -237,8 +237,8 @@ def make_shards(src: str, out: str, splits=('train', 'val'), max_count: int = 10
         UsageError: a split holds a class the first split does not have (named), or ``max_count`` < 1
             or ``max_size`` <= 0.
     """
-    from tqdm import tqdm
     from timm.data.readers.reader_image_folder import find_images_and_targets
+    from tqdm import tqdm
     if max_count < 1 or max_size <= 0:
         raise UsageError(f'--max-count must be >= 1 and --max-size > 0, got {max_count} and {max_size}')
     wds = _wds()

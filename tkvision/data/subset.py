@@ -1,7 +1,7 @@
 """ImageNet-layout subsets for quick work: N classes (chosen by seed or listed), K images per class.
 
 Presets (``PRESETS``): ``imagenet-small`` is the RingFormer paper's ImageNet-small
-(``../shared/papers/003_*``, App. A.1): 100 classes, 1,000 training and 50 validation images per
+(RingFormer, arXiv:2502.13181, App. A.1): 100 classes, 1,000 training and 50 validation images per
 class. The subset is written as a folder (files copied, or symbolic links with ``link=True``) or as
 WebDataset shards (:func:`tkvision.data.shards.make_shards`).
 """

@@ -2,7 +2,7 @@
 :class:`BatchPreprocessor`, and :func:`resolve_data_cfg`, which fills the data keys a config leaves
 null from the model's ``pretrained_cfg``.
 
-Augmentation (the MAE / MMPretrain supervised recipe, ``shared/reference/README.md``, "Recipes"):
+Augmentation (the MAE / MMPretrain supervised recipe, ``docs/reference/background.md``, "Recipes"):
 albumentations for RandomResizedCrop (bicubic), translation and flip, timm's RandAugment
 (``rand-m9-mstd0.5-inc1``) for the op albumentations lacks. Workers return **uint8** batches (a
 quarter of float32's bytes through shared memory and the host-to-device copy); normalisation and
@@ -11,7 +11,7 @@ mixup/cutmix and label smoothing are applied per batch by the trainer with timm'
 
 albumentations and OpenCV are imported where a pipeline is built, so the rest of :mod:`tkvision.data`
 (Fashion-MNIST, readers, :func:`resolve_data_cfg`) imports without them: a GPU image without
-albumentations runs ``tools/gpu_report.py``.
+albumentations runs the GPU report (``studies/performance/gpu_report.py``).
 """
 import numpy as np
 import timm
@@ -66,7 +66,8 @@ def _interpolations(name: str, train: bool) -> list:
     if name == 'random':
         return [cv2.INTER_LINEAR, cv2.INTER_CUBIC] if train else [cv2.INTER_CUBIC]
     if name not in _CV2_INTERPOLATION:
-        raise ValueError(f"interpolation must be one of {', '.join(list(_CV2_INTERPOLATION) + ['random'])}, got {name!r}")
+        raise ValueError(f"interpolation must be one of {', '.join(list(_CV2_INTERPOLATION) + ['random'])}, got "
+                         f"{name!r}")
     return [getattr(cv2, _CV2_INTERPOLATION[name])]
 
 
@@ -104,7 +105,8 @@ def build_transform(data: dict, train: bool, seed: int, resize: bool = True) -> 
     ops = []
     if train:
         if cfg['rrc_scale']:
-            ops.append(one_of(lambda i: A.RandomResizedCrop((size, size), scale=tuple(cfg['rrc_scale']), interpolation=i)))
+            ops.append(one_of(lambda i: A.RandomResizedCrop((size, size), scale=tuple(cfg['rrc_scale']),
+                                                            interpolation=i)))
         elif resize:
             ops.append(one_of(lambda i: A.Resize(size, size, interpolation=i)))
         if cfg['crop_padding']:

@@ -6,12 +6,11 @@ import timm
 import torch
 
 from ..data import train_class_map
-from ..models._helpers import input_shape  # noqa: F401  (re-exported: the trainer's import)
-from ..models.mae import create_mae
+from ..models import create_mae
 from ..utils.errors import ConfigError
 from .config import section
 
-__all__ = ['build_model', 'create_model', 'model_for_config', 'default_num_classes', 'input_shape']
+__all__ = ['build_model', 'create_model', 'model_for_config', 'default_num_classes']
 
 
 def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch.nn.Module:

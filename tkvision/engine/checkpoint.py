@@ -39,8 +39,8 @@ from .config import migrate
 
 __all__ = ['CONFIG_FILE', 'LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'METRICS_FILE', 'CURVES_FILE',
            'RECONSTRUCTION_FILE', 'FORMAT_VERSION', 'training_checkpoint', 'save_training_checkpoint',
-           'load_training_checkpoint', 'checkpoint_config', 'save_weights', 'save_yaml', 'save_rows', 'keep_best', 'read_weights',
-           'load_fitting_weights', 'model_for_checkpoint', 'load_init_weights', 'grow_weights_file']
+           'load_training_checkpoint', 'checkpoint_config', 'save_weights', 'save_yaml', 'save_rows', 'keep_best',
+           'read_weights', 'load_fitting_weights', 'model_for_checkpoint', 'load_init_weights', 'grow_weights_file']
 
 CONFIG_FILE = 'config.yaml'
 LAST_CHECKPOINT = 'last.pth'

@@ -10,13 +10,13 @@ unknown key is an error that names it and the file. Command-line overrides ``--k
 read under their new name, in files, on the command line and in checkpoints.
 
 **Sections.** The keys are grouped as a reader meets them (:data:`SECTIONS`: ``run``, ``model``,
-``mae``, ``data``, ``optim``, ``growth``); each builder receives only its section
+``mae``, ``data``, ``optim``, ``elastic``, ``growth``); each builder receives only its section
 (:func:`section`): ``build_dataset`` the data keys, ``build_optimizer`` the optimisation keys, and so
 on. Files stay flat, so every config of earlier releases reads unchanged.
 
 What each key allows is in :mod:`tkvision.engine.config_rules` (``tests/test_config.py`` holds the
 rules and the defaults to the same keys). Recipe values in ``configs/imagenet/`` come from the MAE
-paper, Appendix A.2 (table in ``shared/reference/README.md``, "Recipes").
+paper, Appendix A.2 (table in ``docs/reference/background.md``, "Recipes").
 """
 import copy
 import os
@@ -60,7 +60,11 @@ SECTIONS = {
         'init_from': None,           # weights file to start from (.safetensors / .pth); grown to fit
         'freeze_loaded_tokens': False,  # with init_from: train only the tokens appended to the loaded ones (+ head)
         'grad_checkpointing': False,
-        'compile': False,
+        'compile': 'auto',           # torch.compile the model: true, false, or 'auto' (on for CUDA, where a TokenFormer
+                                     # trains at 0.85x ViT-B compiled against 0.37x eager; off on a CPU, where
+                                     # compiling costs what it saves over the quick recipe: docs/performance.md)
+        'backward_mode': 'closed_form',  # Pattention's backward (tkvision.layers.BACKWARD_MODES): 'closed_form' (the
+                                         # fastest measured), 'lean' (least activation memory), 'autograd' (reference)
     },
     'mae': {                         # MAE pretraining (task: mae; tkvision.models.mae)
         'mask_ratio': 0.75,          # fraction of patches masked per image
@@ -137,6 +141,12 @@ SECTIONS = {
         'model_ema': False,
         'model_ema_decay': 0.9999,
     },
+    'elastic': {                     # nested prefix training (tkvision.growth.elastic, docs/elastic.md)
+        'elastic_fractions': [],     # fractions of every Pattention's tokens each step may train, e.g.
+                                     # [0.25, 0.5, 0.75, 1.0]; []: off. Evaluation reports each (top1@0.25, ...)
+        'elastic_sampling': 'largest_plus_random',  # 'all', 'random' or 'largest_plus_random' (SAMPLING)
+        'elastic_tau': 'follow',     # τ of a prefix of k tokens: 'follow' (Eq. 5's √k) or 'kept' (the full layer's)
+    },
     'growth': {
         'growth': {                  # growth during training (tkvision.growth)
             'every_epochs': None,    # grow at the end of every k-th epoch
@@ -174,7 +184,7 @@ RESUME_MUTABLE = frozenset({
     'decay_rate', 'clip_grad', 'clip_mode', 'eval_every', 'save_every', 'checkpoint_every_steps',
     'checkpoint_every_minutes', 'log_interval', 'progress', 'tensorboard', 'num_workers', 'threads', 'device',
     'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from',
-    'recon_images'})
+    'recon_images', 'backward_mode'})
 
 
 def section(cfg: dict, name: str) -> dict:

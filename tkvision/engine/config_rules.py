@@ -5,7 +5,7 @@ keys, so a new key gets a rule and a default or the test fails.
 """
 import timm
 
-from ..layers import PATTENTION_KINDS
+from ..layers import BACKWARD_MODES, PATTENTION_KINDS
 from ..utils.errors import ConfigError
 
 __all__ = ['RULES', 'SCHEDULE_STEP', 'INTERPOLATIONS', 'SCHEDULERS', 'validate_config', 'resolve_accum_steps']
@@ -54,53 +54,112 @@ def _rule(kind, lo=None, hi=None, lo_open=False, hi_open=False, null=False, choi
     return check, words + (' or null' if null else '')
 
 
+def _is_dataset(v) -> bool:
+    """A dataset name: one of the built-in kinds, or ``wds/<name>`` / ``hfds/<name>`` with a name."""
+    if not isinstance(v, str):
+        return False
+    kind, _, name = v.partition('/')
+    return v in ('fashion_mnist', 'imagenet', 'folder', 'tar') or (kind in ('wds', 'hfds') and name != '')
+
+
 #: What each key allows (``growth.*`` for the growth section). Checked by :func:`validate_config`.
 RULES = {
     'task': _rule(None, choices=('classify', 'mae', 'linprobe')),
-    'mask_ratio': _rule('num', 0, 1, lo_open=True, hi_open=True), 'norm_pix_loss': _rule('bool'),
-    'decoder.embed_dim': _rule('int', 1), 'decoder.depth': _rule('int', 1), 'decoder.num_heads': _rule('int', 1),
-    'decoder.num_tokens': _rule('int', 1, null=True), 'decoder.kind': _rule(None, choices=(None, 'tokenformer', 'vit')),
+    'mask_ratio': _rule('num', 0, 1, lo_open=True, hi_open=True),
+    'norm_pix_loss': _rule('bool'),
+    'decoder.embed_dim': _rule('int', 1),
+    'decoder.depth': _rule('int', 1),
+    'decoder.num_heads': _rule('int', 1),
+    'decoder.num_tokens': _rule('int', 1, null=True),
+    'decoder.kind': _rule(None, choices=(None, 'tokenformer', 'vit')),
     'recon_images': _rule('int', 0),
-    'model': _rule('str'), 'model_kwargs': _rule('map'), 'drop_path_rate': _rule('num', 0, 1, hi_open=True),
-    'init_from': _rule('str', null=True), 'freeze_loaded_tokens': _rule('bool'), 'grad_checkpointing': _rule('bool'),
-    'compile': _rule('bool'),
-    'dataset': (lambda v: isinstance(v, str) and (v in ('fashion_mnist', 'imagenet', 'folder', 'tar') or (
-        v.split('/')[0] in ('wds', 'hfds') and len(v.split('/', 1)[-1]) > 0 and '/' in v)),
-        "'fashion_mnist', 'folder' (or 'imagenet'), 'tar', 'wds/<name>' or 'hfds/<name>'"),
-    'data_dir': _rule('str', null=True), 'download': _rule('bool'), 'img_size': _rule('int', 1, null=True),
-    'mean': _rule('nums', null=True), 'std': _rule('nums', 0, lo_open=True, null=True),
-    'crop_pct': _rule('num', 0, 1, lo_open=True, null=True), 'interpolation': _rule(None, choices=INTERPOLATIONS + (None,)),
-    'rrc_scale': _rule('nums', 0, 1, lo_open=True, length=2, null=True), 'crop_padding': _rule('int', 0),
-    'hflip': _rule('num', 0, 1), 'auto_augment': _rule('str', null=True), 'reprob': _rule('num', 0, 1),
-    'num_workers': _rule('int', 0), 'train_subset': _rule('int', 1, null=True), 'val_subset': _rule('int', 1, null=True),
+    'model': _rule('str'),
+    'model_kwargs': _rule('map'),
+    'drop_path_rate': _rule('num', 0, 1, hi_open=True),
+    'init_from': _rule('str', null=True),
+    'freeze_loaded_tokens': _rule('bool'),
+    'grad_checkpointing': _rule('bool'),
+    'compile': _rule(None, choices=(True, False, 'auto')),
+    'backward_mode': _rule(None, choices=BACKWARD_MODES),
+    'dataset': (_is_dataset, "'fashion_mnist', 'folder' (or 'imagenet'), 'tar', 'wds/<name>' or 'hfds/<name>'"),
+    'data_dir': _rule('str', null=True),
+    'download': _rule('bool'),
+    'img_size': _rule('int', 1, null=True),
+    'mean': _rule('nums', null=True),
+    'std': _rule('nums', 0, lo_open=True, null=True),
+    'crop_pct': _rule('num', 0, 1, lo_open=True, null=True),
+    'interpolation': _rule(None, choices=INTERPOLATIONS + (None,)),
+    'rrc_scale': _rule('nums', 0, 1, lo_open=True, length=2, null=True),
+    'crop_padding': _rule('int', 0),
+    'hflip': _rule('num', 0, 1),
+    'auto_augment': _rule('str', null=True),
+    'reprob': _rule('num', 0, 1),
+    'num_workers': _rule('int', 0),
+    'train_subset': _rule('int', 1, null=True),
+    'val_subset': _rule('int', 1, null=True),
     'val_split_fraction': _rule('num', 0, 1, hi_open=True, null=True),
-    'naflex_loader': _rule('bool'), 'naflex_train_seq_lens': _rule('nums', 1), 'naflex_max_seq_len': _rule('int', 1),
-    'naflex_patch_sizes': _rule('nums', 1, null=True), 'naflex_loss_scale': _rule(None, choices=('linear', 'sqrt', 'none')),
-    'epochs': _rule('int', 1), 'batch_size': _rule('int', 1), 'accum_steps': _rule('int', 1),
-    'global_batch_size': _rule('int', 1, null=True), 'opt': _rule('str'), 'opt_betas': _rule('nums', 0, 1, hi_open=True),
-    'opt_eps': _rule('num', 0, lo_open=True), 'lr': _rule('num', 0, lo_open=True, null=True),
-    'blr': _rule('num', 0, lo_open=True), 'sched': _rule(None, choices=SCHEDULERS), 'min_lr': _rule('num', 0),
-    'warmup_epochs': _rule('num', 0), 'warmup_lr': _rule('num', 0), 'decay_epochs': _rule('num', 0, lo_open=True),
-    'decay_milestones': _rule('nums', 0), 'decay_rate': _rule('num', 0, lo_open=True),
-    'weight_decay': _rule('num', 0), 'layer_decay': _rule('num', 0, 1, lo_open=True, null=True),
-    'parameter_token_weight_decay': _rule('num', 0, null=True), 'parameter_token_lr_scale': _rule('num', 0, lo_open=True),
-    'clip_grad': _rule('num', 0, lo_open=True, null=True), 'clip_mode': _rule(None, choices=('norm', 'value', 'agc')),
-    'smoothing': _rule('num', 0, 1, hi_open=True), 'mixup': _rule('num', 0), 'cutmix': _rule('num', 0),
-    'mixup_prob': _rule('num', 0, 1), 'mixup_switch_prob': _rule('num', 0, 1), 'model_ema': _rule('bool'),
-    'model_ema_decay': _rule('num', 0, 1, hi_open=True), 'amp': _rule(None, choices=(None, 'bf16', 'fp16')),
+    'naflex_loader': _rule('bool'),
+    'naflex_train_seq_lens': _rule('nums', 1),
+    'naflex_max_seq_len': _rule('int', 1),
+    'naflex_patch_sizes': _rule('nums', 1, null=True),
+    'naflex_loss_scale': _rule(None, choices=('linear', 'sqrt', 'none')),
+    'epochs': _rule('int', 1),
+    'batch_size': _rule('int', 1),
+    'accum_steps': _rule('int', 1),
+    'global_batch_size': _rule('int', 1, null=True),
+    'opt': _rule('str'),
+    'opt_betas': _rule('nums', 0, 1, hi_open=True),
+    'opt_eps': _rule('num', 0, lo_open=True),
+    'lr': _rule('num', 0, lo_open=True, null=True),
+    'blr': _rule('num', 0, lo_open=True),
+    'sched': _rule(None, choices=SCHEDULERS),
+    'min_lr': _rule('num', 0),
+    'warmup_epochs': _rule('num', 0),
+    'warmup_lr': _rule('num', 0),
+    'decay_epochs': _rule('num', 0, lo_open=True),
+    'decay_milestones': _rule('nums', 0),
+    'decay_rate': _rule('num', 0, lo_open=True),
+    'weight_decay': _rule('num', 0),
+    'layer_decay': _rule('num', 0, 1, lo_open=True, null=True),
+    'parameter_token_weight_decay': _rule('num', 0, null=True),
+    'parameter_token_lr_scale': _rule('num', 0, lo_open=True),
+    'clip_grad': _rule('num', 0, lo_open=True, null=True),
+    'clip_mode': _rule(None, choices=('norm', 'value', 'agc')),
+    'smoothing': _rule('num', 0, 1, hi_open=True),
+    'mixup': _rule('num', 0),
+    'cutmix': _rule('num', 0),
+    'mixup_prob': _rule('num', 0, 1),
+    'mixup_switch_prob': _rule('num', 0, 1),
+    'model_ema': _rule('bool'),
+    'model_ema_decay': _rule('num', 0, 1, hi_open=True),
+    'amp': _rule(None, choices=(None, 'bf16', 'fp16')),
     'tf32': _rule('bool'),
-    'growth.every_epochs': _rule('int', 1, null=True), 'growth.add_tokens': _rule('map'),
-    'growth.until_epoch': _rule('int', 1, null=True), 'growth.key_init': _rule(None, choices=('zeros', 'normal')),
-    'growth.tau': _rule(None, choices=('keep', 'recompute')), 'growth.eval_after_step': _rule('bool'),
+    'elastic_fractions': (lambda v: isinstance(v, list) and all(_is_num(f) and 0 < f <= 1 for f in v),
+                          'a list of fractions in (0, 1] (empty: off)'),
+    'elastic_sampling': _rule(None, choices=('all', 'random', 'largest_plus_random')),
+    'elastic_tau': _rule(None, choices=('follow', 'kept')),
+    'growth.every_epochs': _rule('int', 1, null=True),
+    'growth.add_tokens': _rule('map'),
+    'growth.until_epoch': _rule('int', 1, null=True),
+    'growth.key_init': _rule(None, choices=('zeros', 'normal')),
+    'growth.tau': _rule(None, choices=('keep', 'recompute')),
+    'growth.eval_after_step': _rule('bool'),
     'growth.value_init': _rule(None, choices=('zeros', 'normal')),
     'growth.schedule': (lambda v: isinstance(v, list), 'a list of steps {at_epoch, to[, warmup_epochs, lr_scale]}'),
     'growth.optimizer_state': _rule(None, choices=('keep', 'reset')),
-    'growth.stage_lr': _rule(None, choices=('restart', 'continue')), 'growth.freeze_old_tokens': _rule('bool'),
-    'seed': _rule('int', 0), 'device': _rule('str', null=True), 'threads': _rule('int', 1, null=True),
-    'output': _rule('str'), 'eval_every': _rule('int', 1), 'save_every': _rule('int', 1),
+    'growth.stage_lr': _rule(None, choices=('restart', 'continue')),
+    'growth.freeze_old_tokens': _rule('bool'),
+    'seed': _rule('int', 0),
+    'device': _rule('str', null=True),
+    'threads': _rule('int', 1, null=True),
+    'output': _rule('str'),
+    'eval_every': _rule('int', 1),
+    'save_every': _rule('int', 1),
     'checkpoint_every_steps': _rule('int', 1, null=True),
-    'checkpoint_every_minutes': _rule('num', 0, lo_open=True, null=True), 'tensorboard': _rule('bool'),
-    'log_interval': _rule('int', 1), 'progress': _rule('bool'),
+    'checkpoint_every_minutes': _rule('num', 0, lo_open=True, null=True),
+    'tensorboard': _rule('bool'),
+    'log_interval': _rule('int', 1),
+    'progress': _rule('bool'),
 }
 
 
@@ -122,7 +181,8 @@ def validate_config(cfg: dict) -> dict:
             node[leaf] = int(value)
     for kind, n in cfg['growth']['add_tokens'].items():
         if kind not in PATTENTION_KINDS:
-            raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are {", ".join(PATTENTION_KINDS)}')
+            raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are '
+                              f'{", ".join(PATTENTION_KINDS)}')
         if not (_is_num(n) and float(n).is_integer() and n >= 0):
             raise ConfigError(f'growth.add_tokens.{kind} must be an integer >= 0, got {n!r}')
     _validate_growth_schedule(cfg)
@@ -213,7 +273,8 @@ def _validate_growth_schedule(cfg: dict):
         where, at = f'growth.schedule[{i}]', step['at_epoch']
         end = steps[i + 1]['at_epoch'] if i + 1 < len(steps) else cfg['epochs']
         if not (_is_num(step['warmup_epochs']) and 0 <= step['warmup_epochs'] < end - at):
-            raise ConfigError(f"{where}.warmup_epochs must be >= 0 and shorter than its stage, got {step['warmup_epochs']!r}")
+            raise ConfigError(f"{where}.warmup_epochs must be >= 0 and shorter than its stage, got "
+                              f"{step['warmup_epochs']!r}")
         if not (_is_num(step['lr_scale']) and step['lr_scale'] > 0):
             raise ConfigError(f"{where}.lr_scale must be a number > 0, got {step['lr_scale']!r}")
         to = step['to']

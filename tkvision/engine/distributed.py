@@ -43,7 +43,8 @@ def setup_threads(run: dict):
 def init_distributed(run: dict):
     """Start ``torch.distributed`` when launched by torchrun or SLURM, pick the device, set TF32.
 
-    ``run``: the config's run section. The device is ``run['device']``, else ``cuda:<local rank>`` when CUDA is available, else CPU.
+    ``run``: the config's run section. The device is ``run['device']``, else ``cuda:<local rank>`` when CUDA is
+        available, else CPU.
     TF32 matmuls and cuDNN convolutions follow ``run['tf32']`` (on by default: float32 work on
     Ampere and later GPUs runs on the tensor cores at ~10 mantissa bits).
 

@@ -62,7 +62,8 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
         WeightsMismatchError: weights that do not fit the model (listed).
     """
     if holds_files(out) and not force:
-        raise FileExistsError(f'{out} already exists and holds files; export to a new folder (or --force to replace it)')
+        raise FileExistsError(f'{out} already exists and holds files; export to a new folder (or --force to replace '
+                              f'it)')
     kwargs = dict(model_kwargs or {})
     data_config, source = None, 'model'
     if checkpoint.endswith('.pth'):
@@ -76,6 +77,7 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
     else:
         cfg = load_config(None, dict(model=model, model_kwargs=kwargs))
     net, _ = model_for_checkpoint(cfg, checkpoint, use_ema=source == 'ema')
-    export_model(net.eval(), out, model_args={k: v for k, v in cfg['model_kwargs'].items() if k != 'pretrained_cfg_overlay'},
+    export_model(net.eval(), out, model_args={k: v for k,
+                                              v in cfg['model_kwargs'].items() if k != 'pretrained_cfg_overlay'},
                  data_config=data_config, force=force)
     return dict(out=out, source=source, token_counts=token_counts(net))

@@ -9,11 +9,13 @@ uses and returns a dict of averaged stats).
 Mixed precision is branch-free (nanoGPT's form): ``torch.autocast(enabled=amp is not None)`` and a
 ``GradScaler`` that is a no-op unless fp16.
 """
+import contextlib
 import itertools
 import math
 import os
 import signal
 import time
+from typing import List, Optional
 
 import cv2
 import torch
@@ -26,6 +28,7 @@ from tqdm import tqdm
 from ..data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size,
                     set_loader_epoch)
 from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
+from ..growth import elastic
 from ..utils.errors import ConfigError, Preempted
 from ..utils.seeding import derive_seed
 from .build import model_for_config
@@ -122,6 +125,17 @@ class RunContext:
             return build_naflex_loader(dataset, data, train, seed, self.naflex_patch_size, self.rank, self.world)
         return build_loader(dataset, data, train=train, seed=seed, rank=self.rank, world_size=self.world)
 
+    def step_prefixes(self, epoch: int, batch: int) -> List[Optional[float]]:
+        """The prefixes micro-batch ``batch`` of ``epoch`` trains: ``[None]`` (the whole model), or an
+        elastic run's fractions (:func:`tkvision.growth.elastic.step_fractions`), drawn from a stream of
+        their own (``derive_seed('elastic', seed, epoch, batch)``), so a resumed run draws the same."""
+        fractions = self.cfg['elastic_fractions']
+        if not fractions:
+            return [None]
+        generator = torch.Generator().manual_seed(derive_seed('elastic', self.cfg['seed'], epoch, batch))
+        chosen = elastic.step_fractions(fractions, self.cfg['elastic_sampling'], generator)
+        return [None if f == 1 else f for f in chosen]
+
     def set_loss(self, num_classes: int):
         """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
         with soft-target cross-entropy, label smoothing, or plain cross-entropy."""
@@ -188,7 +202,8 @@ class RunContext:
         if nonfinite:
             last = (f'the last good checkpoint is {self.checkpoint_path}' if os.path.isfile(self.checkpoint_path)
                     else 'no checkpoint was written before it')
-            raise NonFiniteLossError(f'the training loss became NaN or infinite between updates {self.checked_update + 1} '
+            raise NonFiniteLossError(f'the training loss became NaN or infinite between updates '
+                                     f'{self.checked_update + 1} '
                                      f'and {u} (epoch {state.epochs_done + 1}); stopping: {last}')
         self.checked_update = u
         if (step_due or time_due or stop) and not force:
@@ -244,7 +259,8 @@ def train_one_epoch(run: RunContext, state: TrainState, epoch: int) -> dict:
     set_loader_epoch(run.train_loader, epoch, start_batch=state.batches_done)
     state.optimizer.zero_grad(set_to_none=True)
     state.net.train()
-    bar = tqdm(total=run.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{cfg['epochs']}", leave=False,
+    bar = tqdm(total=run.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{cfg['epochs']}",
+               leave=False,
                disable=not (run.main and cfg['progress']), dynamic_ncols=True)
     try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
         _run_batches(run, state, epoch, bar)
@@ -270,7 +286,8 @@ def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
         meter['skipped'] += len(bad)
         update = (i + 1) % accum == 0 or i + 1 == n
         if images is not None:
-            _forward_backward(run, state, images, labels, scale=1.0 / _window(i, n, accum), sync_grads=update)
+            _forward_backward(run, state, images, labels, scale=1.0 / _window(i, n, accum), sync_grads=update,
+                              prefixes=run.step_prefixes(epoch, i))
         bar.update(1)
         if not update:
             continue
@@ -300,29 +317,37 @@ def _epoch_stats(run: RunContext, state: TrainState) -> dict:
                 skipped=int(skipped))
 
 
-def _forward_backward(run: RunContext, state: TrainState, images, labels, scale: float, sync_grads: bool):
+def _forward_backward(run: RunContext, state: TrainState, images, labels, scale: float, sync_grads: bool,
+                      prefixes: List[Optional[float]]):
+    """Forward and backward of one micro-batch at each of ``prefixes`` (``[None]``: the whole model; an
+    elastic run's step fractions), their losses summed (MatFormer's joint objective); the meter records
+    their mean. Gradients are all-reduced once, after the last backward of an update."""
     if isinstance(images, dict):  # a NaFlex batch: as many images as labels, fewer for longer sequences
         scale *= naflex_loss_scale(run.cfg['naflex_loss_scale'], len(labels), run.cfg['batch_size'])
     images = run.preprocess(images, train=True)
-    if run.cfg['task'] == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
-        with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
-            loss = state.net(images)[0]
-    else:
+    if run.cfg['task'] != 'mae':
         labels = labels.to(run.device, non_blocking=True)
         if run.mixup is not None:
             if len(images) % 2:  # timm's Mixup needs an even batch (a skipped image can make it odd)
                 images, labels = images[:-1], labels[:-1]
             images, labels = run.mixup(images, labels)
+    elastic_step = prefixes != [None]
+    for j, fraction in enumerate(prefixes):
+        if elastic_step:
+            elastic.set_prefix(state.model, fraction, run.cfg['elastic_tau'])
         with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
-            loss = run.criterion(state.net(images), labels)
-    state.meter['nonfinite'] |= ~torch.isfinite(loss.detach())
-    state.meter['loss_sum'] += loss.detach().double() * len(labels)
-    state.meter['seen'] += len(labels)
-    if run.world > 1 and not sync_grads:
-        with state.net.no_sync():
+            if run.cfg['task'] == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
+                loss = state.net(images)[0]
+            else:
+                loss = run.criterion(state.net(images), labels)
+        state.meter['nonfinite'] |= ~torch.isfinite(loss.detach())
+        state.meter['loss_sum'] += loss.detach().double() * len(labels) / len(prefixes)
+        last = j + 1 == len(prefixes)
+        with state.net.no_sync() if run.world > 1 and not (sync_grads and last) else contextlib.nullcontext():
             state.scaler.scale(loss * scale).backward()
-    else:
-        state.scaler.scale(loss * scale).backward()
+    if elastic_step:
+        elastic.set_prefix(state.model, None)
+    state.meter['seen'] += len(labels)
 
 
 def _optimizer_step(run: RunContext, state: TrainState):

@@ -29,15 +29,18 @@ from timm.scheduler import create_scheduler_v2
 
 from ..layers import Pattention
 
-__all__ = ['build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler', 'RewarmScheduler', 'growth_stages']
+__all__ = ['build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler', 'RewarmScheduler',
+           'growth_stages']
 
 
 def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.optim.Optimizer:
-    """timm's ``create_optimizer_v2`` of the config's optim section: ``opt`` at peak ``lr``, no weight decay on 1-d parameters,
+    """timm's ``create_optimizer_v2`` of the config's optim section: ``opt`` at peak ``lr``, no weight decay on 1-d
+    parameters,
     the class token and the position embedding (the model's ``no_weight_decay``), layer-wise lr decay
     with ``layer_decay`` (the model's ``group_matcher``). ``parameter_token_weight_decay`` (None: the
     run's ``weight_decay``) and ``parameter_token_lr_scale`` (1.0) set the weight decay and scale the lr of
-    every Pattention's key and value parameter tokens (issue 34's levers): :func:`split_parameter_tokens`.
+    every Pattention's key and value parameter tokens (the levers of docs/comparison.md):
+    :func:`split_parameter_tokens`.
     AdamW's decay is decoupled and scaled by the group's lr (each step multiplies a weight by
     ``1 - lr * weight_decay``), so ``parameter_token_lr_scale`` scales the tokens' effective decay too."""
     optimizer = create_optimizer_v2(model, opt=optim['opt'], lr=lr, weight_decay=optim['weight_decay'],
@@ -68,8 +71,9 @@ def split_parameter_tokens(optimizer: torch.optim.Optimizer, model: torch.nn.Mod
         if rest:
             optimizer.add_param_group(dict(group, params=rest))
         if mine:
+            decay = group['weight_decay'] if weight_decay is None else weight_decay
             optimizer.add_param_group(dict(group, params=mine, lr_scale=group.get('lr_scale', 1.0) * lr_scale,
-                                           weight_decay=group['weight_decay'] if weight_decay is None else weight_decay))
+                                           weight_decay=decay))
     return optimizer
 
 

@@ -3,7 +3,8 @@
 A run owns ``cfg['output']``. Starting a run in a directory that already holds a run's files fails
 with a message naming the directory and the two ways out (``--resume`` to continue it, or another
 ``--output``); a directory that holds only the ``config.yaml`` of a run killed before its first
-checkpoint is not a run to protect (there is nothing to continue), so it may start again there: we chose failing over timm's ``<output>/<date>-<model>`` subdirectories because a
+checkpoint is not a run to protect (there is nothing to continue), so it may start again there: we chose failing over
+timm's ``<output>/<date>-<model>`` subdirectories because a
 pre-empted job that is requeued with ``--resume`` must find its own files at a fixed path.
 
 While a run writes, it holds an exclusive POSIX record lock (``fcntl.lockf``) on ``<output>/.lock``

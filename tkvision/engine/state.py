@@ -1,5 +1,5 @@
 """The state of a training run: everything that is saved and restored (timm's ``CheckpointSaver``
-saves the same set together; STYLE.md, "One object owns the run's state").
+saves the same set together: one object owns the run's state).
 
 :class:`TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best
 evaluation; its ``state_dict`` is the ``last.pth`` format of
@@ -14,6 +14,8 @@ from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import growth
+from ..growth import elastic
+from ..layers import set_backward_mode
 from ..models.mae import linear_probe
 from ..utils.errors import ConfigError, RunError
 from .build import model_for_config
@@ -53,6 +55,9 @@ class TrainState:
         self.model = model_for_config(cfg).to(device)
         self.grown_from, self.init_report = {}, ''
         self.freeze_handles = []  # growth.freeze_old_tokens: hooks of the current stage
+        if cfg['elastic_fractions'] and not elastic.elastic_layers(self.model):
+            raise ConfigError(f"elastic_fractions needs a model with parameter tokens (a TokenFormer); "
+                              f"{cfg['model']} has none")
         if cfg['growth']['freeze_old_tokens'] and not growth.pattention_layers(self.model):
             raise ConfigError(f"growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); "
                               f"{cfg['model']} has none")
@@ -67,6 +72,7 @@ class TrainState:
             linear_probe(self.model)
         if cfg['grad_checkpointing']:
             self.model.set_grad_checkpointing(True)
+        set_backward_mode(self.model, cfg['backward_mode'])
         self.lr = resolve_lr(cfg, world)
         self.epochs_done = self.batches_done = self.num_updates = 0
         self.optimizer = self._make_optimizer()
@@ -113,9 +119,13 @@ class TrainState:
                           nonfinite=torch.zeros((), device=self.device, dtype=torch.bool),
                           seen=seen, skipped=skipped, seconds=seconds, data_seconds=data_seconds)
 
+    def compiled(self) -> bool:
+        """Whether the forward is compiled: ``compile`` true, or ``'auto'`` on CUDA."""
+        return self.cfg['compile'] is True or (self.cfg['compile'] == 'auto' and self.device.type == 'cuda')
+
     def wrap(self):
         """(Re)build the compiled / DDP forward (``self.net``) over the current parameters."""
-        net = torch.compile(self.model) if self.cfg['compile'] else self.model
+        net = torch.compile(self.model) if self.compiled() else self.model
         if self.world > 1:
             net = DDP(net, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
         self.net = net

@@ -30,9 +30,11 @@ from tqdm import tqdm
 
 from .. import growth
 from ..data import dataset_size, has_test_split, resolve_data_cfg
+from ..growth import elastic
+from ..models import input_shape
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.seeding import derive_seed
-from .build import create_model, input_shape
+from .build import create_model
 from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_WEIGHTS, METRICS_FILE, RECONSTRUCTION_FILE,
                          keep_best, load_training_checkpoint, save_rows, save_weights, save_yaml)
 from .config import config_changes, section
@@ -45,8 +47,9 @@ from .reconstruction import save_reconstructions
 from .rundir import claim_output_dir, run_files
 from .state import TrainState
 
-__all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'log_epoch', 'growth_due', 'TrainState',
-           'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
+__all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'evaluate_prefixes',
+           'evaluate_test', 'log_epoch', 'growth_due', 'TrainState', 'NonFiniteLossError', 'Preempted',
+           'EXIT_PREEMPTED']
 
 
 def resolve_run_config(cfg: dict) -> dict:
@@ -93,7 +96,8 @@ def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> di
     results = {}
     for source, net, _ in models:
         if mae:
-            results[source] = evaluate_mae(net, run.val_loader, run.device, run.preprocess, run.cfg['amp'], run.cfg['seed'])
+            results[source] = evaluate_mae(net, run.val_loader, run.device, run.preprocess, run.cfg['amp'],
+                                           run.cfg['seed'])
         else:
             results[source] = evaluate(net, run.val_loader, run.device, run.preprocess, run.cfg['amp'])
     metric, mode = ('val_loss', 'min') if mae else ('top1', 'max')
@@ -107,6 +111,21 @@ def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> di
     if 'ema' in results:
         out.update(dict(ema_val_loss=results['ema']['loss']) if mae else
                    dict(ema_top1=results['ema']['top1'], ema_top5=results['ema']['top5']))
+    return out
+
+
+def evaluate_prefixes(run: RunContext, state: TrainState, loader, split: str = '') -> dict:
+    """Top-1 of an elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader``
+    (:func:`tkvision.growth.elastic.prefix`): ``{'top1@0.25': ..., ...}``, keys prefixed by ``split``
+    (``'test_'``); ``{}`` for a run that is not elastic or for ``task: mae``."""
+    if run.cfg['task'] == 'mae':
+        return {}
+    out = {}
+    for fraction in sorted(set(run.cfg['elastic_fractions'])):
+        if fraction < 1:
+            with elastic.prefix(state.model, fraction, run.cfg['elastic_tau']):
+                result = evaluate(state.net, loader, run.device, run.preprocess, run.cfg['amp'])
+            out[f'{split}top1@{fraction:g}'] = result['top1']
     return out
 
 
@@ -125,7 +144,7 @@ def evaluate_test(run: RunContext, state: TrainState) -> dict:
     out = dict(test_top1=main['top1'], test_top5=main['top5'])
     if state.ema:
         out['ema_test_top1'] = evaluate(state.ema.module, loader, run.device, run.preprocess, run.cfg['amp'])['top1']
-    return out
+    return {**out, **evaluate_prefixes(run, state, loader, 'test_')}
 
 
 def growth_due(cfg: dict, epoch: int) -> dict:
@@ -158,6 +177,7 @@ def log_epoch(run: RunContext, history: list, row: dict):
                + (f"val top-1 {row['top1']:.2f}%  top-5 {row['top5']:.2f}%  " if 'top1' in row else '')
                + (f"val loss {row['val_loss']:.4f}  " if 'top1' not in row and 'val_loss' in row else '')
                + (f"ema top-1 {row['ema_top1']:.2f}%  " if 'ema_top1' in row else '')
+               + ''.join(f"{k} {v:.2f}%  " for k, v in row.items() if k.startswith('top1@'))
                + (f"test top-1 {row['test_top1']:.2f}% (once, at the end)  " if 'test_top1' in row else '')
                + f"{row['img_per_s']:.0f} img/s  {row['epoch_time']:.1f}s (data wait {row['data_wait']:.0%})"
                + (f'  skipped {skipped} unreadable images' if skipped else '')
@@ -273,6 +293,7 @@ def _train_epochs(cfg: dict, run: RunContext, state: TrainState, history: list):
         last_epoch = epoch + 1 == cfg['epochs']
         if (epoch + 1) % cfg['eval_every'] == 0 or last_epoch:
             row.update(evaluate_and_keep_best(run, state, epoch))
+            row.update(evaluate_prefixes(run, state, run.val_loader))
         if last_epoch:
             row.update(evaluate_test(run, state))
         row['tokens'] = sum(growth.model_size(state.model).values())
@@ -351,7 +372,8 @@ def train(cfg: dict, resume=None) -> dict:
             lock.release()
     last = history[-1] if history else {}
     return dict(top1=_number(last.get('top1')), top5=_number(last.get('top5')), best_top1=state.best.get('top1'),
-                val_loss=_number(last.get('val_loss')), test_top1=_number(last.get('test_top1')), epochs=cfg['epochs'], output=run.out, model=state.model,
+                val_loss=_number(last.get('val_loss')), test_top1=_number(last.get('test_top1')),
+                epochs=cfg['epochs'], output=run.out, model=state.model,
                 history=history, ema=state.ema is not None)
 
 

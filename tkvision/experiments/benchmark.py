@@ -25,12 +25,14 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from ..models._helpers import input_shape
-from ..layers import Pattention
+from ..growth import elastic
+from ..layers import BACKWARD_MODES, Pattention
+from ..models import input_shape
 from ..utils.errors import UsageError
 
-__all__ = ['COUNTERPARTS', 'parse_model_spec', 'available_memory_mib', 'check_train_memory', 'flop_counter',
-           'saved_activation_mib', 'benchmark_models', 'category_ms', 'profile_breakdown', 'machine_info']
+__all__ = ['COUNTERPARTS', 'ModelStep', 'parse_model_spec', 'available_memory_mib', 'check_train_memory',
+           'flop_counter', 'train_flops_per_image', 'saved_activation_mib', 'benchmark_models', 'category_ms',
+           'profile_breakdown', 'machine_info', 'synchronize', 'time_rounds', 'time_call', 'markdown_table']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -57,6 +59,19 @@ def flop_counter() -> FlopCounterMode:
         aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward})
 
 
+def train_flops_per_image(cfg: dict, prefix: elastic.Prefix = None) -> float:
+    """Forward + backward FLOPs of one training image of ``cfg``'s model, counted by :func:`flop_counter`
+    (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model (:mod:`tkvision.growth.elastic`;
+    None: every token)."""
+    from ..engine.build import model_for_config  # the engine's stack (albumentations, matplotlib) only here:
+    model = model_for_config(cfg)                # the model benchmark runs on GPU images that lack it
+    size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
+    x = torch.randn(2, cfg['model_kwargs'].get('in_chans', 3), size, size)
+    with elastic.prefix(model, prefix), flop_counter() as counter:
+        F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long)).backward()
+    return counter.get_total_flops() / 2
+
+
 def machine_info(device: torch.device) -> str:
     """One line naming the machine: CPU model and cores (or GPU name), torch version, threads."""
     if device.type == 'cuda':
@@ -70,18 +85,21 @@ def machine_info(device: torch.device) -> str:
     return f'{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads'
 
 
-def _sync(device):
+def synchronize(device: torch.device):
+    """Wait for the device's queued work (CUDA); nothing on a CPU."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
 
 
 def parse_model_spec(spec: str):
     """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
-    benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@fused_qkv=true``.
-    ``lean_backward``, ``closed_form_backward`` and ``fused_kernel`` are set on every Pattention of the
-    model (``@lean_backward=false@closed_form_backward=false``: autograd's backward, the reference; the
-    defaults are the lean one on CUDA, the closed-form one on CPU; ``@fused_kernel=true``: the Triton
-    kernels of ``pattention_triton.py``)."""
+    benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@qk_norm=true``.
+    ``backward_mode`` is set on every Pattention of the model (``@backward_mode=lean``; ``autograd``: the
+    reference; :data:`tkvision.layers.BACKWARD_MODES`).
+
+    Raises:
+        ValueError: an option that is not ``key=value``.
+    """
     import yaml
     name, *opts = spec.split('@')
     kwargs = {}
@@ -93,20 +111,28 @@ def parse_model_spec(spec: str):
     return name, kwargs
 
 
-class _Step:
-    """One timed unit of work for a model: an inference forward or a full training step."""
+class ModelStep:
+    """One timed unit of work for a model: an inference forward or a full training step (AdamW), on
+    random inputs of the model's own size.
 
-    def __init__(self, name, mode, batch_size, device, amp, compile_):
+    Args:
+        name: a model spec (:func:`parse_model_spec`). mode: ``'infer'`` or ``'train'``. batch_size: images
+            per step. device: where it runs. amp: ``'bf16'``, ``'fp16'`` or None. compile_: ``torch.compile``.
+
+    Raises:
+        ValueError: an unknown ``backward_mode``; timm's errors for an unknown model or argument.
+    """
+
+    def __init__(self, name: str, mode: str, batch_size: int, device: torch.device, amp, compile_: bool):
         self.name, self.mode, self.device = name, mode, device
         base, kwargs = parse_model_spec(name)
-        paths = dict(lean_backward=kwargs.pop('lean_backward', 'auto'),
-                     closed_form_backward=kwargs.pop('closed_form_backward', True),
-                     fused_kernel=kwargs.pop('fused_kernel', False))
+        backward_mode = kwargs.pop('backward_mode', None)
+        if backward_mode is not None and backward_mode not in BACKWARD_MODES:
+            raise ValueError(f'{name}: backward_mode must be one of {", ".join(BACKWARD_MODES)}')
         self.model = timm.create_model(base, **kwargs).to(device)
         for m in self.model.modules():
-            if isinstance(m, Pattention):
-                for key, value in paths.items():
-                    setattr(m, key, value)
+            if isinstance(m, Pattention) and backward_mode is not None:
+                m.backward_mode = backward_mode
         self.params = sum(p.numel() for p in self.model.parameters())
         channels, hw = input_shape(self.model)  # the model's own size (pretrained_cfg keeps 224 for img_size=32)
         self.x = torch.randn(batch_size, channels, *(hw or self.model.pretrained_cfg['input_size'][1:]), device=device)
@@ -120,6 +146,7 @@ class _Step:
             self.model.eval()
 
     def __call__(self):
+        """One step: a forward (``infer``) or forward, backward and optimizer update (``train``)."""
         with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
             if self.mode == 'infer':
                 with torch.inference_mode():
@@ -130,18 +157,7 @@ class _Step:
         self.opt.zero_grad(set_to_none=True)
 
     def flops_per_image(self) -> float:
-        # PyTorch's FLOP counter does not see Triton kernels: count the fused layers through the plain
-        # path, whose GEMMs they compute (a fused row would otherwise count only the ops around them)
-        fused = [m for m in self.model.modules() if isinstance(m, Pattention) and m.fused_kernel]
-        for m in fused:
-            m.fused_kernel = False
-        try:
-            return self._counted_flops_per_image()
-        finally:
-            for m in fused:
-                m.fused_kernel = True
-
-    def _counted_flops_per_image(self) -> float:
+        """FLOPs of one image of a step (:func:`flop_counter`; training: forward and backward)."""
         with flop_counter() as counter:
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
                 if self.mode == 'infer':
@@ -179,11 +195,11 @@ def _cuda_step_peak_mib(runner, device) -> float:
     what was allocated before the step (activations, gradients, temporaries, the output) plus its
     parameters and optimizer state. The other models of the run stay allocated beside it; counting
     them too would pull every ratio towards 1."""
-    _sync(device)
+    synchronize(device)
     before = torch.cuda.memory_allocated(device)
     torch.cuda.reset_peak_memory_stats(device)
     runner()
-    _sync(device)
+    synchronize(device)
     own = list(runner.model.parameters())
     if runner.mode == 'train':
         own += [t for state in runner.opt.state.values() for t in state.values() if torch.is_tensor(t)]
@@ -193,8 +209,9 @@ def _cuda_step_peak_mib(runner, device) -> float:
 
 def _peak_rss_child(name, mode, batch_size, steps) -> float:
     """Peak RSS (MiB) of a fresh process that builds ``name`` and runs ``steps`` steps of ``mode`` on CPU."""
-    code = (f'import resource, torch, tkvision.experiments.benchmark as b; torch.set_num_threads({torch.get_num_threads()}); '
-            f's = b._Step({name!r}, {mode!r}, {batch_size}, torch.device("cpu"), None, False)\n'
+    code = (f'import resource, torch, tkvision.experiments.benchmark as b; '
+            f'torch.set_num_threads({torch.get_num_threads()}); '
+            f's = b.ModelStep({name!r}, {mode!r}, {batch_size}, torch.device("cpu"), None, False)\n'
             f'for _ in range({steps}): s()\n'
             'print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)')
     out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=True)
@@ -216,7 +233,7 @@ def check_train_memory(runners, batch_size: int, log=print) -> float:
     model's weights, gradients and AdamW moments (4 copies of its parameters) plus twice the largest
     model's activations kept for backward (measured at batch 1, times ``batch_size``; twice: the
     backward holds the gradients of those activations beside them). For B/16† and ViT-B at batch 32
-    this gives about 15 GiB, where 13.5 GB peak RSS was measured (issue 27). Above half of what is
+    this gives about 15 GiB, where 13.5 GB peak RSS was measured. Above half of what is
     available a warning is printed. Returns the estimate in MiB.
 
     Raises:
@@ -236,21 +253,21 @@ def check_train_memory(runners, batch_size: int, log=print) -> float:
     return need
 
 
-def _time_rounds(runners, device, warmup: int, steps: int, repeats: int) -> dict:
+def time_rounds(runners, device: torch.device, warmup: int, steps: int, repeats: int) -> dict:
     """``{name: [seconds per step of each round]}``: ``warmup`` steps each, then ``repeats`` rounds in
     which every runner runs ``steps`` steps, interleaved (A B A B ...)."""
     for r in runners:
         for _ in range(warmup):
             r()
-    _sync(device)
+    synchronize(device)
     times = {r.name: [] for r in runners}
     for _ in range(repeats):
         for r in runners:
-            _sync(device)
+            synchronize(device)
             t0 = time.perf_counter()
             for _ in range(steps):
                 r()
-            _sync(device)
+            synchronize(device)
             times[r.name].append((time.perf_counter() - t0) / steps)
     return times
 
@@ -274,11 +291,11 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
     device = torch.device(device)
     rows = []
     for mode in modes:
-        runners = [_Step(m, mode, batch_size, device, amp, compile_) for m in models]
+        runners = [ModelStep(m, mode, batch_size, device, amp, compile_) for m in models]
         if mode == 'train' and device.type == 'cpu':
             check_train_memory(runners, batch_size, log)
         flops = {r.name: r.flops_per_image() for r in runners}
-        times = _time_rounds(runners, device, warmup, steps, repeats)
+        times = time_rounds(runners, device, warmup, steps, repeats)
         for r in runners:
             step = statistics.median(times[r.name])
             if device.type == 'cuda':
@@ -349,13 +366,13 @@ def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, am
     device = torch.device(device)
     rows = []
     for name in models:
-        step = _Step(name, 'train', batch_size, device, amp, False)
+        step = ModelStep(name, 'train', batch_size, device, amp, False)
         step()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
         with profile(activities=acts) as prof:
             for _ in range(steps):
                 step()
-            _sync(device)
+            synchronize(device)
         totals = category_ms(prof.key_averages(), device.type == 'cuda', steps)
         total = sum(totals.values())
         for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
@@ -365,7 +382,8 @@ def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, am
     return rows
 
 
-def _time(fn, steps, repeats):
+def time_call(fn, steps: int, repeats: int) -> float:
+    """Median seconds of one call of ``fn`` over ``repeats`` rounds of ``steps`` calls, after one warm-up call."""
     fn()
     out = []
     for _ in range(repeats):
@@ -376,7 +394,8 @@ def _time(fn, steps, repeats):
     return statistics.median(out)
 
 
-def _markdown(rows, cols):
+def markdown_table(rows: list, cols: list) -> str:
+    """A Markdown table of ``rows`` (dicts) with columns ``cols`` (floats to 3 significant digits)."""
     def fmt(v):
         return f'{v:.3g}' if isinstance(v, float) else str(v)
     lines = ['| ' + ' | '.join(cols) + ' |', '|' + '---|' * len(cols)]

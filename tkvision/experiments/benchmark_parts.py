@@ -1,7 +1,8 @@
-"""The parts of ``tools/benchmark.py`` (:data:`PARTS`) and its results files: each part measures one thing
-(models against their timm counterparts, a Pattention against the layers it replaces, Θ against GELU, where a
-step goes, data loading) and :func:`run_benchmark` writes ``<out>.md / .csv / .json`` with the machine, the
-date and the command after each part, so a later failure loses nothing measured.
+"""The parts of ``tkvision-benchmark`` (:data:`PARTS`) and its results files: each part measures one thing
+(models against their timm counterparts; where a training step goes) and :func:`run_benchmark` writes
+``<out>.md / .csv / .json`` with the machine, the date and the command after each part, so a later failure
+loses nothing measured. The layer and data benchmarks of ``docs/performance.md`` add their own parts
+(``studies/performance``).
 """
 import csv
 import json
@@ -10,8 +11,7 @@ import time
 import torch
 
 from ..utils.files import atomic_write
-from .benchmark import COUNTERPARTS, _markdown, benchmark_models, machine_info, parse_model_spec, profile_breakdown
-from .layer_benchmark import benchmark_pattention, benchmark_score_norm
+from .benchmark import COUNTERPARTS, benchmark_models, machine_info, markdown_table, parse_model_spec, profile_breakdown
 
 __all__ = ['PARTS', 'run_benchmark']
 
@@ -41,50 +41,27 @@ def _models_part(args) -> tuple:
                   f"{r['ratio']:.3f}x img/s, {r['mem_ratio']:.2f}x peak memory, "
                   f"{r['saved_ratio']:.2f}x activations saved for backward")
     columns = ['ratio_runs'] if args.reference is not None else []
-    return rows, ['### Models', _markdown(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', *columns, 'step_ms',
+    return rows, ['### Models', markdown_table(rows, ['model', 'mode', 'batch_size', 'img_per_s', 'ratio', *columns,
+                                                      'step_ms',
                                                   'params', 'gflops_per_img', 'tflops_per_s', 'peak_mem_mib',
                                                   'mem_ratio', 'saved_mib', 'saved_ratio', 'spread']), '']
-
-
-def _pattention_part(args) -> tuple:
-    rows = benchmark_pattention()
-    return rows, ['### Pattention vs the layers it replaces (ViT-B shapes, fp32)',
-                  _markdown(rows, ['layer', 'pass', 'ms', 'gflops', 'gflop_per_s']), '']
 
 
 def _profile_part(args) -> tuple:
     rows = profile_breakdown(args.models, args.profile_batch_size, args.device)
     return rows, [f'### Where a training step goes (torch.profiler self time, batch {args.profile_batch_size})',
-                  _markdown(rows, ['model', 'category', 'ms', 'share']), '']
-
-
-def _data_part(args) -> tuple:
-    from .data_benchmark import benchmark_data  # albumentations: only this part needs it (GPU images lack it)
-    tables = benchmark_data(args.data_root, args.data_images, tuple(args.workers))
-    return tables, ['### JPEG decoding, one thread', _markdown(tables['decode'], ['decoder', 'img_per_s']), '',
-                    '### Training augmentation at 224 px, one thread',
-                    _markdown(tables['augment'], ['pipeline', 'img_per_s']), '',
-                    '### DataLoader: decode + augmentation + uint8 batches',
-                    _markdown(tables['loader'], ['source', 'workers', 'img_per_s', 'img_per_s_per_worker']), '']
-
-
-def _score_norm_part(args) -> tuple:
-    shape = dict(zip(('tokens', 'num_tokens'), args.score_shape or ()))  # none given: the function's default
-    rows = benchmark_score_norm(**shape, repeats=args.repeats, device=args.device)
-    where = f'[{shape["tokens"]}, {shape["num_tokens"]}]' if shape else "the quick recipe's"
-    return rows, [f'### Θ against GELU over {where} scores, forward + backward',
-                  _markdown(rows, ['variant', 'us', 'vs_gelu', 'ratio_runs']), '']
+                  markdown_table(rows, ['model', 'category', 'ms', 'share']), '']
 
 
 #: The parts of a benchmark run, in the order they run.
-PARTS = {'models': _models_part, 'pattention': _pattention_part, 'score_norm': _score_norm_part,
-         'profile': _profile_part, 'data': _data_part}
+PARTS = {'models': _models_part, 'profile': _profile_part}
 
 
-def run_benchmark(args, command: str) -> dict:
-    """Run the parts ``args.parts`` (:data:`PARTS`) with the options of ``tools/benchmark.py`` (its
-    parsed arguments ``args``), writing ``<args.out>.md / .csv / .json`` with the machine, the date
-    and ``command`` after each part. Returns ``{part: rows}``."""
+def run_benchmark(args, command: str, parts: dict = None) -> dict:
+    """Run the parts ``args.parts`` of ``parts`` (default :data:`PARTS`; each ``fn(args) -> (rows, markdown
+    lines)``) with the options of ``tkvision-benchmark`` (its parsed arguments ``args``), writing
+    ``<args.out>.md / .csv / .json`` with the machine, the date and ``command`` after each part. Returns
+    ``{part: rows}``."""
     if args.threads:
         torch.set_num_threads(args.threads)
     info = machine_info(torch.device(args.device))
@@ -92,7 +69,7 @@ def run_benchmark(args, command: str) -> dict:
     print(f'{info}\n{stamp}\n{command}')
     md = [f'Machine: {info}  \nDate: {stamp}  \nCommand: `{command}`\n']
     results = {}
-    for name, part in PARTS.items():
+    for name, part in (parts or PARTS).items():
         if name in args.parts:
             results[name], lines = part(args)
             md += lines

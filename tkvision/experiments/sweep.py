@@ -134,7 +134,8 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
 def _write_tables(rows: list, records: list, out: str):
     """``results_points.csv`` (every finished config and seed), ``results.csv`` and ``results.md`` in ``out``."""
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, 'results_points.csv'), 'w', newline='') as f:  # every (config, seed): paired comparisons
+    with open(os.path.join(out, 'results_points.csv'), 'w',
+              newline='') as f:  # every (config, seed): paired comparisons
         w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'minutes'], extrasaction='ignore')
         w.writeheader()
         w.writerows(r for r in records if r.get('status') == 'ok')
@@ -142,7 +143,8 @@ def _write_tables(rows: list, records: list, out: str):
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
         w.writeheader()
         w.writerows(rows)
-    lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | seeds | params | img/s | min/run | failed |',
+    lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | seeds | params | img/s | min/run | '
+             'failed |',
              '|---|---|---|---|---|---|---|---|']
     for r in rows:
         lines.append(f"| {r['config']} | {plus_minus(r['top1_mean'], r['top1_std'])} | "
@@ -213,7 +215,8 @@ def summarize(records, out, title='Ablation sweep') -> list:
             ax.errorbar(r['params'] / 1e3, r['top1_mean'], yerr=r['top1_std'] or 0, fmt='o', capsize=4)
             ax.annotate(r['config'], (r['params'] / 1e3, r['top1_mean']), textcoords='offset points', xytext=(5, 4),
                         fontsize=8)
-        ax.set(xscale='log', xlabel='parameters (thousands, log scale)', ylabel='validation top-1 (%), mean ± std', title=title)
+        ax.set(xscale='log', xlabel='parameters (thousands, log scale)', ylabel='validation top-1 (%), mean ± std',
+               title=title)
         ax.grid(alpha=.3)
         fig.tight_layout()
         fig.savefig(os.path.join(out, 'results_params.png'), dpi=100)

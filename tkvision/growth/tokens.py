@@ -27,7 +27,8 @@ from ..models import adapt_state_dict, check_fit
 from .net2net import mlps, net2net_widen
 
 __all__ = ['pattention_layers', 'token_counts', 'target_counts', 'grow', 'model_size', 'target_size',
-           'schedule_sizes', 'check_reachable', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'load_grown_state_dict']
+           'schedule_sizes', 'check_reachable', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint',
+           'load_grown_state_dict']
 
 
 def pattention_layers(model: torch.nn.Module) -> dict:
@@ -90,7 +91,7 @@ def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ff
 
     Raises:
         ValueError: a target smaller than the current count (shrinking is not growth), or an
-        unknown kind in ``to`` or ``decoder``.
+            unknown kind in ``to`` or ``decoder``.
     """
     unknown = set(decoder) - set(DECODER_KINDS)
     if unknown:
@@ -115,6 +116,7 @@ def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ff
         if tau == 'recompute' and add[kind]:
             with torch.no_grad():  # τ may be a learned parameter (Pattention.make_tau_learnable)
                 layer.tau.fill_(default_tau(layer.score_norm, layer.num_tokens))
+            layer.tau_tokens = layer.num_tokens
     _sync_token_attrs(model)
     return model
 
@@ -234,7 +236,8 @@ def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
     As the public TokenFormer code does: every Pattention key / value tensor of the checkpoint with
     fewer rows than the model's is copied into the model's first rows; the remaining rows keep the
     model's own init (zero the model's new keys first for exact function preservation, as
-    :func:`tkvision.engine.checkpoint.grow_weights_file` does). τ is taken from the checkpoint, so the grown layers keep the old τ
+    :func:`tkvision.engine.checkpoint.grow_weights_file` does). τ is taken from the checkpoint, so the grown layers
+    keep the old τ
     (Appendix B). Everything else must fit exactly.
 
     Returns:

@@ -1,11 +1,12 @@
 """Growing a model in the middle of training, with the state that trains it: optimizer moments,
 the EMA copy, frozen old tokens (paper §3.3 and §5).
 
-Optimizer state: AdamW's moments of the old tokens are kept and the new rows start at zero (the
-student report, ``shared/papers/001``, resets the whole optimizer instead: ``growth.optimizer_state:
-reset``; on the Fashion-MNIST chain the two ended within the seed spread, docs/growth.md). The step
-count is kept, so Adam's bias correction divides the new rows' moments by ~1 instead of by the small
-``1 - β^k`` of a fresh start; how large their first updates then are depends on β2 (docs/growth.md).
+Optimizer state: AdamW's moments of the old tokens are kept and the new rows start at zero (a student
+re-implementation resets the whole optimizer instead, ``docs/reference/background.md``:
+``growth.optimizer_state: reset``; on the Fashion-MNIST chain the two ended within the seed spread,
+docs/growth.md). The step count is kept, so Adam's bias correction divides the new rows' moments by ~1
+instead of by the small ``1 - β^k`` of a fresh start; how large their first updates then are depends on β2
+(docs/growth.md).
 """
 import torch
 from timm.utils import unwrap_model

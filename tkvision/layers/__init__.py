@@ -2,8 +2,10 @@
 TokenFormer stem (:class:`PatchEmbed`) and block (:class:`Block`, :class:`Attention`)."""
 from .block import Attention, Block
 from .patch_embed import FlexPatchPattention, PatchEmbed, PatchPattention
-from .pattention import (DECODER_KINDS, ENCODER_KINDS, PATTENTION_KINDS, SCORE_NORMS, Normalize, Pattention,
-                         ScoreNorm, default_tau, normalize_scores, register_score_norm, score_norm_entry)
+from .pattention import (BACKWARD_MODES, DECODER_KINDS, ENCODER_KINDS, PATTENTION_KINDS, SCORE_NORMS, Normalize,
+                         Pattention, ScoreNorm, default_tau, normalize_scores, register_score_norm, score_norm_entry,
+                         set_backward_mode)
 
-__all__ = ['Attention', 'Block', 'FlexPatchPattention', 'PatchEmbed', 'PatchPattention', 'Pattention', 'SCORE_NORMS', 'ScoreNorm', 'Normalize', 'register_score_norm', 'score_norm_entry',
-           'default_tau', 'normalize_scores', 'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS']
+__all__ = ['Attention', 'Block', 'FlexPatchPattention', 'PatchEmbed', 'PatchPattention', 'Pattention', 'SCORE_NORMS',
+           'ScoreNorm', 'Normalize', 'register_score_norm', 'score_norm_entry', 'default_tau', 'normalize_scores',
+           'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS', 'BACKWARD_MODES', 'set_backward_mode']

@@ -2,7 +2,7 @@
 (:class:`PatchPattention`, the fixed-grid family's), or rows over pre-cut patches of any patch size
 (:class:`FlexPatchPattention`, the NaFlex family's).
 
-Design choice where the paper is silent (``shared/reference/README.md``, "Vision model"): the patch
+Design choice where the paper is silent (``docs/reference/background.md``, "The vision model"): the patch
 embedding is a Pattention over flattened ``p x p`` patches with ``num_tokens`` tokens.
 """
 import math
@@ -39,8 +39,8 @@ class PatchPattention(Pattention):
         self.weight = nn.Parameter(self.weight.detach().view(num_tokens, in_chans, patch_size, patch_size))
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """A for every patch: ``[B, C, H, W] -> [B, H/p * W/p, n]``."""
-        return F.conv2d(x, self.weight, stride=self.patch_size).flatten(2).transpose(1, 2)
+        """A for every patch over the active key tokens: ``[B, C, H, W] -> [B, H/p * W/p, k]``."""
+        return F.conv2d(x, self.active(self.weight), stride=self.patch_size).flatten(2).transpose(1, 2)
 
 
 class FlexPatchPattention(Pattention):
@@ -67,20 +67,21 @@ class FlexPatchPattention(Pattention):
         self.resampler = PatchEmbedResamplerFixedOrigSize((patch_size, patch_size))  # no state in the state dict
 
     def keys_for(self, patch_length: int) -> torch.Tensor:
-        """K_P for patches of ``patch_length`` values: ``weight`` itself at the base size, else resampled
-        (``[n, patch_length]``)."""
-        if patch_length == self.weight.shape[1]:
-            return self.weight
+        """The active K_P for patches of ``patch_length`` values: ``weight`` itself at the base size, else
+        resampled (``[k, patch_length]``)."""
+        weight = self.active(self.weight)
+        if patch_length == weight.shape[1]:
+            return weight
         q = math.isqrt(patch_length // self.in_chans)
         if q * q * self.in_chans != patch_length:
             raise ValueError(f'patches of {patch_length} values are not q x q x {self.in_chans} (in_chans) for any '
                              f'integer q: cut square patches, channels last')
-        p, n = self.patch_size, self.weight.shape[0]
-        kernel = self.weight.view(n, p, p, self.in_chans).permute(0, 3, 1, 2)  # channels-last rows -> [n, C, p, p]
+        p, n = self.patch_size, weight.shape[0]
+        kernel = weight.reshape(n, p, p, self.in_chans).permute(0, 3, 1, 2)  # channels-last rows -> [n, C, p, p]
         return self.resampler(kernel, [q, q]).permute(0, 2, 3, 1).reshape(n, patch_length)
 
     def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """A for every patch: ``[B, N, q * q * C] -> [B, N, n]``."""
+        """A for every patch over the active key tokens: ``[B, N, q * q * C] -> [B, N, k]``."""
         return F.linear(x, self.keys_for(x.shape[-1]))
 
 

@@ -11,7 +11,7 @@ V_P: value parameter tokens ``[num_tokens, out_features]``; scores A are normali
 token over the n = ``num_tokens`` parameter tokens (last axis). No bias anywhere.
 
 Θ is chosen by ``score_norm``, a name in the registry :data:`SCORE_NORMS` (names of the public
-TokenFormer code, see ``shared/reference/README.md``, "Pattention, as the public TokenFormer code
+TokenFormer code, ``docs/reference/background.md``, "Pattention, as the public TokenFormer code
 computes it"). The table below is the registry's (``tests/test_pattention.py`` holds them equal):
 
 =================  ==================================  ===============  ======================
@@ -50,7 +50,7 @@ from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from .pattention_autograd import l2_norm_gelu, l2_norm_gelu_attend
 
 __all__ = ['Pattention', 'ScoreNorm', 'SCORE_NORMS', 'register_score_norm', 'default_tau', 'normalize_scores',
-           'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS']
+           'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS', 'BACKWARD_MODES', 'set_backward_mode']
 
 #: Kinds of Pattention in a TokenFormer ViT, as named in its ``num_tokens_*`` kwargs and in growth.
 ENCODER_KINDS = ('patch', 'qkv', 'proj', 'ffn')
@@ -58,6 +58,8 @@ ENCODER_KINDS = ('patch', 'qkv', 'proj', 'ffn')
 DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 'decoder_pred')
 #: Every kind a Pattention can have.
 PATTENTION_KINDS = ENCODER_KINDS + DECODER_KINDS
+#: How a training forward of ``l2_norm_gelu`` is differentiated (:class:`Pattention`'s ``backward_mode``).
+BACKWARD_MODES = ('closed_form', 'lean', 'autograd')
 
 
 @dataclass(frozen=True)
@@ -196,27 +198,24 @@ class Pattention(nn.Module):
         score_norm: normalisation Θ, one of :data:`SCORE_NORMS` (default: the paper's Eq. 5).
         tau: fixed scale τ; ``None`` gives :func:`default_tau` of the construction-time n.
         eps: lower bound on the score norm (float32).
-        key_std: std of the normal init of the key tokens (0.02, public code).
+        key_std: std of the normal init of the key tokens (0.02, the public TokenFormer code's).
         value_std: std of the normal init of the value tokens (0.02 here; the model passes the
             public code's 2 / (depth · √d) for its blocks).
         kind: what the layer is in its model (one of :data:`PATTENTION_KINDS`, set by the model that
             builds it; growth groups layers by kind), or None for a stand-alone layer.
-        lean_backward: for ``l2_norm_gelu`` with autograd on, use the same math with a hand-written
-            backward that keeps one ``[..., n]`` tensor instead of three (``pattention_autograd.py``):
-            ``'auto'`` (default) on CUDA, where activation memory limits the batch (B/16: 0.87x ViT-B's
-            saved activations instead of 1.6x), not on CPU, where its recomputation costs ~10%
-            (``docs/performance.md``); ``True`` / ``False`` force it.
-        closed_form_backward: for ``l2_norm_gelu`` with autograd on and the lean path off, differentiate
-            Θ with its closed-form gradient in one autograd function (``pattention_autograd.py``: fewer
-            passes over the scores than autograd's op-by-op graph, same values); ``False`` gives plain
-            autograd of :class:`L2NormGELU`, the reference. Inference, TorchScript and FX tracing always
-            take the plain path.
-        fused_kernel: for ``l2_norm_gelu`` (a fixed τ, K_P as ``[n, in_features]``, this class's own
-            ``scores``), run forward and backward through the fused Triton kernels of
-            ``pattention_triton.py`` instead (opt-in; CUDA, or the CPU under ``TRITON_INTERPRET=1``;
-            the same function, held equal to the plain path by ``tests/test_pattention_triton.py``). Off
-            by default: on an H200 it does not pay (B/16† bf16 training at 0.72x the plain path's img/s
-            eager, 0.29x the compiled plain path's; ``docs/performance.md``). Elsewhere it is ignored.
+        backward_mode: how a training forward of ``l2_norm_gelu`` is differentiated (one of
+            :data:`BACKWARD_MODES`; the other normalisations always use autograd):
+
+            - ``'closed_form'`` (default): Θ's closed-form gradient in one autograd function
+              (``pattention_autograd.py``); the fastest training step measured, on the CPU (1.035-1.08x
+              autograd's) and on a GPU eager (1.58x the lean one's img/s), ``docs/performance.md``.
+            - ``'lean'``: the same math saving one ``[..., n]`` tensor per layer instead of three and
+              recomputing the rest in backward; use it when activation memory limits the batch (B/16:
+              0.87x ViT-B's saved activations instead of 1.6x).
+            - ``'autograd'``: plain autograd of :class:`L2NormGELU`, the reference the other two are
+              tested against (``tests/test_pattention.py``).
+
+            Inference, TorchScript, FX tracing and a learned τ always take the plain path.
 
     Attributes:
         key_param_tokens: K_P, ``[num_tokens, in_features]`` (a subclass may keep K_P under another
@@ -225,18 +224,38 @@ class Pattention(nn.Module):
         tau: 0-d float32 buffer holding τ (persistent: saved in the state dict); a 0-d parameter under the
             same key after :meth:`make_tau_learnable`.
         score_normalization: the registry's Θ module of ``score_norm`` (no parameters).
+        prefix_tokens: ``None`` (all n tokens), or k: the layer runs as the sub-layer of its first k
+            key/value tokens (slices of the parameters, no copy; :mod:`tkvision.growth.elastic`), with
+            τ as :meth:`active_tau` says.
+        tau_tokens: the n that τ belongs to: the construction n, kept by :meth:`grow` (τ is kept), n after
+            growth with a recomputed τ or after :meth:`truncate`. A prefix whose τ follows k scales τ by
+            ``default_tau(k) / default_tau(tau_tokens)``, so the first k tokens of a grown layer keep
+            their function.
 
     Raises:
-        ValueError: unknown ``score_norm`` (whatever ``tau``), unknown ``kind``, or a non-positive size.
+        ValueError: unknown ``score_norm`` (whatever ``tau``), unknown ``kind`` or ``backward_mode``, or a
+            non-positive size.
     """
 
     #: the attribute holding K_P (``keys``); rows are parameter tokens, whatever the other dims
     key_name = 'key_param_tokens'
-    __jit_unused_properties__ = ['num_tokens', 'keys']
+    __jit_unused_properties__ = ['num_tokens', 'keys', 'parameters_per_token']
 
-    def __init__(self, in_features, out_features, num_tokens, score_norm='l2_norm_gelu', tau=None,
-                 eps=1e-6, key_std=0.02, value_std=0.02, kind: Optional[str] = None, lean_backward='auto',
-                 closed_form_backward=True, fused_kernel=False, device=None, dtype=None):
+    def __init__(
+            self,
+            in_features: int,
+            out_features: int,
+            num_tokens: int,
+            score_norm: str = 'l2_norm_gelu',
+            tau: Optional[float] = None,
+            eps: float = 1e-6,
+            key_std: float = 0.02,
+            value_std: float = 0.02,
+            kind: Optional[str] = None,
+            backward_mode: str = 'closed_form',
+            device=None,
+            dtype=None,
+    ):
         super().__init__()
         if min(in_features, out_features, num_tokens) <= 0:
             raise ValueError(f'Pattention sizes must be positive, got in_features={in_features}, '
@@ -244,12 +263,21 @@ class Pattention(nn.Module):
         entry = score_norm_entry(score_norm)
         if kind is not None and kind not in PATTENTION_KINDS:
             raise ValueError(f'unknown Pattention kind {kind!r}; kinds are {", ".join(PATTENTION_KINDS)}')
+        if backward_mode not in BACKWARD_MODES:
+            raise ValueError(f'unknown backward_mode {backward_mode!r}; choose one of {", ".join(BACKWARD_MODES)}')
         self.kind = kind
         self.score_normalization = entry.module()
         tau = entry.default_tau(num_tokens) if tau is None else tau
-        self.in_features, self.out_features, self.score_norm, self.eps = in_features, out_features, score_norm, eps
-        self.key_std, self.value_std, self.lean_backward = key_std, value_std, lean_backward
-        self.closed_form_backward, self.fused_kernel = closed_form_backward, fused_kernel
+        self.in_features = in_features
+        self.out_features = out_features
+        self.score_norm = score_norm
+        self.eps = eps
+        self.key_std = key_std
+        self.value_std = value_std
+        self.backward_mode = backward_mode
+        self.prefix_tokens: Optional[int] = None
+        self.prefix_tau_scale: float = 1.0
+        self.tau_tokens = num_tokens
         factory = dict(device=device, dtype=dtype)
         setattr(self, self.key_name, nn.Parameter(torch.empty(num_tokens, in_features, **factory)))  # K_P
         self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
@@ -258,8 +286,13 @@ class Pattention(nn.Module):
 
     @property
     def num_tokens(self) -> int:
-        """n, the current number of parameter token pairs."""
+        """n, the current number of parameter token pairs (all of them, whatever ``prefix_tokens``)."""
         return self.keys.shape[0]
+
+    @property
+    def parameters_per_token(self) -> int:
+        """Parameters one key/value token pair holds (a key row and a value row)."""
+        return self.keys[0].numel() + self.value_param_tokens[0].numel()
 
     @property
     def keys(self) -> nn.Parameter:
@@ -271,54 +304,52 @@ class Pattention(nn.Module):
         nn.init.normal_(self.keys, std=self.key_std)
         nn.init.normal_(self.value_param_tokens, std=self.value_std)
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """A = X K_Pᵀ, ``[..., n]``."""
-        return F.linear(x, self.key_param_tokens)
+    def active(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The rows of a parameter-token tensor (``[n, ...]``) the layer runs with: all, or the first
+        ``prefix_tokens`` (a view)."""
+        k = self.prefix_tokens
+        if k is None:
+            return tokens
+        return tokens[:k]
 
-    @torch.jit.unused
-    def _backward_path(self, x: torch.Tensor) -> str:  # (TorchScript takes the plain path)
-        """``'lean'``, ``'closed_form'`` or ``'autograd'``: how the training forward is differentiated."""
-        if (self.score_norm != 'l2_norm_gelu' or not torch.is_grad_enabled() or is_fx_symbolic_tracing()
-                or self.tau.requires_grad):  # the hand-written backwards give τ no gradient
-            return 'autograd'
-        if x.is_cuda if self.lean_backward == 'auto' else bool(self.lean_backward):
-            return 'lean'
-        return 'closed_form' if self.closed_form_backward else 'autograd'
+    def active_tau(self) -> torch.Tensor:
+        """τ of the tokens the layer runs with: the stored τ, times ``prefix_tau_scale`` at a prefix (1, or
+        ``default_tau(k) / default_tau(tau_tokens)`` when τ follows k: :func:`tkvision.growth.elastic.set_prefix`)."""
+        if self.prefix_tokens is None:
+            return self.tau
+        return self.tau * self.prefix_tau_scale
+
+    def scores(self, x: torch.Tensor) -> torch.Tensor:
+        """A = X K_Pᵀ over the active key tokens, ``[..., k]``."""
+        return F.linear(x, self.active(self.key_param_tokens))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]``."""
-        if not torch.jit.is_scripting() and self._fusable():
-            return self._attend_fused(x)
+        """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]`` over the active tokens."""
         scores = self.scores(x)
+        values = self.active(self.value_param_tokens)
+        tau = self.active_tau()
         if not torch.jit.is_scripting():
-            path = self._backward_path(x)
-            if path != 'autograd':
-                return self._attend_hand_written(scores, path)
-        return self.score_normalization(scores, self.tau, self.eps) @ self.value_param_tokens
+            mode = self._training_backward()
+            if mode == 'lean':
+                return l2_norm_gelu_attend(scores, values, tau, self.eps)
+            if mode == 'closed_form':
+                return l2_norm_gelu(scores, tau, self.eps) @ values
+        return self.score_normalization(scores, tau, self.eps) @ values
 
     @torch.jit.unused
-    def _fusable(self) -> bool:
-        # the kernels compute x K_Pᵀ themselves: a subclass with its own scores() keeps the plain path
-        return (self.fused_kernel and self.score_norm == 'l2_norm_gelu' and type(self).scores is Pattention.scores
-                and not self.tau.requires_grad and not is_fx_symbolic_tracing())
-
-    @torch.jit.unused
-    def _attend_fused(self, x: torch.Tensor) -> torch.Tensor:
-        from .pattention_triton import pattention_fused  # Triton only when asked for (not on every platform)
-        return pattention_fused(x, self.keys, self.value_param_tokens, self.tau, self.eps)
-
-    @torch.jit.unused
-    def _attend_hand_written(self, scores: torch.Tensor, path: str) -> torch.Tensor:
-        # same math as the plain path: less memory (lean) or fewer passes in backward (closed form)
-        if path == 'lean':
-            return l2_norm_gelu_attend(scores, self.value_param_tokens, self.tau, self.eps)
-        return l2_norm_gelu(scores, self.tau, self.eps) @ self.value_param_tokens
+    def _training_backward(self) -> str:
+        """``backward_mode``, or ``'autograd'`` where the hand-written backwards do not apply: another Θ,
+        no gradient to compute, FX tracing, or a learned τ (they give τ no gradient)."""
+        if (self.score_norm != 'l2_norm_gelu' or not torch.is_grad_enabled() or is_fx_symbolic_tracing()
+                or self.tau.requires_grad):
+            return 'autograd'
+        return self.backward_mode
 
     def make_tau_learnable(self) -> 'Pattention':
         """Turn the τ buffer into a learned 0-d ``nn.Parameter`` with the same value and state-dict key
         ``tau``, so checkpoints load either way. The layer then takes plain autograd, which differentiates
-        Θ in τ too (for Eq. 5, ∂L/∂τ = ∑ ∂L/∂Z ⊙ Z / τ over the normalised scores Z), not the hand-written
-        backwards, which give τ no gradient. A 0-d parameter gets no weight decay from timm's optimizer
+        Θ in τ too (for Eq. 5, ∂L/∂τ = ∑ ∂L/∂Z ⊙ Z / τ over the normalised scores Z), not the
+        hand-written backwards, which give τ no gradient. A 0-d parameter gets no weight decay from timm's optimizer
         factory. Returns self (idempotent)."""
         if not isinstance(self.tau, nn.Parameter):
             tau = self._buffers.pop('tau')
@@ -346,8 +377,8 @@ class Pattention(nn.Module):
             ValueError: negative ``num_new_tokens`` or an unknown init name.
 
         Warns:
-            UserWarning: zero keys with a normalisation that is not ``zero_key_exact`` (``softmax``:
-            exp(0) = 1 gives the new tokens weight), so the output changes.
+            UserWarning: zero keys with a normalisation that is not ``zero_key_exact`` (``softmax``, where
+                exp(0) = 1 gives the new tokens weight), so the output changes.
         """
         if num_new_tokens < 0:
             raise ValueError(f'num_new_tokens must be >= 0, got {num_new_tokens}')
@@ -365,8 +396,47 @@ class Pattention(nn.Module):
             setattr(self, attr, nn.Parameter(torch.cat([old, new]), requires_grad=old.requires_grad))
         return self
 
+    @torch.no_grad()
+    def truncate(self, num_tokens: int):
+        """Keep only the first ``num_tokens`` key/value parameter tokens, in place: the layer becomes the
+        sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs; τ as :meth:`active_tau`).
+        The inverse of :meth:`grow` for its first rows. Parameters are replaced by new ``nn.Parameter``
+        objects; ``prefix_tokens`` is cleared.
+
+        Returns:
+            self.
+
+        Raises:
+            ValueError: ``num_tokens`` outside 1..n.
+        """
+        if not 1 <= num_tokens <= self.num_tokens:
+            raise ValueError(f'num_tokens must be in 1..{self.num_tokens}, got {num_tokens}')
+        scale = self.prefix_tau_scale if self.prefix_tokens == num_tokens else 1.0
+        self.prefix_tokens = None
+        self.prefix_tau_scale = 1.0
+        for attr in (self.key_name, 'value_param_tokens'):
+            old = getattr(self, attr)
+            setattr(self, attr, nn.Parameter(old[:num_tokens].clone(), requires_grad=old.requires_grad))
+        self.tau.mul_(scale)
+        self.tau_tokens = num_tokens if scale != 1.0 else self.tau_tokens
+        return self
+
     def extra_repr(self) -> str:
         # A model built on the meta device (shape checks, parameter counts) has no value for tau to print.
         tau = 'meta' if self.tau.is_meta else f'{self.tau.item():.4g}'
+        prefix = '' if self.prefix_tokens is None else f', prefix_tokens={self.prefix_tokens}'
         return (f'in_features={self.in_features}, out_features={self.out_features}, '
-                f'num_tokens={self.num_tokens}, score_norm={self.score_norm}, tau={tau}, kind={self.kind}')
+                f'num_tokens={self.num_tokens}{prefix}, score_norm={self.score_norm}, tau={tau}, kind={self.kind}')
+
+
+def set_backward_mode(model: nn.Module, backward_mode: str):
+    """Set ``backward_mode`` (:data:`BACKWARD_MODES`) on every Pattention of ``model``.
+
+    Raises:
+        ValueError: an unknown mode, naming the known ones.
+    """
+    if backward_mode not in BACKWARD_MODES:
+        raise ValueError(f'unknown backward_mode {backward_mode!r}; choose one of {", ".join(BACKWARD_MODES)}')
+    for module in model.modules():
+        if isinstance(module, Pattention):
+            module.backward_mode = backward_mode

@@ -42,8 +42,8 @@ def _scale(a: torch.Tensor, tau: torch.Tensor, eps: float):
 def _grad_scores(grad_z: torch.Tensor, z: torch.Tensor, r: torch.Tensor, norm: torch.Tensor, tau: torch.Tensor,
                  eps: float) -> torch.Tensor:
     """dA from dZ (module docstring): the component of dZ along Z is removed (the norm's gradient), then
-    scaled by r. ‖Z‖² is τ² where ‖A‖₂ > ε; below ε the norm is a constant and dA = r · dZ (τ = 0 gives Z = 0
-    and dA = 0, not 0/0)."""
+    scaled by r. ‖Z‖² is τ² where ‖A‖₂ > ε; below ε the norm is a constant and dA = r · dZ (τ = 0 gives
+    Z = 0 and dA = 0, not 0/0)."""
     coef = torch.linalg.vecdot(grad_z, z, dim=-1).unsqueeze(-1) / (tau * tau).clamp_min(1e-30)
     coef = torch.where(norm > eps, coef, torch.zeros_like(coef))
     return torch.addcmul(grad_z, z, coef, value=-1).mul_(r)  # two passes over [..., n], no temporaries

@@ -2,7 +2,7 @@
 
 Paper: `Masked Autoencoders Are Scalable Vision Learners` - https://arxiv.org/abs/2111.06377
 (He et al. 2022): §3 (masking, encoder on visible patches, decoder, loss), App. A.1 (recipe);
-the facts used here are in ``shared/reference/README.md`` ("MAE self-supervised pretraining").
+the facts used here are in ``docs/reference/background.md`` ("MAE self-supervised pretraining").
 
     mask:    per sample, keep the ``round(N (1 - mask_ratio))`` patches with the smallest uniform noise
     encoder: the ViT's patch embedding + position embedding, then its blocks and final norm on the
@@ -15,7 +15,8 @@ the facts used here are in ``shared/reference/README.md`` ("MAE self-supervised 
 The encoder is any model of the family (``tokenformer_vit_*``) or timm's ``vit_*`` (both expose
 ``patch_embed``, ``cls_token``, ``reg_token``, ``pos_embed``, ``blocks``, ``norm``); it is held as
 ``self.encoder``, so its weights are the ``encoder.*`` tensors of an MAE checkpoint and load into a
-classifier through :func:`encoder_weights` (``init_from`` in a config: :mod:`tkvision.engine.checkpoint`). The decoder is made of the family's TokenFormer blocks
+classifier through :func:`encoder_weights` (``init_from`` in a config: :mod:`tkvision.engine.checkpoint`). The
+decoder is made of the family's TokenFormer blocks
 (Pattention projections) for a TokenFormer encoder and of timm's ViT blocks for timm's ViT (MAE's
 own decoder), ``decoder_kind`` says which.
 
@@ -30,19 +31,19 @@ from typing import Optional, Tuple
 
 import timm
 import torch
-from torch import nn
 from timm.layers import resample_abs_pos_embed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models._manipulate import checkpoint_seq
 from timm.models.vision_transformer import Block as ViTBlock
+from torch import nn
 
-from ..layers import Pattention
 from ..layers import Block as TokenFormerBlock
+from ..layers import Pattention
 
 __all__ = ['MaskedAutoencoder', 'MAEDecoder', 'random_masking', 'patchify', 'unpatchify', 'patch_targets',
-           'create_mae', 'is_mae_state_dict', 'encoder_weights', 'linear_probe', 'DECODER_PRESETS', 'mae_tokenformer_vit_b16',
-           'mae_tokenformer_vit_b16_matched', 'mae_tokenformer_vit_l16', 'mae_tokenformer_vit_l16_matched',
-           'mae_vit_base_patch16_224', 'mae_vit_large_patch16_224']
+           'create_mae', 'is_mae_state_dict', 'encoder_weights', 'linear_probe', 'DECODER_PRESETS',
+           'mae_tokenformer_vit_b16', 'mae_tokenformer_vit_b16_matched', 'mae_tokenformer_vit_l16',
+           'mae_tokenformer_vit_l16_matched', 'mae_vit_base_patch16_224', 'mae_vit_large_patch16_224']
 
 #: Decoder sizes: ``base`` is MAE's (512 wide, 8 blocks, 16 heads, for B, L and H alike); the
 #: smaller ones are ours, for tiny encoders and tests.

@@ -23,17 +23,15 @@ Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypo
 import contextlib
 import dataclasses
 import math
-import os
+from typing import Dict, List, Optional
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models import naflexvit
-from timm.models._builder import resolve_pretrained_cfg
+from timm.models import generate_default_cfgs, naflexvit, register_model
 from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
 
 from ..layers import Block, FlexPatchPattention
-from ._helpers import file_shapes
+from .tokenformer_vit import TokenCounts, block_token_counts, create_tokenformer
 from .tokenformer_vit import checkpoint_filter_fn as fixed_grid_filter
 
 __all__ = ['NaFlexTokenFormer', 'checkpoint_filter_fn']
@@ -67,8 +65,9 @@ class NaFlexTokenFormer(NaFlexVit):
             unless ``pos_embed_grid_size`` is given.
         num_tokens: shorthand as in :class:`~tkvision.models.TokenFormerViT`: patch embedding, Q/K/V and
             output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
-            ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each.
-        score_norm / key_std / value_std / block_norm_weight / block_norm_bias / fused_qkv: the fixed-grid family's.
+            ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each (the block kinds take one
+            count or one per block, as the fixed-grid family).
+        score_norm / key_std / value_std / block_norm_weight / block_norm_bias: the fixed-grid family's.
 
     Shapes: ``forward(dict(patches [B, N, p*p*C], patch_coord [B, N, 2], patch_valid [B, N]))`` or
     ``forward([B, C, H, W])`` -> ``[B, num_classes]``; ``forward_features`` returns NaFlexVit's
@@ -80,27 +79,46 @@ class NaFlexTokenFormer(NaFlexVit):
         TypeError: an unknown keyword (timm's message).
     """
 
-    def __init__(self, cfg=None, in_chans=3, num_classes=1000, img_size=None, num_tokens=768, num_tokens_patch=None,
-                 num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
-                 key_std=0.02, value_std=None, block_norm_weight=False, block_norm_bias=False, fused_qkv=False, device=None, dtype=None,
-                 **kwargs):
+    def __init__(
+            self,
+            cfg: Optional[NaFlexVitCfg] = None,
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            img_size: Optional[int] = None,
+            num_tokens: int = 768,
+            num_tokens_patch: Optional[int] = None,
+            num_tokens_qkv: TokenCounts = None,
+            num_tokens_proj: TokenCounts = None,
+            num_tokens_ffn: TokenCounts = None,
+            score_norm: str = 'l2_norm_gelu',
+            key_std: float = 0.02,
+            value_std: Optional[float] = None,
+            block_norm_weight: bool = False,
+            block_norm_bias: bool = False,
+            device=None,
+            dtype=None,
+            **kwargs,
+    ):
         if img_size is not None and 'pos_embed_grid_size' not in kwargs:
             kwargs['pos_embed_grid_size'] = None  # NaFlexVit then derives the grid from img_size
         cfg = dataclasses.replace(cfg or NaFlexVitCfg(**TOKENFORMER_CFG), **kwargs)
         _check_supported(cfg)
+        blocks = block_token_counts(cfg.depth, num_tokens, num_tokens_qkv, num_tokens_proj, num_tokens_ffn)
         self.num_tokens_patch = num_tokens_patch or num_tokens
-        self.num_tokens_qkv = num_tokens_qkv or num_tokens
-        self.num_tokens_proj = num_tokens_proj or num_tokens
-        self.num_tokens_ffn = num_tokens_ffn or 4 * num_tokens
-        block = _block_builder(dict(
-            num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
-            num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm,
-            value_std=2 / (cfg.depth * math.sqrt(cfg.embed_dim)) if value_std is None else value_std, key_std=key_std, norm_weight=block_norm_weight,
-            norm_bias=block_norm_bias, fused_qkv=fused_qkv))
+        for name in ('num_tokens_qkv', 'num_tokens_proj', 'num_tokens_ffn'):
+            counts = [b[name] for b in blocks]
+            setattr(self, name, counts[0] if len(set(counts)) == 1 else counts)
+        shared = dict(
+            score_norm=score_norm,
+            value_std=2 / (cfg.depth * math.sqrt(cfg.embed_dim)) if value_std is None else value_std,
+            key_std=key_std,
+            norm_weight=block_norm_weight,
+            norm_bias=block_norm_bias,
+        )
         # our layers take no device argument: build them under the device, as timm's factory does
         with torch.device(device) if device is not None else contextlib.nullcontext():
-            super().__init__(dataclasses.replace(cfg, block_fn=block), in_chans=in_chans, num_classes=num_classes,
-                             img_size=img_size, device=device, dtype=dtype)
+            super().__init__(dataclasses.replace(cfg, block_fn=_block_builder(shared, blocks)), in_chans=in_chans,
+                             num_classes=num_classes, img_size=img_size, device=device, dtype=dtype)
             patch = self.embeds.patch_size
             if patch[0] != patch[1]:
                 raise ValueError(f'patch_size {patch}: the NaFlex TokenFormer takes square patches')
@@ -124,14 +142,17 @@ def _check_supported(cfg: NaFlexVitCfg):
         raise ValueError("global_pool='map': the attention pool is a Linear / MLP head; use 'token' or 'avg'")
 
 
-def _block_builder(tokenformer: dict):
-    """A ``block_fn`` for NaFlexVit: builds a TokenFormer :class:`~tkvision.layers.Block` from the
-    arguments NaFlexVit passes (the ones a TokenFormer has: heads, qk_norm, LayerScale, dropouts, drop
-    path) and ``tokenformer``'s (token counts, normalisation, value init)."""
+def _block_builder(shared: dict, tokens: List[Dict[str, int]]):
+    """A ``block_fn`` for NaFlexVit, which builds its blocks in order: the i-th call builds a TokenFormer
+    :class:`~tkvision.layers.Block` from the arguments NaFlexVit passes (the ones a TokenFormer has: heads,
+    qk_norm, LayerScale, dropouts, drop path), ``shared`` (normalisation, init, norms) and ``tokens[i]``
+    (the block's token counts)."""
+    counts = iter(tokens)
+
     def build(dim, num_heads, qk_norm=False, init_values=None, proj_drop=0., attn_drop=0., drop_path=0.,
               **linear_layers):  # mlp_ratio, biases, norm / act / mlp layers: refused in _check_supported
         return Block(dim, num_heads, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop,
-                     attn_drop=attn_drop, drop_path=drop_path, **tokenformer)
+                     attn_drop=attn_drop, drop_path=drop_path, **shared, **next(counts))
     return build
 
 
@@ -149,23 +170,6 @@ def checkpoint_filter_fn(state_dict: dict, model: NaFlexTokenFormer) -> dict:
                 state_dict[key] = state_dict[key].clone()
         state_dict = naflexvit.checkpoint_filter_fn(state_dict, model)
     return state_dict
-
-
-def _create(variant, pretrained=False, **kwargs):
-    """``build_model_with_cfg`` with our filter. A local weights file (``pretrained_cfg_overlay=dict(file=...)``)
-    says its own head size, and the model's ``in_chans`` is taken as the file's: timm would otherwise drop a
-    head that is not 1000 wide and re-fold a stem that is not 3-channel (the fixed-grid family does the same)."""
-    if pretrained:
-        cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get('pretrained_cfg'),
-                                     pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
-        if cfg.file and os.path.isfile(cfg.file):
-            overlay = dict(kwargs.get('pretrained_cfg_overlay') or {})
-            overlay.setdefault('num_classes', file_shapes(cfg.file, ['head.weight']).get('head.weight', (0,))[0])
-            overlay.setdefault('input_size', (kwargs.get('in_chans', 3), *cfg.input_size[1:]))
-            kwargs['pretrained_cfg_overlay'] = overlay
-    out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(NaFlexTokenFormer, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-                                feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
 
 
 def _cfg(url='', **kwargs):
@@ -189,18 +193,21 @@ default_cfgs = generate_default_cfgs({
 def naflexvit_tokenformer_ti16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
     """NaFlex TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (tokenformer_vit_ti16's)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
-    return _create('naflexvit_tokenformer_ti16', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_ti16', pretrained, checkpoint_filter_fn,
+                              **dict(args, **kwargs))
 
 
 @register_model
 def naflexvit_tokenformer_b16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
     """NaFlex TokenFormer-B/16: d 768, 12 blocks, 12 heads, 768 / 3072 tokens (tokenformer_vit_b16's)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
-    return _create('naflexvit_tokenformer_b16', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_b16', pretrained, checkpoint_filter_fn,
+                              **dict(args, **kwargs))
 
 
 @register_model
 def naflexvit_tokenformer_b16_matched(pretrained=False, **kwargs) -> NaFlexTokenFormer:
     """NaFlex TokenFormer-B/16†: ViT-B/16's parameter count, 576 / 2304 tokens (tokenformer_vit_b16_matched's)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
-    return _create('naflexvit_tokenformer_b16_matched', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_b16_matched', pretrained,
+                              checkpoint_filter_fn, **dict(args, **kwargs))

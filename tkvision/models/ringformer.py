@@ -1,7 +1,7 @@
 """RingFormer ViT, and the recurrent TokenFormer (Ring x Token).
 
 Paper: `RingFormer: Rethinking Recurrent Transformer with Adaptive Level Signals`
-    - https://arxiv.org/abs/2502.13181 (Heo, Fozilov et al.); ``shared/papers/003_*``: §3 (Eq. 4-7),
+    - https://arxiv.org/abs/2502.13181 (Heo, Fozilov et al.): §3 (Eq. 4-7),
       Fig. 1, App. A.1; ImageNet-small Table 2, ImageNet-1K Table 3.
 
 One shared pre-norm block is applied ``depth`` times ("levels"). Level i has its own LayerNorms before
@@ -42,13 +42,14 @@ from typing import Optional
 
 import torch
 import torch.nn.functional as F
+from timm.layers import DropPath, Mlp
+from timm.layers import PatchEmbed as ConvPatchEmbed
+from timm.models import generate_default_cfgs, register_model
 from torch import nn
 from torch.utils.checkpoint import checkpoint
-from timm.layers import DropPath, Mlp, PatchEmbed as ConvPatchEmbed
-from timm.models import generate_default_cfgs, register_model
 
 from ..layers import Pattention
-from .tokenformer_vit import TokenFormerViT, _cfg, _create_tokenformer_vit
+from .tokenformer_vit import TokenFormerViT, create_tokenformer, tokenformer_cfg
 
 __all__ = ['LevelSignal', 'Level', 'RecurrentAttention', 'RingBlock', 'RingFormerViT', 'TokenRingViT',
            'LEVEL_SIGNALS']
@@ -80,8 +81,8 @@ def attend_with_level_tokens(layer: Pattention, x, keys, values):
     one normalisation (``layer``'s Θ and τ) over shared and level scores. ``x [..., d_in]``,
     ``keys [m, d_in]``, ``values [m, d_out]`` -> ``[..., d_out]``."""
     scores = torch.cat([layer.scores(x), F.linear(x, keys)], dim=-1)
-    return layer.score_normalization(scores, layer.tau, layer.eps) @ torch.cat(
-        [layer.value_param_tokens, values])
+    shared_values = layer.active(layer.value_param_tokens)
+    return layer.score_normalization(scores, layer.active_tau(), layer.eps) @ torch.cat([shared_values, values])
 
 
 class Level(nn.Module):
@@ -157,7 +158,8 @@ class RecurrentAttention(nn.Module):
         q = self.q_norm(level.project('q', self.q, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         k = self.k_norm(level.project('k', self.k, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
         v = level.project('v', self.v, x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=self.attn_drop if self.training else 0.)
+        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                           dropout_p=self.attn_drop if self.training else 0.)
         x = x.transpose(1, 2).reshape(B, N, C)
         return self.proj_drop(level.project('proj', self.proj, x))
 
@@ -184,17 +186,8 @@ class _RecurrentViT(TokenFormerViT):
     gradient checkpointing per level) is :class:`TokenFormerViT`'s. TorchScript is not supported (a
     level is passed to the shared block as an argument); fx and ``torch.compile`` are."""
 
-    def _check_block_kwargs(self, kw):
-        if kw.get('fused_qkv'):
-            raise ValueError('fused_qkv is a TokenFormerViT option; the recurrent families compute Q/K/V per level')
-
-    def forward_blocks(self, x, attn_mask: Optional[torch.Tensor] = None):
-        """The recurrent trunk, ``[B, N', d] -> [B, N', d]``: the shared block once per level, in order."""
-        for level in self.blocks:
-            x = self._run_block(level, x, attn_mask)
-        return x
-
-    def _run_block(self, level, x, attn_mask: Optional[torch.Tensor] = None):
+    def _run_block(self, level: nn.Module, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The shared block at ``level`` (the trunk runs the levels in order)."""
         if self.grad_checkpointing and not torch.jit.is_scripting():
             return checkpoint(self.shared, x, level, attn_mask, use_reentrant=False)
         return self.shared(x, level, attn_mask)
@@ -235,8 +228,7 @@ class RingFormerViT(_RecurrentViT):
         return ConvPatchEmbed(img_size, patch_size, in_chans, embed_dim, strict_img_size=strict_img_size,
                               dynamic_img_pad=False)
 
-    def _build_blocks(self, depth, dpr, kw):
-        self._check_block_kwargs(kw)
+    def _build_blocks(self, depth, dpr, kw, tokens):
         r, d = self._ring, kw['dim']
         hidden = round(d * r["mlp_ratio"])
         linear = lambda: nn.Linear(d, d, bias=r['qkv_bias'])  # noqa: E731
@@ -277,12 +269,13 @@ class TokenRingViT(_RecurrentViT):
         self._ring = dict(level_signal=level_signal, rank=rank, level_tokens=level_tokens)
         super().__init__(pos_embed=pos_embed, **kwargs)
 
-    def _build_blocks(self, depth, dpr, kw):
-        self._check_block_kwargs(kw)
+    def _build_blocks(self, depth, dpr, kw, tokens):
+        if any(t != tokens[0] for t in tokens):
+            raise ValueError('the recurrent trunk shares one block across levels: give one token count per kind')
         r, d = self._ring, kw['dim']
         pattn = lambda n, kind: Pattention(d, d, n, score_norm=kw['score_norm'], key_std=kw['key_std'],  # noqa: E731
                                            value_std=kw['value_std'], kind=kind)
-        n_qkv, n_proj, n_ffn = kw['num_tokens_qkv'], kw['num_tokens_proj'], kw['num_tokens_ffn']
+        n_qkv, n_proj, n_ffn = (tokens[0][f'num_tokens_{kind}'] for kind in ('qkv', 'proj', 'ffn'))
         attn = RecurrentAttention(d, kw['num_heads'], pattn(n_qkv, 'qkv'), pattn(n_qkv, 'qkv'), pattn(n_qkv, 'qkv'),
                                   pattn(n_proj, 'proj'), qk_norm=kw['qk_norm'], attn_drop=kw['attn_drop'],
                                   proj_drop=kw['proj_drop'])
@@ -296,11 +289,11 @@ class TokenRingViT(_RecurrentViT):
 
 
 def _create(cls, variant, pretrained=False, **kwargs):
-    return _create_tokenformer_vit(variant, pretrained, model_cls=cls, **kwargs)
+    return create_tokenformer(cls, variant, pretrained, **kwargs)
 
 
 def _ring_cfg(**kwargs):
-    return _cfg(paper_ids='arXiv:2502.13181', paper_name='RingFormer', **kwargs)
+    return tokenformer_cfg(paper_ids='arXiv:2502.13181', paper_name='RingFormer', **kwargs)
 
 
 default_cfgs = generate_default_cfgs({

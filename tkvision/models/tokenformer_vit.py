@@ -7,36 +7,75 @@ Paper: `TokenFormer: Rethinking Transformer Scaling with Tokenized Model Paramet
     - https://arxiv.org/abs/2410.23168 (Wang et al. 2024); block: Eq. 6-11 and Fig. 2;
       ImageNet-1K: Table 2; ablations: Tables 4-5.
 
-Differences from the paper, all documented in the README ("Model family"):
-    - The stem is a Pattention over flattened 16x16 patches (the paper does not say whether the
-      stem is a conv or a Pattention; ``shared/reference/README.md``, "Vision model").
+Choices where the paper is silent (``docs/background.md``):
+    - The stem is a Pattention over flattened 16x16 patches (the paper does not say whether its
+      stem is a conv or a Pattention).
     - Token counts follow the paper's scheme (n_ffn = 4 n_qkv); the B/16 count is 115.35M where the
       paper reports 109M, which no simple token choice reproduces.
 
-Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypoints; the layers
+Layout follows timm's model files: model class, checkpoint filter, builder, cfgs, entrypoints; the layers
 (:class:`~tkvision.layers.PatchEmbed`, :class:`~tkvision.layers.Block`) live in :mod:`tkvision.layers`,
-where the recurrent families and the MAE decoder reuse them.
+where the recurrent families, the NaFlex family and the MAE decoder reuse them.
 """
 import contextlib
 import math
 import os
-from typing import List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
-from torch import nn
-from torch.utils.checkpoint import checkpoint
-
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models._manipulate import adapt_input_conv, checkpoint_seq
 from timm.models._builder import resolve_pretrained_cfg
+from timm.models._manipulate import adapt_input_conv
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block, PatchEmbed, Pattention
 from ._helpers import file_shapes
 from ._vit_contract import ViTContract
 
-__all__ = ['TokenFormerViT', 'checkpoint_filter_fn']
+__all__ = ['TokenFormerViT', 'TokenCounts', 'block_token_counts', 'checkpoint_filter_fn', 'adapt_input_channels',
+           'create_tokenformer', 'tokenformer_cfg']
+
+#: A Pattention kind's token count: one for every block, or one per block (a Mix'n'Match sub-model of an
+#: elastic model, :mod:`tkvision.growth.elastic`).
+TokenCounts = Union[int, Sequence[int], None]
+
+
+def block_token_counts(
+        depth: int,
+        num_tokens: int,
+        num_tokens_qkv: TokenCounts = None,
+        num_tokens_proj: TokenCounts = None,
+        num_tokens_ffn: TokenCounts = None,
+) -> List[Dict[str, int]]:
+    """Each block's ``dict(num_tokens_qkv, num_tokens_proj, num_tokens_ffn)``: a kind's own count (an int,
+    or a list of ``depth`` ints, one per block), else ``num_tokens`` (``4 * num_tokens`` for the FFN, the
+    paper's n_ffn = 4 n_qkv).
+
+    Raises:
+        ValueError: ``num_tokens`` < 1, a list whose length is not ``depth``, or a count < 1 (named).
+    """
+    if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 1:
+        raise ValueError(f'num_tokens must be a positive integer, got num_tokens={num_tokens!r}')
+    defaults = dict(num_tokens_qkv=num_tokens, num_tokens_proj=num_tokens, num_tokens_ffn=4 * num_tokens)
+    given = dict(num_tokens_qkv=num_tokens_qkv, num_tokens_proj=num_tokens_proj, num_tokens_ffn=num_tokens_ffn)
+    per_block = {}
+    for name, value in given.items():
+        value = defaults[name] if value is None else value
+        counts = [value] * depth if isinstance(value, int) else list(value)
+        if len(counts) != depth:
+            raise ValueError(f'{name} must be one count or one per block ({depth}), got {len(counts)}: {value!r}')
+        if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in counts):
+            raise ValueError(f'{name} must be a positive integer (or one per block), got {name}={value!r}')
+        per_block[name] = counts
+    return [{name: counts[i] for name, counts in per_block.items()} for i in range(depth)]
+
+
+def _one_or_per_block(counts: List[int]) -> Union[int, List[int]]:
+    """``counts[0]`` when every block has it, else the list (how the model states its ``num_tokens_*``)."""
+    return counts[0] if len(set(counts)) == 1 else list(counts)
 
 
 class TokenFormerViT(ViTContract, nn.Module):
@@ -53,7 +92,10 @@ class TokenFormerViT(ViTContract, nn.Module):
         num_heads: attention heads (head_dim = d / num_heads).
         num_tokens: shorthand: Q/K/V, output projection and patch embedding use ``num_tokens``
             parameter tokens, the FFN ``4 * num_tokens``; the ``num_tokens_*`` kwargs override.
-        num_tokens_patch / num_tokens_qkv / num_tokens_proj / num_tokens_ffn: per-kind token counts.
+        num_tokens_patch: the patch embedding's tokens.
+        num_tokens_qkv / num_tokens_proj / num_tokens_ffn: per-kind token counts, one for every block or
+            a list of one per block (:data:`TokenCounts`; a Mix'n'Match sub-model exported by
+            :func:`tkvision.growth.elastic.extract_prefix`).
         score_norm: Pattention normalisation (see :mod:`tkvision.layers.pattention`).
         key_std: initial std of the blocks' key parameter tokens (the public code's 0.02). Eq. 5's
             scores are invariant to the keys' scale, so it sets how far an optimizer step turns them:
@@ -78,8 +120,6 @@ class TokenFormerViT(ViTContract, nn.Module):
             grid, as MAE: a buffer saved as ``pos_embed``, zeros for prefix tokens) or ``'none'``.
         qk_norm: LayerNorm of q and k per head (timm's ``qk_norm``).
         init_values: LayerScale init of both block branches (timm's ``init_values``); None: off.
-        fused_qkv: one GEMM for the Q/K/V scores (:meth:`Attention.qkv_fused`); same parameters and
-            checkpoints. Off by default: on CUDA the three separate Pattentions take the lean backward.
         dynamic_img_size: accept any input size divisible by p, resampling the position embedding.
         drop_rate / pos_drop_rate / proj_drop_rate / attn_drop_rate / drop_path_rate: dropouts and
             stochastic depth (linearly increasing over depth).
@@ -88,18 +128,48 @@ class TokenFormerViT(ViTContract, nn.Module):
     (``num_prefix_tokens`` = class token + registers); ``forward_head``: that ``-> [B, num_classes]``.
 
     Initialisation (tested in ``tests/test_models.py``): in blocks, key tokens N(0, key_std²) and value
-    tokens N(0, value_std²), by default 0.02 and 2 / (depth √d), both the public TokenFormer code's; patch-embedding key and value
+    tokens N(0, value_std²), by default 0.02 and 2 / (depth √d), both the public TokenFormer code's; patch-embedding
+    key and value
     tokens N(0, 0.02²); position embedding trunc-normal 0.02 and class token N(0, 1e-6²) and head
     weight trunc-normal 0.02, bias 0 (timm's ViT).
     """
 
-    def __init__(self, img_size=224, patch_size=16, in_chans=3, num_classes=1000, global_pool='token',
-                 embed_dim=768, depth=12, num_heads=12, num_tokens=768, num_tokens_patch=None,
-                 num_tokens_qkv=None, num_tokens_proj=None, num_tokens_ffn=None, score_norm='l2_norm_gelu',
-                 key_std=0.02, value_std=None, tau_scale=1.0, learn_tau=False, block_norm_weight=False, block_norm_bias=False,
-                 fc_norm=None, class_token=True, reg_tokens=0, no_embed_class=False, pos_embed='learn',
-                 qk_norm=False, init_values=None, fused_qkv=False, dynamic_img_size=False, drop_rate=0.,
-                 pos_drop_rate=0., proj_drop_rate=0., attn_drop_rate=0., drop_path_rate=0.):
+    def __init__(
+            self,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            patch_size: int = 16,
+            in_chans: int = 3,
+            num_classes: int = 1000,
+            global_pool: str = 'token',
+            embed_dim: int = 768,
+            depth: int = 12,
+            num_heads: int = 12,
+            num_tokens: int = 768,
+            num_tokens_patch: Optional[int] = None,
+            num_tokens_qkv: TokenCounts = None,
+            num_tokens_proj: TokenCounts = None,
+            num_tokens_ffn: TokenCounts = None,
+            score_norm: str = 'l2_norm_gelu',
+            key_std: float = 0.02,
+            value_std: Optional[float] = None,
+            tau_scale: float = 1.0,
+            learn_tau: bool = False,
+            block_norm_weight: bool = False,
+            block_norm_bias: bool = False,
+            fc_norm: Optional[bool] = None,
+            class_token: bool = True,
+            reg_tokens: int = 0,
+            no_embed_class: bool = False,
+            pos_embed: str = 'learn',
+            qk_norm: bool = False,
+            init_values: Optional[float] = None,
+            dynamic_img_size: bool = False,
+            drop_rate: float = 0.,
+            pos_drop_rate: float = 0.,
+            proj_drop_rate: float = 0.,
+            attn_drop_rate: float = 0.,
+            drop_path_rate: float = 0.,
+    ):
         super().__init__()
         if global_pool not in ('', 'avg', 'token'):
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
@@ -109,18 +179,22 @@ class TokenFormerViT(ViTContract, nn.Module):
             raise ValueError("global_pool='token' needs class_token=True")
         if not tau_scale > 0:
             raise ValueError(f'tau_scale must be > 0 (a multiple of the default τ = √n), got {tau_scale!r}')
-        self.num_classes, self.global_pool, self.in_chans = num_classes, global_pool, in_chans
-        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         if pos_embed not in ('learn', 'sincos', 'none'):
             raise ValueError(f"pos_embed must be 'learn', 'sincos' or 'none', got {pos_embed!r}")
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.in_chans = in_chans
+        self.num_features = self.head_hidden_size = self.embed_dim = embed_dim
         self.num_reg_tokens = reg_tokens
         self.num_prefix_tokens = (1 if class_token else 0) + reg_tokens
-        self.has_class_token, self.dynamic_img_size = class_token, dynamic_img_size
-        self.no_embed_class, self.pos_embed_type = no_embed_class, pos_embed
+        self.has_class_token = class_token
+        self.dynamic_img_size = dynamic_img_size
+        self.no_embed_class = no_embed_class
+        self.pos_embed_type = pos_embed
+        blocks = block_token_counts(depth, num_tokens, num_tokens_qkv, num_tokens_proj, num_tokens_ffn)
         self.num_tokens_patch = num_tokens_patch or num_tokens
-        self.num_tokens_qkv = num_tokens_qkv or num_tokens
-        self.num_tokens_proj = num_tokens_proj or num_tokens
-        self.num_tokens_ffn = num_tokens_ffn or 4 * num_tokens
+        for name in ('num_tokens_qkv', 'num_tokens_proj', 'num_tokens_ffn'):
+            setattr(self, name, _one_or_per_block([b[name] for b in blocks]))
         self.grad_checkpointing = False
 
         self.patch_embed = self._build_patch_embed(img_size, patch_size, in_chans, embed_dim, score_norm,
@@ -137,12 +211,20 @@ class TokenFormerViT(ViTContract, nn.Module):
             self.pos_embed = None
         self.pos_drop = nn.Dropout(pos_drop_rate)
         dpr = torch.linspace(0, drop_path_rate, depth, device='cpu').tolist()
-        value_std = 2 / (depth * math.sqrt(embed_dim)) if value_std is None else value_std
-        self.blocks = self._build_blocks(depth, dpr, dict(
-            dim=embed_dim, num_heads=num_heads, num_tokens_qkv=self.num_tokens_qkv, num_tokens_proj=self.num_tokens_proj,
-            num_tokens_ffn=self.num_tokens_ffn, score_norm=score_norm, value_std=value_std, key_std=key_std,
-            norm_weight=block_norm_weight, norm_bias=block_norm_bias, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop_rate,
-            attn_drop=attn_drop_rate, fused_qkv=fused_qkv))
+        block_kwargs = dict(
+            dim=embed_dim,
+            num_heads=num_heads,
+            score_norm=score_norm,
+            value_std=2 / (depth * math.sqrt(embed_dim)) if value_std is None else value_std,
+            key_std=key_std,
+            norm_weight=block_norm_weight,
+            norm_bias=block_norm_bias,
+            qk_norm=qk_norm,
+            init_values=init_values,
+            proj_drop=proj_drop_rate,
+            attn_drop=attn_drop_rate,
+        )
+        self.blocks = self._build_blocks(depth, dpr, block_kwargs, blocks)
         self.feature_info = [dict(module=f'blocks.{i}', num_chs=embed_dim, reduction=patch_size)
                              for i in range(depth)]
         use_fc_norm = global_pool == 'avg' if fc_norm is None else fc_norm
@@ -162,15 +244,25 @@ class TokenFormerViT(ViTContract, nn.Module):
                 if learn_tau:
                     module.make_tau_learnable()
 
-    def _build_patch_embed(self, img_size, patch_size, in_chans, embed_dim, score_norm, strict_img_size):
+    def _build_patch_embed(
+            self,
+            img_size: Union[int, Tuple[int, int]],
+            patch_size: int,
+            in_chans: int,
+            embed_dim: int,
+            score_norm: str,
+            strict_img_size: bool,
+    ) -> nn.Module:
         """The stem (a subclass may build another): a Pattention patch embedding."""
         return PatchEmbed(img_size, patch_size, in_chans, embed_dim, self.num_tokens_patch, score_norm,
                           strict_img_size=strict_img_size)
 
-    def _build_blocks(self, depth: int, dpr: List[float], block_kwargs: dict) -> nn.Module:
+    def _build_blocks(self, depth: int, dpr: List[float], block_kwargs: dict, tokens: List[Dict[str,
+                                                                                                int]]) -> nn.Module:
         """``depth`` TokenFormer blocks (a subclass may build another trunk, e.g. the recurrent
-        families of :mod:`tkvision.models.ringformer`); ``dpr``: drop-path rate per block."""
-        return nn.Sequential(*[Block(**block_kwargs, drop_path=dpr[i]) for i in range(depth)])
+        families of :mod:`tkvision.models.ringformer`); ``dpr``: drop-path rate per block; ``tokens``: each
+        block's token counts (:func:`block_token_counts`)."""
+        return nn.Sequential(*[Block(**block_kwargs, **tokens[i], drop_path=dpr[i]) for i in range(depth)])
 
     def init_weights(self):
         """timm ViT init for the non-Pattention parameters (Pattentions init themselves); the fixed
@@ -247,32 +339,31 @@ class TokenFormerViT(ViTContract, nn.Module):
         return self.pos_drop(x)
 
     @torch.jit.unused
-    def _run_block(self, blk, x, attn_mask: Optional[torch.Tensor] = None):
-        if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint(blk, x, attn_mask, use_reentrant=False)
-        return blk(x, attn_mask)
+    def _run_block(self, block: nn.Module, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """One block of the trunk, recomputed in backward when gradient checkpointing is on (TorchScript
+        cannot pass a module as an argument: a scripted model runs the blocks in :meth:`forward_blocks`)."""
+        if self.grad_checkpointing:
+            return checkpoint(block, x, attn_mask, use_reentrant=False)
+        return block(x, attn_mask)
 
-    def forward_features(self, x, attn_mask: Optional[torch.Tensor] = None):
+    def forward_features(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm);
         ``attn_mask`` as timm's ViT takes it (``F.scaled_dot_product_attention``'s, over all tokens)."""
         grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
         x = self._pos_embed(self.patch_embed(x), grid)
         return self.norm(self.forward_blocks(x, attn_mask))
 
-    def forward_blocks(self, x, attn_mask: Optional[torch.Tensor] = None):
-        """The trunk, ``[B, N', C] -> [B, N', C]`` (gradient checkpointing per block when enabled): what
-        a family overrides to change the trunk, and what :class:`~tkvision.models.mae.MaskedAutoencoder`
-        runs on the visible tokens."""
-        if attn_mask is not None:  # nn.Sequential passes one argument: run the blocks one by one
-            for blk in self.blocks:
-                if self.grad_checkpointing and not torch.jit.is_scripting():
-                    x = checkpoint(blk, x, attn_mask, use_reentrant=False)
-                else:
-                    x = blk(x, attn_mask)
+    def forward_blocks(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The trunk, ``[B, N', C] -> [B, N', C]``, block by block (:meth:`_run_block`): what a family
+        overrides to change the trunk, and what :class:`~tkvision.models.mae.MaskedAutoencoder` runs on the
+        visible tokens."""
+        if torch.jit.is_scripting():
+            for block in self.blocks:
+                x = block(x, attn_mask)
             return x
-        if self.grad_checkpointing and not torch.jit.is_scripting():
-            return checkpoint_seq(self.blocks, x)
-        return self.blocks(x)
+        for block in self.blocks:
+            x = self._run_block(block, x, attn_mask)
+        return x
 
     def forward_head(self, x, pre_logits: bool = False):
         """Pool, fc_norm, dropout, classifier: ``[B, N', C] -> [B, num_classes]`` (``[B, C]`` if
@@ -337,44 +428,66 @@ def adapt_input_channels(state_dict: dict, model: TokenFormerViT) -> dict:
     return state_dict
 
 
-def _create_tokenformer_vit(variant, pretrained=False, model_cls=None, device=None, dtype=None, **kwargs):
-    """``build_model_with_cfg`` of ``model_cls`` (default :class:`TokenFormerViT`; the recurrent families
-    pass theirs) with our checkpoint filter, a clear error when no weights file is given, and a local
-    file's own head size. ``device`` / ``dtype``: timm's factory arguments (``create_model(...,
+def create_tokenformer(
+        model_cls: type,
+        variant: str,
+        pretrained: bool = False,
+        filter_fn: Callable = checkpoint_filter_fn,
+        device=None,
+        dtype=None,
+        **kwargs,
+) -> nn.Module:
+    """Build a TokenFormer family's ``variant`` with timm's ``build_model_with_cfg`` (the builder every
+    family's entrypoints share: fixed-grid, NaFlex, recurrent).
+
+    Beyond timm's: a clear error when ``pretrained=True`` finds no weights (none are published); a local
+    weights file (``pretrained_cfg_overlay=dict(file=...)``) states its own head size and input channels,
+    which timm would otherwise take from the cfg (dropping a head that is not 1000 wide, re-folding a stem
+    that is not 3-channel); ``device`` / ``dtype``: timm's factory arguments (``create_model(...,
     device='meta', dtype=torch.bfloat16)``): the model is built under ``torch.device(device)``, so its
-    tensors are created there (no CPU copy of a large model first), then cast to ``dtype``."""
+    tensors are created there (no CPU copy of a large model first), then cast to ``dtype``.
+
+    Args:
+        model_cls: the family's model class. variant: its registered name. filter_fn: its checkpoint
+            filter (timm's ``pretrained_filter_fn``). kwargs: the model's arguments and timm's
+            (``pretrained_cfg_overlay``, ``out_indices``, ``features_only``, ...).
+
+    Raises:
+        RuntimeError: ``pretrained=True`` without a weights file, naming how to give one.
+    """
+    if pretrained:
+        kwargs['pretrained_cfg_overlay'] = _local_file_overlay(variant, kwargs)
+    out_indices = kwargs.pop('out_indices', 3)
     with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = _build(variant, pretrained, model_cls, **kwargs)
+        model = build_model_with_cfg(model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,
+                                     feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
     if device is not None or dtype is not None:
         model.to(device=device, dtype=dtype)
     return model
 
 
-def _build(variant, pretrained, model_cls, **kwargs):
-    if pretrained:
-        cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get('pretrained_cfg'),
-                                     pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
-        if not (cfg.file or cfg.url or cfg.hf_hub_id or cfg.state_dict):
-            raise RuntimeError(
-                f'No pretrained weights are published for {variant}. Train one (tools/train.py) and load it '
-                f"with pretrained=True, pretrained_cfg_overlay=dict(file='path/to/model.safetensors').")
-        overlay = dict(kwargs.get('pretrained_cfg_overlay') or {})
-        if cfg.file and os.path.isfile(cfg.file):
-            # timm drops the head when the cfg's num_classes (1000) differs from the model's, and adapts
-            # (or warns about) the stem by the cfg's input channels: a local file says both itself.
-            shapes = file_shapes(cfg.file, ('head.weight', 'patch_embed.proj.weight'))
-            if 'num_classes' not in overlay:  # (local-dir: config.json says)
-                overlay['num_classes'] = shapes.get('head.weight', (0,))[0]
-            if 'patch_embed.proj.weight' in shapes:
-                overlay['input_size'] = (shapes['patch_embed.proj.weight'][1], *cfg.input_size[1:])
-            kwargs['pretrained_cfg_overlay'] = overlay
-    out_indices = kwargs.pop('out_indices', 3)
-    return build_model_with_cfg(
-        model_cls or TokenFormerViT, variant, pretrained, pretrained_filter_fn=checkpoint_filter_fn,
-        feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
+def _local_file_overlay(variant: str, kwargs: dict) -> dict:
+    """The ``pretrained_cfg_overlay`` of a pretrained build: a local file's own head size and input
+    channels added (the keys the caller gave win)."""
+    cfg = resolve_pretrained_cfg(variant, pretrained_cfg=kwargs.get('pretrained_cfg'),
+                                 pretrained_cfg_overlay=kwargs.get('pretrained_cfg_overlay'))
+    if not (cfg.file or cfg.url or cfg.hf_hub_id or cfg.state_dict):
+        raise RuntimeError(
+            f'No pretrained weights are published for {variant}. Train one (tkvision-train) and load it '
+            f"with pretrained=True, pretrained_cfg_overlay=dict(file='path/to/model.safetensors').")
+    overlay = dict(kwargs.get('pretrained_cfg_overlay') or {})
+    if cfg.file and os.path.isfile(cfg.file):
+        stem = f"{cfg.first_conv}.weight"
+        shapes = file_shapes(cfg.file, ('head.weight', stem))
+        overlay.setdefault('num_classes', shapes.get('head.weight', (0,))[0])
+        # a conv-shaped stem says its channels; a row-shaped one (NaFlex) has the model's
+        channels = shapes[stem][1] if len(shapes.get(stem, ())) == 4 else kwargs.get('in_chans', 3)
+        overlay.setdefault('input_size', (channels, *cfg.input_size[1:]))
+    return overlay
 
 
-def _cfg(url='', **kwargs):
+def tokenformer_cfg(url: str = '', **kwargs) -> dict:
+    """timm's pretrained cfg of a TokenFormer family's variant (ImageNet defaults; ``kwargs`` override)."""
     return {
         'url': url, 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
         'crop_pct': 0.875, 'interpolation': 'bicubic', 'fixed_input_size': True,
@@ -386,12 +499,12 @@ def _cfg(url='', **kwargs):
 
 # No weights are published: every cfg has an empty url (pretrained=True needs a local file).
 default_cfgs = generate_default_cfgs({
-    'tokenformer_vit_ti16.untrained': _cfg(),
-    'tokenformer_vit_s16.untrained': _cfg(),
-    'tokenformer_vit_b16.untrained': _cfg(),
-    'tokenformer_vit_b16_matched.untrained': _cfg(),
-    'tokenformer_vit_l16.untrained': _cfg(),
-    'tokenformer_vit_l16_matched.untrained': _cfg(),
+    'tokenformer_vit_ti16.untrained': tokenformer_cfg(),
+    'tokenformer_vit_s16.untrained': tokenformer_cfg(),
+    'tokenformer_vit_b16.untrained': tokenformer_cfg(),
+    'tokenformer_vit_b16_matched.untrained': tokenformer_cfg(),
+    'tokenformer_vit_l16.untrained': tokenformer_cfg(),
+    'tokenformer_vit_l16_matched.untrained': tokenformer_cfg(),
 })
 
 
@@ -399,39 +512,39 @@ default_cfgs = generate_default_cfgs({
 def tokenformer_vit_ti16(pretrained=False, **kwargs) -> TokenFormerViT:
     """TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (qkv, proj, patch / ffn)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
-    return _create_tokenformer_vit('tokenformer_vit_ti16', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(TokenFormerViT, 'tokenformer_vit_ti16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def tokenformer_vit_s16(pretrained=False, **kwargs) -> TokenFormerViT:
     """TokenFormer-S/16: d 384, 12 blocks, 6 heads, 384 / 1536 tokens."""
     args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, num_tokens=384)
-    return _create_tokenformer_vit('tokenformer_vit_s16', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(TokenFormerViT, 'tokenformer_vit_s16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def tokenformer_vit_b16(pretrained=False, **kwargs) -> TokenFormerViT:
     """TokenFormer-B/16 (Table 2, 'Ours 109M' row): d 768, 12 blocks, 12 heads, 768 / 3072 tokens."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
-    return _create_tokenformer_vit('tokenformer_vit_b16', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(TokenFormerViT, 'tokenformer_vit_b16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def tokenformer_vit_b16_matched(pretrained=False, **kwargs) -> TokenFormerViT:
     """TokenFormer-B/16† (Table 2, 86M): ViT-B/16's parameter count, 576 / 2304 tokens."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
-    return _create_tokenformer_vit('tokenformer_vit_b16_matched', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(TokenFormerViT, 'tokenformer_vit_b16_matched', pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def tokenformer_vit_l16(pretrained=False, **kwargs) -> TokenFormerViT:
     """TokenFormer-L/16 (Table 2, 407M): d 1024, 24 blocks, 16 heads, 1024 / 4096 tokens."""
     args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=1024)
-    return _create_tokenformer_vit('tokenformer_vit_l16', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(TokenFormerViT, 'tokenformer_vit_l16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
 def tokenformer_vit_l16_matched(pretrained=False, **kwargs) -> TokenFormerViT:
     """TokenFormer-L/16† (Table 2, 307M): ViT-L/16's parameter count, 768 / 3072 tokens."""
     args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=768)
-    return _create_tokenformer_vit('tokenformer_vit_l16_matched', pretrained, **dict(args, **kwargs))
+    return create_tokenformer(TokenFormerViT, 'tokenformer_vit_l16_matched', pretrained, **dict(args, **kwargs))

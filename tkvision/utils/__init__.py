@@ -5,5 +5,5 @@ from .errors import USER_ERRORS, ConfigError, RunError, UsageError, WeightsMisma
 from .files import atomic_folder, atomic_write
 from .seeding import derive_seed
 
-__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'atomic_write', 'atomic_folder',
-           'derive_seed']
+__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'atomic_write',
+           'atomic_folder', 'derive_seed']

@@ -4,7 +4,8 @@ tensor and what to do. Command-line tools print them as one line (:mod:`tkvision
 
 A leaf module: every room may import it, it imports nothing of tkvision.
 """
-__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED']
+__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'Preempted',
+           'EXIT_PREEMPTED']
 
 
 class ConfigError(ValueError):

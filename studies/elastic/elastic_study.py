@@ -1,0 +1,291 @@
+"""The elastic study (docs/elastic.md): one TokenFormer trained at nested prefixes of its parameter tokens
+against TokenFormers trained alone at those sizes, post-hoc truncation of a normally trained one, and a
+MatFormer-style ViT, on Fashion-MNIST at the quick recipe.
+
+    python -m studies.elastic.elastic_study train --seeds 0 1 2     # the runs (finished ones skipped)
+    python -m studies.elastic.elastic_study report                  # docs/elastic/*.csv and the plot
+
+``train`` runs the points in this process through tkvision's sweep
+(:func:`tkvision.experiments.sweep.run_sweep`), with the MatFormer ViT of ``matformer_vit.py`` registered.
+``report`` reads the finished runs under ``--runs`` and writes, into ``--report-dir``:
+
+- ``points.csv``: one row per (method, seed, prefix): parameters of the prefix, its validation top-1 (the
+  last epoch's: what a choice is made on) and test top-1 (evaluated once). Methods: ``elastic`` (and its
+  variants ``elastic_tau_kept``, ``elastic_random``, ``elastic_all``: their own configs), ``independent``
+  (``tokenformer_tokens_<n>``, one run per size), ``post_hoc`` (the 72-token independent run's weights
+  evaluated at each prefix, τ following k; ``post_hoc_tau_kept`` with the full layer's τ), ``matformer_vit``,
+  and ``mix_n_match`` (per-block prefixes of the elastic run chosen by MatFormer's rule of thumb,
+  :func:`tkvision.growth.elastic.mix_n_match`, under budgets between the uniform sizes).
+- ``results.csv``: per (method, prefix): parameters, training compute (forward + backward FLOPs per image
+  counted by :func:`tkvision.experiments.benchmark.train_flops_per_image`, times the images the recipe
+  trains, the elastic runs' mix of prefixes included) as a ratio to the largest TokenFormer trained alone,
+  the validation and test top-1 (mean and sample std over seeds), and the gap to the independently trained
+  twin of the same size (validation).
+- ``speed.csv``: inference img/s of each exported sub-model's architecture (:func:`extract_prefix` then
+  timm's builder: the same shapes) against the independently trained twin's, batch 256, timed interleaved.
+- ``top1_vs_params.png``: validation top-1 against parameters, one line per method.
+
+Points a rerun has not finished yet are left out (the report says how many seeds each row has).
+"""
+import argparse
+import csv
+import os
+import statistics
+import sys
+
+import torch
+
+import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tiny_patch16_224 with timm)
+from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
+from tkvision.engine.checkpoint import LAST_WEIGHTS, METRICS_FILE, model_for_checkpoint
+from tkvision.engine.config import load_config, section
+from tkvision.engine.evaluate import evaluate
+from tkvision.engine.plotting import plt
+from tkvision.engine.trainer import resolve_run_config
+from tkvision.experiments.benchmark import benchmark_models, machine_info, train_flops_per_image
+from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
+from tkvision.growth import elastic
+from tkvision.utils.files import atomic_write
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(HERE, 'configs')
+#: The prefixes every method is evaluated at (fractions of every Pattention's tokens, or of the MLPs' units).
+FRACTIONS = (0.25, 0.5, 0.75, 1.0)
+#: The independently trained twins: tokens of the Q/K/V/proj/patch Pattentions (the FFN has 4x).
+TWINS = {0.25: 'tokenformer_tokens_18', 0.5: 'tokenformer_tokens_36', 0.75: 'tokenformer_tokens_54',
+         1.0: 'tokenformer_tokens_72'}
+#: Elastic training runs: config name -> method name in the tables.
+ELASTIC = {'elastic': 'elastic', 'elastic_tau_kept': 'elastic_tau_kept', 'elastic_random': 'elastic_random',
+           'elastic_all': 'elastic_all', 'matformer_vit': 'matformer_vit'}
+POINT_COLUMNS = ['method', 'config', 'seed', 'prefix', 'params', 'top1', 'test_top1']
+
+
+def train(configs, seeds, out):
+    """Train every (config, seed) not yet finished, seed by seed (so each seed's points land together)."""
+    for seed in seeds:
+        run_sweep(configs, [seed], out)
+
+
+def _config(name: str, seed: int, runs: str) -> dict:
+    path = os.path.join(CONFIGS, f'{name}.yaml')
+    return resolve_run_config(load_config(path, {'seed': seed, 'output': point_dir(runs, path, seed)}))
+
+
+def _last_row(run_dir: str):
+    """The last epoch's metrics of a finished run (its ``result.json`` written), else None."""
+    if not os.path.isfile(os.path.join(run_dir, 'result.json')):
+        return None
+    with open(os.path.join(run_dir, METRICS_FILE)) as f:
+        return list(csv.DictReader(f))[-1]
+
+
+def elastic_points(runs: str, seeds) -> list:
+    """Rows of :data:`POINT_COLUMNS` for the elastic runs (each prefix as the run reported it) and the
+    independently trained twins."""
+    rows = []
+    for seed in seeds:
+        for fraction, name in TWINS.items():
+            last = _last_row(point_dir(runs, name, seed))
+            if last:
+                model = _model(name, seed, runs)
+                rows.append(dict(method='independent', config=name, seed=seed, prefix=fraction,
+                                 params=sum(p.numel() for p in model.parameters()), top1=float(last['top1']),
+                                 test_top1=float(last['test_top1'])))
+        for name, method in ELASTIC.items():
+            last = _last_row(point_dir(runs, name, seed))
+            if not last:
+                continue
+            model = _model(name, seed, runs)
+            for fraction in FRACTIONS:
+                key = '' if fraction == 1 else f'@{fraction:g}'
+                rows.append(dict(method=method, config=name, seed=seed, prefix=fraction,
+                                 params=elastic.prefix_parameters(model, fraction), top1=float(last[f'top1{key}']),
+                                 test_top1=float(last[f'test_top1{key}'])))
+    return rows
+
+
+def _model(name: str, seed: int, runs: str) -> torch.nn.Module:
+    """The finished run's last weights in its model (:func:`tkvision.engine.checkpoint.model_for_checkpoint`)."""
+    cfg = _config(name, seed, runs)
+    return model_for_checkpoint(cfg, os.path.join(cfg['output'], LAST_WEIGHTS))[0]
+
+
+def _evaluate_at(model, cfg: dict, prefix, tau: str) -> tuple:
+    """Validation and test top-1 of ``model`` at ``prefix`` on ``cfg``'s data."""
+    data = section(cfg, 'data')
+    train_ds = build_dataset(data, 'train', cfg['seed'])
+    out = []
+    for split in ('val', 'test'):
+        ds = build_dataset(data, split, cfg['seed'], class_to_idx=dataset_classes(train_ds))
+        loader = build_loader(ds, data, train=False, seed=cfg['seed'])
+        with elastic.prefix(model, prefix, tau):
+            out.append(evaluate(model, loader, torch.device('cpu'), BatchPreprocessor(cfg['mean'], cfg['std'],
+                                                                                      torch.device('cpu')))['top1'])
+    return tuple(out)
+
+
+def post_hoc_points(runs: str, seeds) -> list:
+    """The 72-token independent run's weights evaluated at each prefix (post-hoc truncation), τ following k
+    (``post_hoc``) and kept (``post_hoc_tau_kept``)."""
+    rows = []
+    for seed in seeds:
+        name = TWINS[1.0]
+        if not _last_row(point_dir(runs, name, seed)):
+            continue
+        cfg = _config(name, seed, runs)
+        model = _model(name, seed, runs)
+        for tau, method in (('follow', 'post_hoc'), ('kept', 'post_hoc_tau_kept')):
+            for fraction in FRACTIONS[:-1]:
+                val, test = _evaluate_at(model, cfg, fraction, tau)
+                rows.append(dict(method=method, config=name, seed=seed, prefix=fraction,
+                                 params=elastic.prefix_parameters(model, fraction), top1=val, test_top1=test))
+    return rows
+
+
+def mix_n_match_points(runs: str, seeds) -> list:
+    """Per-block prefixes of the ``elastic`` run chosen by MatFormer's rule of thumb under budgets halfway
+    between the uniform sizes; ``prefix`` holds the per-block fractions."""
+    rows = []
+    for seed in seeds:
+        if not _last_row(point_dir(runs, 'elastic', seed)):
+            continue
+        cfg = _config('elastic', seed, runs)
+        model = _model('elastic', seed, runs)
+        sizes = [elastic.prefix_parameters(model, f) for f in FRACTIONS]
+        for low, high in zip(sizes, sizes[1:]):
+            chosen = elastic.mix_n_match(model, FRACTIONS, (low + high) // 2)
+            val, test = _evaluate_at(model, cfg, chosen, cfg['elastic_tau'])
+            rows.append(dict(method='mix_n_match', config='elastic', seed=seed,
+                             prefix=' '.join(f'{f:g}' for f in chosen),
+                             params=elastic.prefix_parameters(model, chosen), top1=val, test_top1=test))
+    return rows
+
+
+def training_compute(name: str, seed: int, runs: str) -> float:
+    """Training FLOPs of one run of config ``name`` (counted forward + backward per image, times the
+    training images and epochs), with an elastic run's expected mix of prefixes per step."""
+    cfg = _config(name, seed, runs)
+    images = dataset_size(build_dataset(section(cfg, 'data'), 'train', cfg['seed'])) * cfg['epochs']
+    fractions = sorted(set(cfg['elastic_fractions']), reverse=True)
+    if not fractions:
+        return train_flops_per_image(cfg) * images
+    flops = {f: train_flops_per_image(cfg, None if f == 1 else f) for f in fractions}
+    per_step = {'all': sum(flops.values()), 'random': statistics.mean(flops.values()),
+                'largest_plus_random': flops[fractions[0]] + statistics.mean(flops[f] for f in fractions[1:])}
+    return per_step[cfg['elastic_sampling']] * images
+
+
+def summarize(points: list, compute: dict) -> list:
+    """``results.csv`` rows: per (method, prefix) the mean and std over seeds, the compute ratio and the
+    validation gap to the independent twin of the same prefix."""
+    reference = compute.get(TWINS[1.0])
+    twin = {r['prefix']: r['top1_mean'] for r in _means(points) if r['method'] == 'independent'}
+    out = []
+    for row in _means(points):
+        config = row['config']
+        row['compute_vs_largest'] = round(compute[config] / reference, 3) if reference and config in compute else None
+        if row['method'] == 'independent':
+            row['compute_vs_largest'] = round(sum(compute.get(c, 0) for c in TWINS.values()) / reference, 3) \
+                if row['prefix'] == 1.0 and reference and all(c in compute for c in TWINS.values()) else \
+                row['compute_vs_largest']
+        gap = twin.get(row['prefix'])
+        row['gap_to_twin'] = None if gap is None or isinstance(row['prefix'], str) else round(row['top1_mean'] - gap, 2)
+        out.append(row)
+    return out
+
+
+def _means(points: list) -> list:
+    keys = list(dict.fromkeys((p['method'], p['config'], p['prefix']) for p in points))
+    rows = []
+    for method, config, prefix in keys:
+        group = [p for p in points if (p['method'], p['config'], p['prefix']) == (method, config, prefix)]
+        top1, test = mean_std([p['top1'] for p in group], 2), mean_std([p['test_top1'] for p in group], 2)
+        rows.append(dict(method=method, config=config, prefix=prefix, seeds=len(group),
+                         params=round(statistics.mean(p['params'] for p in group)), top1_mean=top1[0],
+                         top1_std=top1[1], test_top1_mean=test[0], test_top1_std=test[1]))
+    return rows
+
+
+def speed_rows(runs: str, seed: int, batch_size: int = 256, repeats: int = 5) -> list:
+    """Inference img/s of the exported sub-models' architectures (the ``elastic`` run's uniform prefixes
+    and its Mix'n'Match choices) against the independently trained twins', timed interleaved in one run."""
+    cfg = _config('elastic', seed, runs)
+    model = _model('elastic', seed, runs)
+    base = cfg['model'] + ''.join(f'@{k}={v}' for k, v in cfg['model_kwargs'].items() if not k.startswith('num_'))
+    specs = {}
+    for fraction in FRACTIONS:
+        sub = elastic.extract_prefix(model, fraction)
+        spec = base + ''.join(f'@{k}={v}' for k, v in elastic.prefix_model_kwargs(sub).items())
+        specs[spec] = dict(prefix=fraction, twin=TWINS[fraction])
+    torch.set_num_threads(cfg['threads'] or torch.get_num_threads())
+    rows = benchmark_models(list(specs), modes=('infer',), batch_size=batch_size, repeats=repeats, memory=False,
+                            reference=list(specs)[-1])
+    return [dict(prefix=specs[r['model']]['prefix'], model=r['model'], img_per_s=round(r['img_per_s']),
+                 vs_whole_model=round(r['ratio'], 3), machine=machine_info(torch.device('cpu'))) for r in rows]
+
+
+def plot(results: list, path: str):
+    """Validation top-1 against parameters, one line per method (mean ± std over seeds)."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for method in dict.fromkeys(r['method'] for r in results):
+        rows = sorted((r for r in results if r['method'] == method), key=lambda r: r['params'])
+        ax.errorbar([r['params'] / 1e3 for r in rows], [r['top1_mean'] for r in rows],
+                    yerr=[r['top1_std'] or 0 for r in rows], marker='o', capsize=3, label=method,
+                    linestyle='none' if method == 'mix_n_match' else '-')
+    ax.set(xlabel='parameters (thousands)', ylabel='validation top-1 (%)',
+           title='Fashion-MNIST, quick recipe: one elastic model against separate ones')
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _write_csv(rows: list, path: str, columns=None):
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=columns or list(rows[0]), extrasaction='ignore')
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write(path, write, text=True)
+
+
+def report(runs: str, seeds, out: str, speed: bool = True) -> list:
+    """Write the report files of the module docstring into ``out``; returns the ``results.csv`` rows."""
+    os.makedirs(out, exist_ok=True)
+    points = elastic_points(runs, seeds) + post_hoc_points(runs, seeds) + mix_n_match_points(runs, seeds)
+    _write_csv(points, os.path.join(out, 'points.csv'), POINT_COLUMNS)
+    finished = {p['config'] for p in points}
+    seed = min(p['seed'] for p in points)
+    compute = {name: training_compute(name, seed, runs) for name in finished}
+    results = summarize(points, compute)
+    _write_csv(results, os.path.join(out, 'results.csv'))
+    plot(results, os.path.join(out, 'top1_vs_params.png'))
+    if speed and 'elastic' in finished:
+        _write_csv(speed_rows(runs, seed), os.path.join(out, 'speed.csv'))
+    return results
+
+
+def main(argv=None) -> int:
+    """``python -m studies.elastic.elastic_study {train,report}``; see ``--help``."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest='command', required=True)
+    t = sub.add_parser('train', help='train the points not yet finished')
+    t.add_argument('--configs', nargs='+', default=[os.path.join(CONFIGS, '*.yaml')])
+    t.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
+    t.add_argument('--out', default='runs/elastic')
+    r = sub.add_parser('report', help='write docs/elastic/ from the finished runs')
+    r.add_argument('--runs', default='runs/elastic')
+    r.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
+    r.add_argument('--report-dir', default='docs/elastic')
+    r.add_argument('--no-speed', action='store_true', help='skip timing the exported sub-models')
+    args = parser.parse_args(argv)
+    if args.command == 'train':
+        train(expand_configs(args.configs), args.seeds, args.out)
+    else:
+        for row in report(args.runs, args.seeds, args.report_dir, speed=not args.no_speed):
+            print(row)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""The input pipeline, measured: JPEG decoders, augmentation libraries, folder vs shards, workers.
+
+``tools/benchmark.py --parts data`` runs :func:`benchmark_data`. Images are real: Fashion-MNIST
+images upscaled to 500 x 375 (ImageNet's typical size) and written as JPEGs (quality 90) in an
+ImageNet-layout folder and as WebDataset shards of it, unless ``root`` names a folder of your own.
+The augmentation is the ImageNet recipe's (``configs/imagenet/_base_mae_supervised.yaml``:
+RandomResizedCrop 224 bicubic, flip, RandAugment m9-mstd0.5); workers hand uint8 batches over.
+"""
+import io
+import os
+import tempfile
+import time
+
+import numpy as np
+import torch
+from PIL import Image
+from timm.data import create_transform
+
+from tkvision.data import build_dataset, build_loader, build_transform, load_fashion_mnist, set_loader_epoch
+from tkvision.data.shards import make_shards
+from tkvision.engine.config import load_config, section
+from tkvision.engine.trainer import resolve_run_config
+
+__all__ = ['benchmark_data', 'make_jpeg_folder']
+
+_RECIPE = 'configs/imagenet/_base_mae_supervised.yaml'
+
+
+def make_jpeg_folder(root: str, n_images: int = 256, classes: int = 4, size=(500, 375)) -> str:
+    """``root/{train,val}/<class>/*.JPEG``: Fashion-MNIST images upscaled to ``size`` (quality 90)."""
+    images, labels = load_fashion_mnist('train')
+    for split, n in (('train', n_images), ('val', classes)):
+        for c in range(classes):
+            os.makedirs(os.path.join(root, split, f'n{c:08d}'), exist_ok=True)
+        for i in range(n):
+            c = int(labels[i]) % classes
+            img = Image.fromarray(images[i]).convert('RGB').resize(size, Image.BICUBIC)
+            img.save(os.path.join(root, split, f'n{c:08d}', f'{split}_{i}.JPEG'), quality=90)
+    return root
+
+
+def _rate(fn, items, repeats):
+    best = float('inf')
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for item in items:
+            fn(item)
+        best = min(best, time.perf_counter() - t0)
+    return len(items) / best
+
+
+def _decoders():
+    import torchvision.io
+    out = {'PIL (Image.open + convert RGB)': lambda b: np.asarray(Image.open(io.BytesIO(b)).convert('RGB')),
+           'torchvision.io.decode_jpeg': lambda b: torchvision.io.decode_jpeg(
+               torch.frombuffer(bytearray(b), dtype=torch.uint8), mode=torchvision.io.ImageReadMode.RGB)}
+    try:
+        import simplejpeg
+        out['simplejpeg.decode_jpeg'] = lambda b: simplejpeg.decode_jpeg(b, colorspace='RGB')
+    except ImportError:
+        pass
+    return out
+
+
+def _loader_rate(cfg, workers, batches, dataset):
+    data = section(dict(cfg, num_workers=workers, dataset=dataset), 'data')
+    loader = build_loader(build_dataset(data, 'train', cfg['seed']), data, train=True, seed=cfg['seed'])
+    set_loader_epoch(loader, 0)
+    it = iter(loader)
+    for _ in range(max(workers, 1)):  # every worker started and through its first batch
+        next(it)
+    t0, n = time.perf_counter(), 0
+    for _, (images, _, _) in zip(range(batches - max(workers, 1)), it):
+        n += len(images)
+    rate = n / (time.perf_counter() - t0)
+    del it, loader
+    return rate
+
+
+def benchmark_data(root=None, n_images=256, workers=(1, 2), batch_size=32, repeats=3, log=print) -> dict:
+    """Three tables: ``decode`` (JPEG decoders, one thread), ``augment`` (albumentations vs timm's
+    ``create_transform`` on decoded images, one thread), ``loader`` (decode + augmentation + collation
+    through the DataLoader from a folder and from shards, for each worker count: img/s in all and
+    per worker). Returns ``{table: rows}``.
+    """
+    torch.set_num_threads(1)
+    tmp = None
+    if root is None:
+        tmp = tempfile.mkdtemp(prefix='tkvision-data-bench-')
+        root = make_jpeg_folder(os.path.join(tmp, 'jpeg'), n_images)
+    shards = os.path.join(tmp or tempfile.mkdtemp(), 'shards')
+    make_shards(root, shards, max_count=max(n_images // 8, 1), progress=False)
+    files = []
+    for d, _, names in os.walk(os.path.join(root, 'train')):
+        files += [os.path.join(d, f) for f in sorted(names)]
+    blobs = [open(f, 'rb').read() for f in files[:n_images]]
+    tables = dict(decode=[], augment=[], loader=[])
+    for name, fn in _decoders().items():  # (tkvision.data.decode_image takes the simplejpeg path when installed)
+        rate = _rate(fn, blobs, repeats)
+        tables['decode'].append(dict(decoder=name, img_per_s=rate))
+        log(f'decode  {name:34s} {rate:8.1f} img/s')
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = resolve_run_config(load_config(os.path.join(repo, _RECIPE),
+                                         dict(data_dir=root, batch_size=batch_size, model='tokenformer_vit_b16')))
+    arrays = [np.asarray(Image.open(io.BytesIO(b)).convert('RGB')) for b in blobs]
+    ours = build_transform(section(cfg, 'data'), train=True, seed=cfg['seed'])
+    # mmax9: timm's own pipeline otherwise hits its Posterize-0-bits crash with Pillow >= 11 (tkvision.data)
+    theirs = create_transform(224, is_training=True, auto_augment='rand-m9-mstd0.5-inc1-mmax9', interpolation='bicubic')
+    pil = [Image.fromarray(a) for a in arrays]
+    for name, fn, items in (('albumentations + timm RandAugment (tkvision)', lambda a: ours(image=a)['image'], arrays),
+                            ('timm create_transform (torchvision ops)', theirs, pil)):
+        rate = _rate(fn, items, repeats)
+        tables['augment'].append(dict(pipeline=name, img_per_s=rate))
+        log(f'augment {name:46s} {rate:8.1f} img/s')
+    batches = n_images // batch_size
+    for dataset, data_dir in (('folder', root), ('wds/bench', shards)):
+        for w in workers:
+            rate = _loader_rate(dict(cfg, data_dir=data_dir), w, batches, dataset)
+            tables['loader'].append(dict(source=dataset.split('/')[0], workers=w, img_per_s=rate,
+                                         img_per_s_per_worker=rate / w))
+            log(f'loader  {dataset:10s} {w} worker(s) {rate:8.1f} img/s ({rate / w:.1f} per worker)')
+    return tables

@@ -1,0 +1,49 @@
+"""The documentation site: built strict by MkDocs (a warning or a broken link fails), and read in a real
+browser (Debian's headless Chromium): the home page and an API reference page render with their titles and
+``Pattention`` in the page. Screenshots are kept in ``build/test-artifacts/``."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from .helpers import ROOT
+
+CHROMIUM = '/usr/bin/chromium'
+#: Chromium as root, headless, without the background connections a closed network refuses.
+FLAGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+         '--disable-background-networking', '--disable-component-update', '--disable-sync']
+ARTIFACTS = os.path.join(ROOT, 'build', 'test-artifacts')
+
+
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+    out = tmp_path_factory.mktemp('site')
+    res = subprocess.run([sys.executable, '-m', 'mkdocs', 'build', '--strict', '--site-dir', str(out)], cwd=ROOT,
+                         capture_output=True, text=True, env=dict(os.environ, NO_MKDOCS_2_WARNING='1'))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return out
+
+
+def _browse(page: str, profile, screenshot: str = None) -> str:
+    """The DOM Chromium renders for ``page`` (and a screenshot of it)."""
+    if not os.path.exists(CHROMIUM):
+        pytest.fail(f'{CHROMIUM} is missing: make test installs Debian\'s chromium package')
+    url = f'file://{page}'
+    dom = subprocess.run([CHROMIUM, *FLAGS, f'--user-data-dir={profile}', '--dump-dom', url], capture_output=True,
+                         text=True, timeout=120)
+    if screenshot:
+        os.makedirs(ARTIFACTS, exist_ok=True)
+        subprocess.run([CHROMIUM, *FLAGS, f'--user-data-dir={profile}', '--window-size=1280,1600',
+                        f'--screenshot={os.path.join(ARTIFACTS, screenshot)}', url], capture_output=True, timeout=120)
+        assert os.path.getsize(os.path.join(ARTIFACTS, screenshot)) > 10_000  # a rendered page, not a blank
+    return dom.stdout
+
+
+@pytest.mark.slow
+def test_the_site_builds_strict_and_its_pages_render_in_a_browser(site, tmp_path):
+    home = _browse(site / 'index.html', tmp_path / 'profile', 'docs_home.png')
+    assert '<title>tkvision</title>' in home and 'Pattention' in home and 'How good' in home
+    api = _browse(site / 'reference' / 'api' / 'index.html', tmp_path / 'profile', 'docs_api.png')
+    assert '<title>Python API - tkvision</title>' in api and 'Pattention' in api
+    assert 'backward_mode' in api and 'prefix_tokens' in api  # from the docstrings

@@ -1,0 +1,171 @@
+"""Elastic TokenFormers (``tkvision/growth/elastic.py``, docs/elastic.md): one model run at any prefix of its
+parameter tokens, trained at nested prefixes, exported at a prefix, grown with its prefixes kept."""
+import itertools
+import math
+
+import pytest
+import timm
+import torch
+
+from tkvision import growth
+from tkvision.engine import trainer as train_mod
+from tkvision.engine.config import ConfigError
+from tkvision.growth import elastic
+from tkvision.layers import Pattention
+
+from .helpers import assert_same_training_state, fmnist_cfg, train_crash_resume
+
+KW = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=24, depth=3, num_heads=3, num_tokens=16, num_classes=10)
+NAFLEX = dict(img_size=32, patch_size=8, embed_dim=24, depth=3, num_heads=3, num_tokens=16, num_classes=10)
+
+
+def _reference(x, keys, values, tau):
+    """Eq. 4-5 in float64: GELU(x Kᵀ · τ / ‖x Kᵀ‖₂) V."""
+    a = x.double() @ keys.double().t()
+    z = a * (tau / a.norm(dim=-1, keepdim=True))
+    return torch.nn.functional.gelu(z) @ values.double()
+
+
+@pytest.mark.parametrize('tau_rule', elastic.PREFIX_TAU)
+def test_a_prefix_is_eq5_over_the_first_k_tokens_in_float64(tau_rule):
+    """A layer at a prefix of k tokens computes Θ(X K[:k]ᵀ) V[:k] with τ = √k (``follow``, Eq. 5's n = k)
+    or the full layer's √n (``kept``), against float64 math; its gradient reaches only the first k rows."""
+    torch.manual_seed(0)
+    layer = Pattention(12, 10, 20, key_std=0.5, value_std=0.5).double()
+    x = torch.randn(3, 5, 12, dtype=torch.float64)
+    model = torch.nn.Sequential(layer)
+    layer.kind = 'qkv'
+    with elastic.prefix(model, 0.25, tau_rule) as counts:
+        assert counts == {'0': 5}
+        out = layer(x)
+    tau = layer.tau.item() * (math.sqrt(5 / 20) if tau_rule == 'follow' else 1)  # the stored τ is √20 in float32
+    assert tau == pytest.approx(math.sqrt(5) if tau_rule == 'follow' else math.sqrt(20), rel=1e-7)
+    torch.testing.assert_close(out, _reference(x, layer.key_param_tokens[:5], layer.value_param_tokens[:5], tau),
+                               rtol=1e-10, atol=1e-12)
+    out.sum().backward()
+    assert layer.key_param_tokens.grad[5:].abs().max() == 0 and layer.key_param_tokens.grad[:5].abs().max() > 0
+    assert layer.prefix_tokens is None  # restored after the block
+    torch.testing.assert_close(layer(x), _reference(x, layer.key_param_tokens, layer.value_param_tokens,
+                                                    layer.tau.item()), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize('family, kwargs', [('tokenformer_vit_ti16', KW), ('naflexvit_tokenformer_ti16', NAFLEX)])
+@pytest.mark.parametrize('prefix', [0.25, [0.25, 0.5, 1.0], {'blocks.1.ffn': 7}])
+def test_an_extracted_prefix_is_the_model_timm_builds_with_its_counts_and_gives_the_same_logits(family, kwargs, prefix):
+    """``extract_prefix``: a standalone model of the smaller shape; ``timm.create_model`` with the matching
+    ``num_tokens_*`` (a list per block where blocks differ) loads its state dict strictly and gives the
+    logits of the prefix run in place; its parameters are what ``prefix_parameters`` counts."""
+    torch.manual_seed(0)
+    model = timm.create_model(family, **kwargs).eval()
+    x = torch.randn(2, kwargs.get('in_chans', 3), kwargs['img_size'], kwargs['img_size'])
+    with torch.no_grad(), elastic.prefix(model, prefix):
+        expected = model(x)
+    sub = elastic.extract_prefix(model, prefix)
+    built = timm.create_model(family, **{**kwargs, **elastic.prefix_model_kwargs(sub)}).eval()
+    built.load_state_dict(sub.state_dict(), strict=True)
+    with torch.no_grad():
+        torch.testing.assert_close(built(x), expected, rtol=1e-5, atol=1e-6)
+    assert sum(p.numel() for p in built.parameters()) == elastic.prefix_parameters(model, prefix)
+    assert elastic.prefix_model_kwargs(model)['num_tokens_qkv'] == 16  # the source model is unchanged
+
+
+def test_growing_an_elastic_model_keeps_every_prefix_function():
+    """New tokens come last and τ is kept: after growth, every prefix of the old sizes (τ following k or
+    kept) gives the outputs it gave before; growth with zero keys keeps the whole model's too."""
+    torch.manual_seed(0)
+    model = timm.create_model('tokenformer_vit_ti16', **KW).eval()
+    x = torch.randn(2, 1, 28, 28)
+    counts = {rule: [elastic.prefix_counts(model, f) for f in (0.25, 0.5, [0.25, 0.5, 1.0])] for rule in elastic.PREFIX_TAU}
+    with torch.no_grad():
+        before = {rule: [_at(model, c, rule, x) for c in counts[rule]] for rule in elastic.PREFIX_TAU}
+        whole = model(x)
+        growth.grow(model, patch=4, qkv=8, proj=8, ffn=16)
+        for rule in elastic.PREFIX_TAU:
+            for c, out in zip(counts[rule], before[rule]):
+                torch.testing.assert_close(_at(model, c, rule, x), out, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(model(x), whole, rtol=1e-5, atol=1e-6)
+
+
+def _at(model, counts, rule, x):
+    with elastic.prefix(model, counts, rule):
+        return model(x)
+
+
+def test_bad_prefixes_are_refused_by_name():
+    model = timm.create_model('tokenformer_vit_ti16', **KW)
+    with pytest.raises(ValueError, match=r'prefix must be a fraction in \(0, 1\], got 1.5'):
+        elastic.set_prefix(model, 1.5)
+    with pytest.raises(ValueError, match=r'one fraction per block \(3\), got 2'):
+        elastic.set_prefix(model, [0.5, 1.0])
+    with pytest.raises(ValueError, match="no elastic layer 'blocks.9.ffn'"):
+        elastic.set_prefix(model, {'blocks.9.ffn': 3})
+    with pytest.raises(ValueError, match='blocks.0.ffn: a prefix of 65 tokens; the layer has 64'):
+        elastic.set_prefix(model, {'blocks.0.ffn': 65})
+    with pytest.raises(ValueError, match="unknown prefix tau 'half'"):
+        elastic.set_prefix(model, 0.5, 'half')
+    assert all(layer.prefix_tokens is None for layer in elastic.elastic_layers(model).values())  # nothing changed
+
+
+def test_step_fractions_follow_the_sampling_rule():
+    """'all': every fraction, largest first; 'random': one, uniformly; 'largest_plus_random': the largest and
+    one other, uniformly (counted over 4,000 draws against 1/k each)."""
+    fractions = [0.25, 0.5, 0.75, 1.0]
+    g = torch.Generator().manual_seed(0)
+    assert elastic.step_fractions(fractions, 'all', g) == [1.0, 0.75, 0.5, 0.25]
+    draws = [tuple(elastic.step_fractions(fractions, 'largest_plus_random', g)) for _ in range(3000)]
+    assert {d[0] for d in draws} == {1.0} and all(len(d) == 2 for d in draws)
+    for f in (0.25, 0.5, 0.75):
+        assert abs(sum(d[1] == f for d in draws) / 3000 - 1 / 3) < 0.03
+    ones = [elastic.step_fractions(fractions, 'random', g) for _ in range(4000)]
+    for f in fractions:
+        assert abs(sum(o == [f] for o in ones) / 4000 - 1 / 4) < 0.03
+    with pytest.raises(ValueError, match="unknown elastic_sampling 'some'"):
+        elastic.step_fractions(fractions, 'some', g)
+
+
+def test_mix_n_match_takes_the_largest_flattest_monotone_prefix_within_the_budget():
+    """MatFormer's rule of thumb against a brute force over every per-block prefix: the chosen one never
+    decreases with depth, fits the budget, and no monotone prefix within it has more parameters."""
+    model = timm.create_model('tokenformer_vit_ti16', **KW)
+    fractions = [0.25, 0.5, 1.0]
+    budget = (elastic.prefix_parameters(model, 0.5) + elastic.prefix_parameters(model, 1.0)) // 2
+    chosen = elastic.mix_n_match(model, fractions, budget)
+    assert chosen == sorted(chosen) and elastic.prefix_parameters(model, chosen) <= budget
+    every = [list(p) for p in itertools.product(fractions, repeat=3) if list(p) == sorted(p)]
+    best = max(elastic.prefix_parameters(model, p) for p in every if elastic.prefix_parameters(model, p) <= budget)
+    assert elastic.prefix_parameters(model, chosen) == best
+    assert len(elastic.monotone_prefixes(3, fractions)) == math.comb(3 + 3 - 1, 3 - 1)
+    with pytest.raises(ValueError, match='no prefix fits 10 parameters'):
+        elastic.mix_n_match(model, fractions, 10)
+
+
+def test_elastic_training_reports_every_prefix_and_resumes_bit_identically(tmp_path, monkeypatch):
+    """Nested training (the largest prefix and one drawn per step): validation reports each fraction every
+    epoch and the test split once; a run that crashes after its first checkpoint and resumes ends with the
+    weights, optimizer and EMA of the uninterrupted one (the draws come from their own seeded stream)."""
+    keys = dict(elastic_fractions=[0.25, 0.5, 1.0], epochs=2, model_ema=True, checkpoint_every_steps=5)
+    full = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'full'), **keys))
+    last = full['history'][-1]
+    assert {'top1@0.25', 'top1@0.5', 'test_top1@0.25', 'test_top1@0.5'} <= set(last)
+    assert all(0 <= float(last[k]) <= 100 for k in ('top1@0.25', 'test_top1@0.5'))
+    train_crash_resume(monkeypatch, fmnist_cfg(tmp_path, output=str(tmp_path / 'crashed'), **keys), saves=2)
+    assert_same_training_state(tmp_path / 'full' / 'last.pth', tmp_path / 'crashed' / 'last.pth')
+
+
+def test_elastic_training_after_growth_trains_the_grown_models_prefixes(tmp_path):
+    """Growth and nested training together: the fractions are of the grown counts after the step, so
+    continued nested training makes the larger model elastic (each prefix reported after growth)."""
+    g = dict(every_epochs=1, add_tokens=dict(qkv=8, proj=8, ffn=16))
+    run = train_mod.train(fmnist_cfg(tmp_path, epochs=2, growth=g, elastic_fractions=[0.5, 1.0]))
+    assert growth.token_counts(run['model']) == dict(patch=16, qkv=24, proj=24, ffn=80)
+    assert [('top1@0.5' in r) for r in run['history']] == [True, True]
+
+
+def test_elastic_keys_are_checked_before_any_work(tmp_path):
+    with pytest.raises(ConfigError, match=r'elastic_fractions must be a list of fractions in \(0, 1\]'):
+        train_mod.train(fmnist_cfg(tmp_path, elastic_fractions=[0.5, 2]))
+    with pytest.raises(ConfigError, match="elastic_sampling must be one of 'all', 'random', 'largest_plus_random'"):
+        train_mod.train(fmnist_cfg(tmp_path, elastic_fractions=[0.5], elastic_sampling='every'))
+    vit = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2)
+    with pytest.raises(ConfigError, match='elastic_fractions needs a model with parameter tokens'):
+        train_mod.train(fmnist_cfg(tmp_path, model='vit_tiny_patch16_224', model_kwargs=vit, elastic_fractions=[0.5]))

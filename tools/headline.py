@@ -1,0 +1,142 @@
+#!/usr/bin/env python
+"""The README's "how good" table, ``docs/headline.csv``, derived from the results files of the results pages;
+``--check`` fails when the file differs from what they give (``tests/test_docs.py``).
+
+``python tools/headline.py`` rewrites it. Each row: the question, the TokenFormer's figure, the ViT's, their
+difference or ratio, and the results file it comes from. Growth's exactness is measured here, on the current
+code: a TokenFormer grown with zero keys, against itself before growth (float32, eval).
+"""
+import argparse
+import csv
+import io
+import json
+import os
+import statistics
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLUMNS = ['question', 'tokenformer', 'vit', 'difference', 'source']
+
+
+def _rows(path: str) -> list:
+    with open(os.path.join(ROOT, path)) as f:
+        return list(csv.DictReader(f))
+
+
+def _pm(mean, std) -> str:
+    return f'{float(mean):.2f}' + ('' if std in ('', None) else f' ± {float(std):.2f}')
+
+
+def _comparison() -> list:
+    short = {r['config']: r for r in _rows('docs/comparison/results.csv')}
+    t, v = short['tokenformer_equal_params'], short['vit_equal_width']
+    rows = [dict(question=f"Fashion-MNIST, quick recipe ({t['epochs']} epochs), equal parameters and compute: "
+                          f"test top-1 %, {t['seeds']} seeds",
+                 tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']), vit=_pm(v['test_top1_mean'],
+                                                                                   v['test_top1_std']),
+                 difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
+                 source='docs/comparison/results.csv')]
+    long = {r['config']: r for r in _rows('docs/comparison/long/results.csv')}
+    t, v = long['tokenformer_token_lr_quarter'], long['vit_equal_width']
+    rows.append(dict(question=f"Long recipe (75 epochs), equal parameters, the recipe chosen on validation: "
+                              f"test top-1 %, {t['seeds']} seeds",
+                     tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
+                     vit=_pm(v['test_top1_mean'], v['test_top1_std']),
+                     difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
+                     source='docs/comparison/long/results.csv'))
+    points = _rows('docs/comparison/long/points.csv')
+    tokenformers = [p for p in points if not p['config'].startswith('vit')]
+    best = max(tokenformers, key=lambda p: float(p['top1']))
+    vit_best = max((p for p in points if p['config'] == 'vit_equal_width'), key=lambda p: float(p['top1']))
+    rows.append(dict(question=f"Long recipe, the best run of {len(tokenformers)} TokenFormer runs against the ViT's "
+                              f"best of 3, both chosen on validation: test top-1 % (minutes)",
+                     tokenformer=f"{float(best['test_top1']):.2f} ({float(best['minutes']):.0f} min)",
+                     vit=f"{float(vit_best['test_top1']):.2f} ({float(vit_best['minutes']):.0f} min)",
+                     difference=f"{float(best['test_top1']) - float(vit_best['test_top1']):+.2f}",
+                     source='docs/comparison/long/points.csv'))
+    return rows
+
+
+def _gpu() -> dict:
+    with open(os.path.join(ROOT, 'docs/bench/gpu_h200_2026-11-27.json')) as f:
+        report = json.load(f)
+    rows = {(r['model'], r['compiled']): r for r in report['parts']['throughput'] if r['mode'] == 'train'}
+    compiled, eager = rows[('tokenformer_vit_b16_matched', 'compiled')], rows[('tokenformer_vit_b16_matched', 'eager')]
+    vit = rows[('vit_base_patch16_224', 'compiled')]
+    return dict(question=f"Training step on one {report['info']['card']} (bf16, compiled; B/16† against ViT-B): "
+                         'img/s (eager ratio)',
+                tokenformer=f"{compiled['img_per_s']:.0f}", vit=f"{vit['img_per_s']:.0f}",
+                difference=f"{compiled['ratio']:.3f}x ({eager['ratio']:.2f}x eager)",
+                source='docs/bench/gpu_h200_2026-11-27.json')
+
+
+def _growth() -> dict:
+    import timm
+    import torch
+
+    import tkvision
+    torch.manual_seed(0)
+    model = timm.create_model('tokenformer_vit_ti16', img_size=32, patch_size=8, embed_dim=64, depth=2,
+                              num_heads=2, num_tokens=32, num_classes=10).eval()
+    x = torch.randn(8, 3, 32, 32)
+    with torch.no_grad():
+        before = model(x)
+        tkvision.grow(model, patch=16, qkv=32, proj=32, ffn=128)
+        after = model(x)
+    error = (after - before).abs().max().item()
+    return dict(question='Growth by zero-key parameter tokens (32 to 64 tokens, FFN 128 to 256): largest change of '
+                         'a logit, float32', tokenformer=f'{error:.1e}' if error else '0 (exact)', vit='–',
+                difference='–', source='tools/headline.py (measured on the current code)')
+
+
+def _elastic() -> list:
+    path = 'docs/elastic/results.csv'
+    if not os.path.exists(os.path.join(ROOT, path)):
+        return []
+    rows = {(r['method'], r['prefix']): r for r in _rows(path)}
+    gaps = [float(r['gap_to_twin']) for (method, prefix), r in rows.items()
+            if method == 'elastic' and r['gap_to_twin'] not in ('', None)]
+    if not gaps:
+        return []
+    whole = rows.get(('elastic', '1.0'))
+    difference = f'{statistics.mean(gaps):+.2f} mean'
+    if whole and whole['compute_vs_largest']:
+        difference += f"; training compute {float(whole['compute_vs_largest']):.2f}x the largest alone"
+    return [dict(question='One elastic TokenFormer at 1/4, 1/2, 3/4 and all of its tokens against 4 trained alone: '
+                          'validation top-1 gap, points (worst prefix)',
+                 tokenformer=f"{min(gaps):+.2f}", vit='–', difference=difference, source=path)]
+
+
+def headline_rows() -> list:
+    """Every row of ``docs/headline.csv``, in order."""
+    return _comparison() + [_gpu(), _growth()] + _elastic()
+
+
+def render(rows: list) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=COLUMNS, lineterminator='\n')
+    writer.writeheader()
+    writer.writerows(rows)
+    return out.getvalue()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--check', action='store_true', help='write nothing; exit 1 if docs/headline.csv is stale')
+    args = ap.parse_args(argv)
+    path = os.path.join(ROOT, 'docs', 'headline.csv')
+    text = render(headline_rows())
+    current = open(path).read() if os.path.exists(path) else None
+    if current == text:
+        return 0
+    if args.check:
+        print('docs/headline.csv: stale: run python tools/headline.py', file=sys.stderr)
+        return 1
+    with open(path, 'w') as f:
+        f.write(text)
+    print('docs/headline.csv: updated')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
