@@ -302,3 +302,27 @@ def test_two_ranks_under_torchrun_read_the_naflex_loader_and_resume_exactly(tmp_
     # each rank its half: one process makes 14 updates of these 768 images an epoch (tools/train.py, same flags)
     assert '768 train / 128 val images, 2 process(es) on cpu, global batch 64, 7 updates/epoch' in log, log
     assert state['epochs_done'] == 1
+
+
+def test_bad_naflex_inputs_are_refused_naming_the_shapes():
+    """An empty sequence, tensors of a patch dictionary that disagree in shape (a ``patch_coord`` shorter than
+    ``patches``, which timm's NaFlexViT accepts), patches without coordinates, a dictionary without patches and
+    an image whose size is not a multiple of the patch size: each a ValueError naming the shapes."""
+    m = timm.create_model('naflexvit_tokenformer_ti16', depth=1, embed_dim=24, num_heads=3, num_tokens=8, img_size=28,
+                          patch_size=7, in_chans=1, num_classes=10).eval()
+    p = 7 * 7
+    coord, valid = torch.zeros(2, 4, 2, dtype=torch.long), torch.ones(2, 4, dtype=torch.bool)
+    cases = [
+        (dict(patches=torch.randn(2, 0, p), patch_coord=coord[:, :0], patch_valid=valid[:, :0]), 'empty sequence'),
+        (dict(patches=torch.randn(2, 4, p), patch_coord=coord[:, :3], patch_valid=valid),
+         r'patch_coord has shape \(2, 3, 2\); patches \(2, 4, 49\) need patch_coord of shape \(2, 4, 2\)'),
+        (dict(patches=torch.randn(2, 4, p), patch_coord=coord, patch_valid=valid[:1]), 'patch_valid has shape'),
+        (dict(image=torch.randn(2, 1, 28, 28)), "needs 'patches'"),
+        (torch.randn(2, 4, p), "patches without 'patch_coord'"),
+        (torch.randn(2, 1, 30, 30), 'a 30 x 30 image is not a multiple of the patch size 7'),
+        (torch.randn(2, 3, 28, 28), 'the images have 3 channels; the model takes 1'),
+    ]
+    for x, words in cases:
+        with pytest.raises(ValueError, match=words):
+            m(x)
+    assert m(dict(patches=torch.randn(2, 4, p), patch_coord=coord, patch_valid=valid)).shape == (2, 10)

@@ -110,6 +110,10 @@ def _render_block(spec: str, where: str) -> str:
         return render(spec)
     except FileNotFoundError as e:
         raise SpecError(f'{where}: results file {e.filename} not found (table spec: {spec})') from None
+    except (ValueError, csv.Error) as e:  # a results file that does not parse (truncated JSON, a broken CSV)
+        source = spec.split(' | ')[0].split('?')[0].split('#')[0]
+        raise SpecError(f'{where}: results file {source} is not readable: {" ".join(str(e).split())}; regenerate it '
+                        'with the command that wrote it') from None
     except KeyError as e:
         source = spec.split(' | ')[0]
         try:
@@ -179,4 +183,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    from tkvision.cli import run_cli  # the rule every command shares: a user error is one line, exit 2
+    sys.exit(run_cli(main))

@@ -137,4 +137,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    from tkvision.cli import run_cli  # the rule every command shares: a user error is one line, exit 2
+    sys.exit(run_cli(main))

@@ -53,6 +53,7 @@ from tkvision.engine.config import load_config, section
 from tkvision.engine.trainer import resolve_run_config, train
 from tkvision.experiments.benchmark import machine_info
 from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
+from tkvision.utils.errors import UsageError
 from tkvision.utils.files import atomic_write
 
 __all__ = ['run_comparison', 'collect_points', 'config_changes_from', 'time_configs', 'speed_rows', 'write_speed',
@@ -73,9 +74,25 @@ def points_from_records(records: list) -> list:
 
 
 def read_points(path: str) -> list:
-    """The rows of a stored ``points.csv``, figures as floats and seeds as ints."""
+    """The rows of a stored ``points.csv``, figures as floats and seeds as ints.
+
+    Raises:
+        UsageError: a file without :data:`POINT_COLUMNS`, or a row whose figure is not a number (file and row
+            named).
+    """
     with open(path) as f:
-        return [dict(r, seed=int(r['seed']), **{k: float(r[k]) for k in POINT_COLUMNS[2:]}) for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        missing = [c for c in POINT_COLUMNS if c not in (reader.fieldnames or [])]
+        if missing:
+            raise UsageError(f'{path} is not a points file: it lacks the columns {", ".join(missing)} (a points.csv '
+                             f'has {", ".join(POINT_COLUMNS)})')
+        rows = []
+        for line, r in enumerate(reader, 2):
+            try:
+                rows.append(dict(r, seed=int(r['seed']), **{k: float(r[k]) for k in POINT_COLUMNS[2:]}))
+            except (TypeError, ValueError):
+                raise UsageError(f'{path}, row {line}: a seed or figure that is not a number ({dict(r)})') from None
+        return rows
 
 
 def _config_row(config: str, points: list) -> dict:
@@ -118,14 +135,14 @@ def comparison_rows(configs: list, points: list, reference: str) -> list:
     config makes to the reference's (:func:`config_changes_from`).
 
     Raises:
-        ValueError: no finished point of the reference config (the ratios would have no base).
+        UsageError: no finished point of the reference config (the ratios would have no base).
     """
     rows = [_config_row(c, [p for p in points if p['config'] == _name(c)]) for c in configs
             if any(p['config'] == _name(c) for p in points)]
     base = next((r for r in rows if r['config'] == reference), None)
     if base is None:
-        raise ValueError(f'--reference {reference}: no finished point of that config (configs with points: '
-                         f"{', '.join(r['config'] for r in rows) or 'none'})")
+        raise UsageError(f'--reference {reference}: no finished point of that config (configs with points: '
+                         f"{', '.join(r['config'] for r in rows) or 'none'}): train it, or report from a points file")
     paths = {_name(c): c for c in configs}
     reference_cfg = load_config(paths[reference])
     for r in rows:

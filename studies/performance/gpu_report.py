@@ -439,7 +439,8 @@ def main(argv=None) -> int:
     ``<out>_<date>.md`` and ``.json``; with ``--run-part`` (the report's own child processes) measures one
     part into ``--part-out``."""
     ap = argparse.ArgumentParser(description='Measure TokenFormer against timm ViT on a GPU: one markdown report.')
-    ap.add_argument('--device', default='cuda', help="'cuda' (the report), or 'cpu' with --tiny (its CI check)")
+    ap.add_argument('--device', default='cuda', choices=['cuda', 'cpu'],
+                    help="'cuda' (the report), or 'cpu' with --tiny (its CI check)")
     ap.add_argument('--out', default='docs/bench/gpu', help='prefix of the report; the date is appended')
     ap.add_argument('--tiny', action='store_true', help='tiny models and images (the CPU check of the command)')
     ap.add_argument('--compile-modes', nargs='+', default=['eager', 'compiled'], choices=['eager', 'compiled'])

@@ -13,7 +13,8 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from tkvision.cli.experiments import benchmark_parser
+from tkvision.cli import run_cli
+from tkvision.cli.experiments import benchmark_parser, parse_benchmark_args
 from tkvision.experiments.benchmark import flop_counter, markdown_table, time_call, time_rounds
 from tkvision.experiments.benchmark_parts import PARTS as LIBRARY_PARTS
 from tkvision.experiments.benchmark_parts import run_benchmark
@@ -142,15 +143,20 @@ PARTS = {**LIBRARY_PARTS, 'pattention': _pattention_part, 'score_norm': _score_n
 
 
 def main(argv=None) -> int:
-    """``python -m studies.performance.layer_benchmark``: ``tkvision-benchmark``'s options and parts, and these."""
+    """``python -m studies.performance.layer_benchmark``: ``tkvision-benchmark``'s options and parts, and these;
+    user errors are one line (exit 2)."""
+    return run_cli(_main, argv)
+
+
+def _main(argv) -> int:
     ap = benchmark_parser(PARTS)
     ap.add_argument('--score-shape', type=int, nargs=2, metavar=('TOKENS', 'NUM_TOKENS'),
                     help="--parts score_norm: the scores Θ normalises (default: the quick recipe's)")
     ap.add_argument('--data-root', help='--parts data: an ImageNet-layout folder (default: Fashion-MNIST JPEGs)')
     ap.add_argument('--data-images', type=int, default=256, help='--parts data: images decoded per round')
     ap.add_argument('--workers', type=int, nargs='+', default=[1, 2], help='--parts data: loader worker counts')
-    args = ap.parse_args(argv)
-    command = 'python -m studies.performance.layer_benchmark ' + ' '.join(argv if argv is not None else sys.argv[1:])
+    args = parse_benchmark_args(ap, argv)
+    command = 'python -m studies.performance.layer_benchmark ' + ' '.join(argv)
     run_benchmark(args, command, PARTS)
     return 0
 

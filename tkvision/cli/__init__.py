@@ -4,11 +4,11 @@ it): ``tools/*.py`` and the ``tkvision-*`` console scripts call these ``main`` f
 - :mod:`.train`: ``train`` (``tools/train.py``), ``validate``;
 - :mod:`.weights`: ``grow``, ``export``, ``mae_visualize``;
 - :mod:`.data`: ``make_shards``, ``make_subset``;
-- :mod:`.experiments`: ``benchmark``, ``sweep``, ``growth_experiment``, ``attention_distance``.
+- :mod:`.experiments`: ``benchmark``, ``sweep``.
 
-Every tool answers a user's mistake (:data:`tkvision.utils.errors.USER_ERRORS`) with one line on
-stderr and exit status 2 (:func:`run_cli`); ``--debug`` shows the traceback.
+Every tool answers a user's mistake (:data:`tkvision.utils.errors.USER_ERRORS`, a bad argument) with one
+line on stderr and exit status 2 (:func:`run_cli`); ``--debug`` or ``TKVISION_DEBUG=1`` shows the traceback.
 """
-from .common import run_cli
+from .common import device_name, non_negative_int, positive_int, run_cli, yaml_mapping
 
-__all__ = ['run_cli']
+__all__ = ['run_cli', 'positive_int', 'non_negative_int', 'yaml_mapping', 'device_name']

@@ -1,31 +1,42 @@
-"""What every tool shares: one-line errors (:func:`run_cli`)."""
+"""What every tool shares: one-line errors (:func:`run_cli`) and the argument types that refuse a bad value
+before any work (:func:`positive_int`, :func:`yaml_mapping`, :func:`device_name`, ...)."""
+import argparse
 import errno
+import os
 import sys
 import traceback
 
 import torch.distributed as dist
+import yaml
 
 from ..utils.errors import EXIT_PREEMPTED, USER_ERRORS, Preempted
 
-__all__ = ['run_cli']
+__all__ = ['run_cli', 'DEBUG_ENV', 'positive_int', 'non_negative_int', 'yaml_mapping', 'device_name']
 
 #: Errors of the machine a user can fix (disk full, quota, read-only or forbidden path): one line too.
 _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EISDIR, errno.ENOTDIR)
 
 
+#: Set to 1 to see the traceback of a user error too (as ``--debug`` does).
+DEBUG_ENV = 'TKVISION_DEBUG'
+
+
 def run_cli(tool, argv=None) -> int:
-    """Run ``tool(argv)`` for a command-line tool: errors from :data:`~tkvision.utils.errors.USER_ERRORS`
-    and the machine's errors a user fixes (disk full, read-only or forbidden path) print one line
-    ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1 (``Preempted``, its state saved)
-    prints why and returns :data:`~tkvision.utils.errors.EXIT_PREEMPTED`; other errors propagate with their
-    traceback. ``--debug`` anywhere in ``argv`` shows the traceback for every error. A process group
-    left open (a torchrun launch) is destroyed on the way out."""
+    """Run ``tool(argv)`` for a command-line tool, with the rule every tkvision command shares: errors from
+    :data:`~tkvision.utils.errors.USER_ERRORS` and the machine's errors a user fixes (disk full, read-only or
+    forbidden path) print one line ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1
+    (``Preempted``, its state saved) prints why and returns :data:`~tkvision.utils.errors.EXIT_PREEMPTED`;
+    any other error is a defect of ours and propagates with its traceback. ``--debug`` anywhere in ``argv``,
+    or ``TKVISION_DEBUG=1``, shows the traceback of a user error too. A process group left open (a torchrun
+    launch) is destroyed on the way out."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    debug = '--debug' in argv
-    if debug:
+    debug = '--debug' in argv or os.environ.get(DEBUG_ENV) == '1'
+    if '--debug' in argv:
         argv.remove('--debug')
     try:
         return tool(argv)
+    except SystemExit as e:  # argparse's refusal of an argument (its usage and one error line, printed) or --help
+        return e.code if isinstance(e.code, int) else int(e.code is not None)
     except Preempted as e:
         print(str(e), file=sys.stderr)
         return EXIT_PREEMPTED
@@ -39,3 +50,49 @@ def run_cli(tool, argv=None) -> int:
     finally:
         if dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def positive_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 1 (argparse then reports a bad value in one line, exit 2)."""
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    """An argparse ``type``: an integer >= 0."""
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'expected an integer >= {low}, got {text!r}') from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f'expected an integer >= {low}, got {value}')
+    return value
+
+
+def yaml_mapping(text: str) -> dict:
+    """An argparse ``type``: a YAML mapping such as ``'{img_size: 28, in_chans: 1}'`` (empty: ``{}``)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise argparse.ArgumentTypeError(f'not valid YAML ({" ".join(str(e).split())})') from None
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f'expected a YAML mapping such as "{{img_size: 28, in_chans: 1}}", got '
+                                         f'{text!r}')
+    return value
+
+
+def device_name(text: str) -> str:
+    """An argparse ``type``: ``cpu``, ``cuda`` or ``cuda:N``, refusing CUDA where there is none."""
+    import torch
+    if text == 'cpu':
+        return text
+    if text != 'cuda' and not (text.startswith('cuda:') and text[5:].isdigit()):
+        raise argparse.ArgumentTypeError(f"expected 'cpu', 'cuda' or 'cuda:N', got {text!r}")
+    if not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f'{text}: no CUDA device here; use --device cpu')
+    return text

@@ -2,15 +2,16 @@
 ``tools/sweep.py``, ``tools/benchmark.py``)."""
 import argparse
 import os
-import sys
 
+import timm
 import torch
 
+from ..experiments.benchmark import parse_model_spec
 from ..experiments.benchmark_parts import PARTS, run_benchmark
 from ..experiments.sweep import expand_configs, run_sweep, summarize
-from .common import run_cli
+from .common import device_name, positive_int, run_cli
 
-__all__ = ['benchmark_parser', 'benchmark_main', 'sweep_main']
+__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main']
 
 
 def benchmark_parser(parts: dict = PARTS) -> argparse.ArgumentParser:
@@ -21,24 +22,38 @@ def benchmark_parser(parts: dict = PARTS) -> argparse.ArgumentParser:
     ap.add_argument('--reference', help='one of --models: every ratio is taken against it, paired per round '
                     '(default: each TokenFormer against its timm counterpart, medians of the rounds)')
     ap.add_argument('--mode', nargs='+', default=['infer', 'train'], choices=['infer', 'train'])
-    ap.add_argument('--batch-size', type=int, default=64)
+    ap.add_argument('--batch-size', type=positive_int, default=64)
     ap.add_argument('--amp', choices=['bf16', 'fp16'])
     ap.add_argument('--compile', action='store_true')
-    ap.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    ap.add_argument('--threads', type=int, help='torch.set_num_threads on CPU')
-    ap.add_argument('--steps', type=int, default=2, help='steps per timed round')
-    ap.add_argument('--repeats', type=int, default=5, help='interleaved rounds; the median is reported')
+    ap.add_argument('--device', type=device_name, default='cuda' if torch.cuda.is_available() else 'cpu')
+    ap.add_argument('--threads', type=positive_int, help='torch.set_num_threads on CPU')
+    ap.add_argument('--steps', type=positive_int, default=2, help='steps per timed round')
+    ap.add_argument('--repeats', type=positive_int, default=5, help='interleaved rounds; the median is reported')
     ap.add_argument('--parts', nargs='+', default=list(parts), choices=list(parts))
-    ap.add_argument('--profile-batch-size', type=int, default=8)
+    ap.add_argument('--profile-batch-size', type=positive_int, default=8)
     ap.add_argument('--no-memory', action='store_true', help='skip the CPU peak-RSS child processes')
     ap.add_argument('--out', default='runs/benchmark', help='prefix for .md / .csv / .json results')
     return ap
 
 
+def parse_benchmark_args(ap: argparse.ArgumentParser, argv) -> argparse.Namespace:
+    """``ap``'s arguments, a model that timm does not know refused by name (one line, exit 2)."""
+    args = ap.parse_args(argv)
+    unknown = [m for m in args.models if not timm.is_model(parse_model_spec(m)[0])]
+    if unknown:
+        ap.error(f"unknown model {unknown[0]!r}: timm.list_models('tokenformer*') lists ours (import tkvision first)")
+    return args
+
+
 def benchmark_main(argv=None) -> int:
-    """``tkvision-benchmark`` / ``tools/benchmark.py``; see ``--help``. Writes ``<out>.md``, ``.csv``, ``.json``."""
-    args = benchmark_parser().parse_args(argv)
-    run_benchmark(args, 'tkvision-benchmark ' + ' '.join(argv if argv is not None else sys.argv[1:]))
+    """``tkvision-benchmark`` / ``tools/benchmark.py``; see ``--help``. Writes ``<out>.md``, ``.csv``, ``.json``;
+    a user error is one line (exit 2)."""
+    return run_cli(_benchmark, argv)
+
+
+def _benchmark(argv) -> int:
+    args = parse_benchmark_args(benchmark_parser(), argv)
+    run_benchmark(args, 'tkvision-benchmark ' + ' '.join(argv))
     return 0
 
 

@@ -14,6 +14,7 @@ from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
 from ..engine.recipes import format_recipes, list_recipes
 from ..engine.trainer import check_model_input, resolve_run_config, train
+from ..utils.errors import UsageError
 from .common import run_cli
 
 __all__ = ['parse_train_args', 'train_main', 'validate_main']
@@ -107,6 +108,10 @@ def _validate(argv) -> int:
         overrides += ['--model', args.model]
     base = checkpoint_config(args.checkpoint) if args.checkpoint.endswith('.pth') else None
     cfg = resolve_run_config(load_config(args.config, overrides, base=None if args.config else base))
+    if cfg['task'] == 'mae':
+        raise UsageError(f'{args.checkpoint} is a masked-autoencoder run (task: mae): it has no classifier to '
+                         'validate; its validation reconstruction loss is in the run\'s metrics.csv, and '
+                         'tkvision-mae-visualize draws its reconstructions')
     setup_threads(section(cfg, 'run'))
     rank, world, device = init_distributed(section(cfg, 'run'))
     data = section(cfg, 'data')

@@ -4,8 +4,6 @@ weights through :func:`tkvision.engine.checkpoint.model_for_checkpoint`, so a ru
 training loads at its grown size."""
 import argparse
 
-import yaml
-
 from ..data import build_dataset
 from ..engine.checkpoint import checkpoint_config, grow_weights_file, model_for_checkpoint
 from ..engine.config import load_config, section
@@ -14,7 +12,7 @@ from ..engine.export import export_checkpoint
 from ..engine.reconstruction import save_reconstructions
 from ..engine.trainer import resolve_run_config
 from ..layers import ENCODER_KINDS
-from .common import run_cli
+from .common import non_negative_int, positive_int, run_cli, yaml_mapping
 
 __all__ = ['grow_main', 'export_main', 'mae_visualize_main']
 
@@ -26,10 +24,12 @@ def _grow(argv) -> int:
                     help='registered variant of the checkpoint, e.g. tokenformer_vit_b16_matched')
     ap.add_argument('--to', help='target variant whose token counts to grow to, e.g. tokenformer_vit_b16')
     for kind in ENCODER_KINDS:
-        ap.add_argument(f'--add-{kind}', type=int, default=0, help=f'tokens to append to every {kind} Pattention')
+        ap.add_argument(f'--add-{kind}', type=non_negative_int, default=0,
+                        help=f'tokens to append to every {kind} Pattention')
     ap.add_argument('--key-init', default='zeros', choices=['zeros', 'normal'])
     ap.add_argument('--value-init', default='normal', choices=['zeros', 'normal'])
-    ap.add_argument('--model-kwargs', default='{}', help="YAML mapping, e.g. '{img_size: 28, in_chans: 1}'")
+    ap.add_argument('--model-kwargs', type=yaml_mapping, default={},
+                    help="YAML mapping, e.g. '{img_size: 28, in_chans: 1}'")
     ap.add_argument('--out', required=True, help='output .safetensors')
     args = ap.parse_args(argv)
     add = {k: getattr(args, f'add_{k}') for k in ENCODER_KINDS}
@@ -37,7 +37,7 @@ def _grow(argv) -> int:
         ap.error('give --to VARIANT or at least one --add-<kind> N')
     if args.to is not None and any(add.values()):
         ap.error('give either --to VARIANT or --add-<kind> N, not both (--to sets every count)')
-    cfg = load_config(None, dict(model=args.model, model_kwargs=yaml.safe_load(args.model_kwargs) or {}))
+    cfg = load_config(None, dict(model=args.model, model_kwargs=args.model_kwargs))
     report = grow_weights_file(args.checkpoint, cfg, args.out, to=args.to, add=add, key_init=args.key_init,
                                value_init=args.value_init)
     for kind, (old, new) in report.items():
@@ -58,11 +58,13 @@ def _export(argv) -> int:
     ap.add_argument('--out', required=True, help='new folder: model.safetensors + config.json')
     ap.add_argument('--no-ema', action='store_true', help='export the raw weights of a .pth, not its EMA')
     ap.add_argument('--model', help='architecture (needed for .safetensors)')
-    ap.add_argument('--model-kwargs', default='{}', help="YAML mapping, e.g. '{img_size: 28, in_chans: 1}'")
-    ap.add_argument('--force', action='store_true', help='replace an --out folder that already holds files')
+    ap.add_argument('--model-kwargs', type=yaml_mapping, default={},
+                    help="YAML mapping, e.g. '{img_size: 28, in_chans: 1}'")
+    ap.add_argument('--force', action='store_true',
+                    help='replace an earlier export in --out (never a run, nor any file an export did not write)')
     a = ap.parse_args(argv)
     res = export_checkpoint(a.checkpoint, a.out, use_ema=not a.no_ema, model=a.model,
-                            model_kwargs=yaml.safe_load(a.model_kwargs), force=a.force)
+                            model_kwargs=a.model_kwargs, force=a.force)
     print(f"exported the {res['source']} weights ({res['token_counts']}) to {res['out']}: "
           f"timm.create_model('local-dir:{res['out']}', pretrained=True) after import tkvision")
     return 0
@@ -78,7 +80,7 @@ def _mae_visualize(argv) -> int:
     ap.add_argument('--checkpoint', required=True, help='last.pth of a task: mae run, or .safetensors with --config')
     ap.add_argument('--config', help='the run\'s config (needed for a .safetensors file)')
     ap.add_argument('--data-dir', help='dataset root, if not the config\'s')
-    ap.add_argument('--num-images', type=int, default=8)
+    ap.add_argument('--num-images', type=positive_int, default=8)
     ap.add_argument('--mask-ratio', type=float, help='default: the config\'s')
     ap.add_argument('--out', required=True, help='output PNG')
     args = ap.parse_args(argv)

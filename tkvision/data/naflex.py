@@ -54,14 +54,17 @@ class NaFlexImages(Dataset):
     normalise). ``seed``: each item first seeds Python's, NumPy's and torch's generators from
     ``derive_seed(seed, epoch, index)`` (``epoch`` read from :attr:`epoch`, shared with the loader's
     workers), so a sample's augmentation does not depend on the worker that draws it; None: no seeding
-    (evaluation). An unreadable image (``('bad', path)`` from a reader) raises ``OSError`` naming the file,
-    which timm's wrapper skips with a warning.
+    (evaluation). An unreadable image (``('bad', path)`` from a reader) is skipped and counted, as our other
+    loaders do: its path goes to :attr:`unreadable` (drained per batch by the loader); in training it raises
+    ``OSError`` naming the file, which timm's wrapper skips; in evaluation (``transform`` set) the item is
+    ``(None, path)``, which the collate leaves out (:func:`build_naflex_loader`).
     """
 
     def __init__(self, dataset: Dataset, seed=None):
         _innermost(dataset).transform = _decoded
         self.dataset, self.seed, self.transform = dataset, seed, None
         self.epoch = None  # a SharedCount, set by ResumableNaFlexDataset
+        self.unreadable = []  # paths of the unreadable images met since the last batch (this process's)
 
     def __len__(self):
         return len(self.dataset)
@@ -74,6 +77,9 @@ class NaFlexImages(Dataset):
             torch.manual_seed(s)
         image, label = self.dataset[index]
         if isinstance(image, str):
+            self.unreadable.append(str(label))
+            if self.transform is not None:
+                return None, str(label)
             raise OSError(f'unreadable image {label}')
         array = np.asarray(image)
         if array.ndim == 3 and array.shape[-1] == 1:  # a grey image as [H, W, 1]: PIL takes [H, W]
@@ -88,8 +94,8 @@ class ResumableNaFlexDataset(NaFlexMapDatasetWrapper):
     The epoch's schedule (sequence length, batch size, patch size and sample indices of every batch) is
     timm's, drawn from ``seed + epoch`` alone; ``set_epoch(epoch, skip_batches=k)`` drops its first ``k``
     batches before they are dealt to the workers, so a resumed run sees exactly the batches an
-    uninterrupted one would, in the same order. Items: ``(batch dict, labels [B], [])``, the empty list
-    standing for the unreadable images our other loaders report (timm's wrapper skips them itself).
+    uninterrupted one would, in the same order. Items: ``(batch dict, labels [B], unreadable paths)``: the
+    images timm's wrapper skipped while building the batch, counted as our other loaders count them.
     """
 
     def __init__(self, images: NaFlexImages, **kwargs):
@@ -111,8 +117,10 @@ class ResumableNaFlexDataset(NaFlexMapDatasetWrapper):
         return super()._prepare_epoch_batches(epoch)[self.skip.value:]
 
     def __iter__(self):
+        images = self.base_dataset
         for batch, labels in super().__iter__():
-            yield batch, labels, []
+            bad, images.unreadable[:] = list(images.unreadable), []
+            yield batch, labels, bad
 
 
 class NaFlexPreprocessor:
@@ -128,8 +136,14 @@ class NaFlexPreprocessor:
 
 
 def _collate_with_bad(collate, batch):
-    batch, labels = collate(batch)
-    return batch, labels, []
+    """timm's evaluation collate over the readable items; the unreadable ones' paths returned beside
+    (``(None, empty labels, paths)`` when none is readable)."""
+    bad = [path for image, path in batch if image is None]
+    good = [item for item in batch if item[0] is not None]
+    if not good:
+        return None, torch.zeros(0, dtype=torch.long), bad
+    batch, labels = collate(good)
+    return batch, labels, bad
 
 
 def build_naflex_loader(dataset: Dataset, data: dict, train: bool, seed: int, patch_size: int,

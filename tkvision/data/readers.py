@@ -120,17 +120,22 @@ def _hfds_reader(data: dict, split: str, class_to_idx=None):
             raise FileNotFoundError(f"{data['dataset']} has no split {name!r}: {e}") from None
         if class_to_idx is not None:
             train = create_reader(data['dataset'], root=data['data_dir'], split='train')
-            check_same_classes(_present_classes(train), _present_classes(reader), data['dataset'])
+            where = f"{data['dataset']} (train and {name})"
+            check_same_classes(_present_classes(train), _present_classes(reader), where)
     except ImportError as e:
         raise ImportError('hfds/ datasets need the datasets package: pip install "tkvision[hfds]"') from e
     return reader
 
 
 def _present_classes(reader) -> list:
-    """The class names that the images of a timm Hugging Face reader carry (its label column only)."""
+    """The class names that the images of a timm Hugging Face reader carry (its label column only); a label
+    its ``ClassLabel`` has no name for (a class only another split lists) as ``'class <i> (unnamed)'``."""
     labels = reader.dataset.select_columns([reader.label_key]).unique(reader.label_key)
     feature = reader.dataset.features[reader.label_key]
-    return sorted(feature.int2str(int(i)) if hasattr(feature, 'int2str') else str(i) for i in labels)
+    names = getattr(feature, 'names', None)
+    if names is None:
+        return sorted(str(i) for i in labels)
+    return sorted(names[int(i)] if 0 <= int(i) < len(names) else f'class {int(i)} (unnamed)' for i in labels)
 
 
 def _refuse_empty_classes(folder: str, class_folders: list, samples: list):

@@ -1,6 +1,8 @@
 """Building the model a config describes, from its ``model`` section (and ``mae`` section for
 ``task: mae``)."""
 import contextlib
+import json
+import os
 
 import timm
 import torch
@@ -43,17 +45,29 @@ def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch
 
 def create_model(name: str, **kwargs) -> torch.nn.Module:
     """``timm.create_model(name, **kwargs)``, its refusals (an unknown kwarg, a value it rejects) as
-    :class:`~tkvision.utils.errors.ConfigError` naming ``model_kwargs`` and the model."""
-    with _refusals_as_config_errors(f'model_kwargs of {name}'):
+    :class:`~tkvision.utils.errors.ConfigError` naming ``model_kwargs`` and the model.
+
+    Raises:
+        ConfigError: an unknown model name (timm's registry, ``local-dir:`` / ``hf-hub:`` names aside), or a
+            keyword the model refuses.
+    """
+    if ':' not in name and not timm.is_model(name):
+        raise ConfigError(f"unknown model {name!r}: timm.list_models('tokenformer*') lists ours (import tkvision "
+                          'first), timm.list_models() every one')
+    folder = name.partition('local-dir:')[2]
+    with _refusals_as_config_errors(f'model_kwargs of {name}', os.path.join(folder, 'config.json')):
         return timm.create_model(name, **kwargs)
 
 
 @contextlib.contextmanager
-def _refusals_as_config_errors(where: str):
+def _refusals_as_config_errors(where: str, config_json: str = 'config.json'):
     try:
         yield
+    except json.JSONDecodeError as e:  # a local-dir: export whose config.json does not parse
+        raise ConfigError(f'{where}: {config_json} is not valid JSON ({e}): export the model again') from None
     except (TypeError, ValueError) as e:  # the model's own words follow the key
         raise ConfigError(f'{where}: {e}') from e
+
 
 
 def default_num_classes(cfg: dict) -> int:

@@ -31,9 +31,9 @@ from safetensors.torch import save_file
 
 from ..growth import grow, grow_to_checkpoint, load_grown_state_dict, token_counts
 from ..models import adapt_state_dict, check_fit, load_state_dict_file
-from ..models.mae import encoder_weights, is_mae_state_dict
-from ..utils.errors import UsageError
-from ..utils.files import atomic_write
+from ..models import encoder_weights, is_mae_state_dict
+from ..utils.errors import UsageError, refused_pickle
+from ..utils.files import atomic_write, safetensors_os_errors
 from .build import model_for_config
 from .config import migrate
 
@@ -89,15 +89,15 @@ def load_training_checkpoint(path: str, map_location='cpu', mmap: bool = False) 
 
     Raises:
         FileNotFoundError: no file at ``path``. UsageError: a truncated file, or not a training checkpoint.
-        pickle.UnpicklingError: a file that holds code (refused, never run).
+        UnsafeFileError: a file that holds pickled objects other than tensors (refused, never run).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as e:  # weights_only refused code in the file: never run it
+        raise refused_pickle(path, e) from None
     except (RuntimeError, EOFError, ValueError) as e:
-        if isinstance(e, pickle.UnpicklingError):  # weights_only refused code in the file: say so as it is
-            raise
         raise UsageError(f'{path} is not a readable training checkpoint (truncated, or not a torch file): '
                          + str(e).splitlines()[0]) from None
     if not isinstance(ckpt, dict) or 'config' not in ckpt:
@@ -119,10 +119,15 @@ def checkpoint_config(path: str) -> dict:
 
 def save_weights(state_dict: dict, path: str, metadata: dict = None):
     """Write a model state dict as ``.safetensors`` atomically (tensors made contiguous, on CPU);
-    ``metadata`` values are stored as strings."""
+    ``metadata`` values are stored as strings.
+
+    Raises:
+        OSError: ``ENOSPC`` for a full disk (``path`` left as it was), and the file system's other errors.
+    """
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     meta = {k: str(v) for k, v in (metadata or {}).items()}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    with safetensors_os_errors(path):
+        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
 def save_yaml(obj, path: str):

@@ -3,6 +3,8 @@
 ``tests/test_config.py`` holds :data:`RULES` and :data:`tkvision.engine.config.DEFAULTS` to the same
 keys, so a new key gets a rule and a default or the test fails.
 """
+import math
+
 import timm
 
 from ..layers import BACKWARD_MODES, PATTENTION_KINDS
@@ -18,7 +20,8 @@ SCHEDULERS = ('cosine', 'tanh', 'poly', 'step', 'multistep', 'wsd', 'rsqrt', 'co
 
 
 def _is_num(v):
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+    """A finite number (a bool is not one; ``.inf`` and ``.nan`` would only fail later, as NaN losses)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def _rule(kind, lo=None, hi=None, lo_open=False, hi_open=False, null=False, choices=None, length=None):

@@ -8,16 +8,44 @@ at its grown size; each Pattention's τ, fixed at its first size (Appendix B), c
 weights.
 """
 
+import os
+
 import timm
 import torch
 
 from ..growth import token_counts
-from ..utils.errors import ConfigError
-from ..utils.files import atomic_folder, holds_files
+from ..utils.errors import ConfigError, UsageError
+from ..utils.files import atomic_folder, holds_files, safetensors_os_errors
 from .checkpoint import load_training_checkpoint, model_for_checkpoint
 from .config import load_config
 
-__all__ = ['export_model', 'export_checkpoint']
+__all__ = ['EXPORT_FILES', 'export_model', 'export_checkpoint', 'check_export_target']
+
+#: The files an export writes (timm's ``save_for_hf`` with safetensors): all ``--force`` may replace.
+EXPORT_FILES = frozenset({'model.safetensors', 'config.json'})
+
+
+def check_export_target(out: str, force: bool):
+    """Refuse, before any work, an export folder that holds files: without ``force`` any; with ``force``
+    any file an export did not write (:data:`EXPORT_FILES`), so ``--force`` replaces an earlier export and
+    never removes a run's checkpoint, its config, its metrics, a live run's ``.lock``, or anything else.
+
+    Raises:
+        FileExistsError: ``out`` holds files and not ``force``.
+        UsageError: ``force`` but ``out`` holds files of something other than an export (listed).
+    """
+    if not holds_files(out):
+        return
+    if not force:
+        raise FileExistsError(f'{out} already exists and holds files; export to a new folder (or --force to replace '
+                              'an earlier export there)')
+    if not os.path.isdir(out):
+        raise UsageError(f'{out} is a file, not an export folder; --force replaces only an earlier export')
+    others = sorted(set(os.listdir(out)) - EXPORT_FILES)
+    if others:
+        raise UsageError(f'{out} holds files an export did not write ({", ".join(others[:6])}'
+                         f'{", ..." if len(others) > 6 else ""}): --force replaces only an earlier export, never a '
+                         'run or anything else; export into another folder')
 
 
 def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data_config: dict = None,
@@ -32,15 +60,17 @@ def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data
         force: replace an ``out`` that already holds files.
 
     Raises:
-        FileExistsError: ``out`` already holds files (an exported model or anything else) and not ``force``.
+        FileExistsError, UsageError: as :func:`check_export_target`.
     """
+    check_export_target(out, force)
     args = dict(model_args or {})
     try:
         args.update({f'num_tokens_{kind}': n for kind, n in token_counts(model).items()})
     except ValueError:  # not a model with uniform token counts per kind (or no Pattention at all)
         pass
-    atomic_folder(out, lambda tmp: timm.models.save_for_hf(model, tmp, model_args=args, safe_serialization=True,
-                                                          data_config=data_config), replace=force)
+    with safetensors_os_errors(out):
+        atomic_folder(out, lambda tmp: timm.models.save_for_hf(model, tmp, model_args=args, safe_serialization=True,
+                                                              data_config=data_config), replace=force)
     return out
 
 
@@ -58,17 +88,23 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
         ``dict(out, source, token_counts)``, ``source`` being ``'ema'`` or ``'model'``.
 
     Raises:
-        FileNotFoundError: no checkpoint. ConfigError: a weights file without ``model``.
-        WeightsMismatchError: weights that do not fit the model (listed).
+        FileNotFoundError: no checkpoint. ConfigError: a weights file without ``model``, or ``model_kwargs``
+            that is not a mapping. UsageError: an MAE checkpoint (no classifier to export), or an ``out`` that
+            :func:`check_export_target` refuses. WeightsMismatchError: weights that do not fit the model.
     """
-    if holds_files(out) and not force:
-        raise FileExistsError(f'{out} already exists and holds files; export to a new folder (or --force to replace '
-                              f'it)')
+    check_export_target(out, force)
+    if model_kwargs is not None and not isinstance(model_kwargs, dict):
+        raise ConfigError(f'--model-kwargs must be a YAML mapping such as "{{img_size: 28, in_chans: 1}}", '
+                          f'got {model_kwargs!r}')
     kwargs = dict(model_kwargs or {})
     data_config, source = None, 'model'
     if checkpoint.endswith('.pth'):
         state = load_training_checkpoint(checkpoint)
         cfg = state['config']
+        if cfg.get('task') == 'mae':
+            raise UsageError(f'{checkpoint} is a masked-autoencoder checkpoint (task: mae), not a classifier: '
+                             'fine-tune it first (a classifier config with init_from: its last.safetensors), then '
+                             'export that run')
         cfg = dict(cfg, model=model or cfg['model'], model_kwargs={**cfg['model_kwargs'], **kwargs}, drop_path_rate=0.0)
         source = 'ema' if use_ema and state.get('model_ema') else 'model'
         data_config = {k: cfg[k] for k in ('mean', 'std', 'crop_pct', 'interpolation') if cfg.get(k) is not None}
@@ -77,7 +113,6 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
     else:
         cfg = load_config(None, dict(model=model, model_kwargs=kwargs))
     net, _ = model_for_checkpoint(cfg, checkpoint, use_ema=source == 'ema')
-    export_model(net.eval(), out, model_args={k: v for k,
-                                              v in cfg['model_kwargs'].items() if k != 'pretrained_cfg_overlay'},
-                 data_config=data_config, force=force)
+    model_args = {k: v for k, v in cfg['model_kwargs'].items() if k != 'pretrained_cfg_overlay'}
+    export_model(net.eval(), out, model_args=model_args, data_config=data_config, force=force)
     return dict(out=out, source=source, token_counts=token_counts(net))

@@ -29,7 +29,8 @@ from ..data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_l
                     set_loader_epoch)
 from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
 from ..growth import elastic
-from ..utils.errors import ConfigError, Preempted
+from ..utils.errors import ConfigError, NonFiniteLossError, Preempted
+from ..utils.memory import available_memory_bytes
 from ..utils.seeding import derive_seed
 from .build import model_for_config
 from .checkpoint import LAST_CHECKPOINT, save_training_checkpoint
@@ -37,16 +38,11 @@ from .config import resolve_accum_steps, section
 from .evaluate import AMP_DTYPES
 from .state import TrainState
 
-__all__ = ['RunContext', 'train_one_epoch', 'seed_step', 'naflex_patch_size', 'naflex_loss_scale', 'NonFiniteLossError',
-           'Preempted', 'STOP_SIGNALS']
+__all__ = ['RunContext', 'train_one_epoch', 'seed_step', 'naflex_patch_size', 'check_naflex_memory',
+           'naflex_loss_scale', 'NonFiniteLossError', 'Preempted', 'STOP_SIGNALS']
 
 #: What SLURM and torchrun send before stopping a job: the run checkpoints and exits.
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite; the message gives the update range and, if one
-    exists, the last good checkpoint."""
 
 
 def _ignore_stop_signals(_worker_id):
@@ -78,7 +74,7 @@ class RunContext:
         self.out = cfg['output']
         self.checkpoint_path = os.path.join(self.out, LAST_CHECKPOINT)
         self.accum = resolve_accum_steps(cfg, world)
-        self.naflex_patch_size = naflex_patch_size(cfg) if cfg['naflex_loader'] else None
+        self.naflex_patch_size = naflex_patch_size(cfg, device) if cfg['naflex_loader'] else None
         self._build_data()
         self.preprocess = (NaFlexPreprocessor(device) if cfg['naflex_loader'] else
                            BatchPreprocessor(cfg['mean'], cfg['std'], device, reprob=cfg['reprob']))
@@ -203,19 +199,21 @@ class RunContext:
             last = (f'the last good checkpoint is {self.checkpoint_path}' if os.path.isfile(self.checkpoint_path)
                     else 'no checkpoint was written before it')
             raise NonFiniteLossError(f'the training loss became NaN or infinite between updates '
-                                     f'{self.checked_update + 1} '
-                                     f'and {u} (epoch {state.epochs_done + 1}); stopping: {last}')
+                                     f'{self.checked_update + 1} and {u} (epoch {state.epochs_done + 1}); stopping: '
+                                     f'{last}. Try a lower lr, clip_grad: 1.0, or amp: bf16 instead of fp16')
         self.checked_update = u
         if (step_due or time_due or stop) and not force:
             self.save(state)
         return stop
 
 
-def naflex_patch_size(cfg: dict) -> int:
-    """The patch size of the config's model (built on the meta device), which NaFlex evaluation batches use.
+def naflex_patch_size(cfg: dict, device='cpu') -> int:
+    """The patch size of the config's model (built on the meta device), which NaFlex evaluation batches use;
+    the sequence lengths checked against ``device``'s memory (:func:`check_naflex_memory`).
 
     Raises:
-        ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries.
+        ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries, or lengths that
+            cannot fit.
     """
     with torch.device('meta'):
         net = model_for_config(cfg)
@@ -223,7 +221,31 @@ def naflex_patch_size(cfg: dict) -> int:
     if patch is None:
         raise ConfigError(f"naflex_loader: {cfg['model']} takes no NaFlex patch dictionaries; use a NaFlex model "
                           '(naflexvit_tokenformer_ti16, timm naflexvit_*) or set naflex_loader: false')
+    check_naflex_memory(cfg, net, device)
     return patch[0]
+
+
+def check_naflex_memory(cfg: dict, net: torch.nn.Module, device):
+    """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in ``device``'s memory: the
+    longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
+    each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: one block's attention
+    scores (``heads x L²`` per image) and the tokens' activations over the blocks (``16 x L x embed_dim`` per
+    image and block), in float32.
+
+    Raises:
+        ConfigError: naming the key, the length, the memory it needs at least and what is available.
+    """
+    blocks = len(net.blocks)
+    heads = getattr(net.blocks[0].attn, 'num_heads', 1)
+    have = available_memory_bytes(device)
+    for key, length in (('naflex_train_seq_lens', max(cfg['naflex_train_seq_lens'])),
+                        ('naflex_max_seq_len', cfg['naflex_max_seq_len'])):
+        need = cfg['batch_size'] * (heads * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
+        if need > have:
+            raise ConfigError(f"{key}: a batch of {cfg['batch_size']} images at {length} patches needs at least "
+                              f'{need / 2 ** 30:,.0f} GiB ({heads} heads x {length}² attention scores an image, and '
+                              f'its activations); {have / 2 ** 30:,.1f} GiB is available on {torch.device(device)}: '
+                              f'lower {key} or batch_size')
 
 
 def naflex_loss_scale(mode: str, images: int, batch_size: int) -> float:

@@ -21,6 +21,7 @@ import os
 import socket
 
 from ..utils.errors import RunError
+from ..utils.files import FILE_MODE
 
 __all__ = ['LOCK_NAME', 'RunDirLock', 'claim_output_dir', 'run_files']
 
@@ -63,7 +64,7 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     """
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)  # less the umask, as every file tkvision writes
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:

@@ -29,6 +29,7 @@ from ..growth import elastic
 from ..layers import BACKWARD_MODES, Pattention
 from ..models import input_shape
 from ..utils.errors import UsageError
+from ..utils.memory import available_memory_bytes
 
 __all__ = ['COUNTERPARTS', 'ModelStep', 'parse_model_spec', 'available_memory_mib', 'check_train_memory',
            'flop_counter', 'train_flops_per_image', 'saved_activation_mib', 'benchmark_models', 'category_ms',
@@ -219,13 +220,8 @@ def _peak_rss_child(name, mode, batch_size, steps) -> float:
 
 
 def available_memory_mib() -> float:
-    """``MemAvailable`` of ``/proc/meminfo`` in MiB (what the kernel can give without swapping); inf
-    where the file does not exist."""
-    try:
-        with open('/proc/meminfo') as f:
-            return next(int(line.split()[1]) for line in f if line.startswith('MemAvailable')) / 1024
-    except (OSError, StopIteration):
-        return float('inf')
+    """What a CPU can give without swapping, in MiB (:func:`tkvision.utils.memory.available_memory_bytes`)."""
+    return available_memory_bytes('cpu') / 2 ** 20
 
 
 def check_train_memory(runners, batch_size: int, log=print) -> float:

@@ -12,9 +12,10 @@ from safetensors import SafetensorError
 from timm.models import load_state_dict as timm_load_state_dict
 from timm.utils import unwrap_model
 
-from ..utils.errors import UsageError, WeightsMismatchError
+from ..utils.errors import UsageError, WeightsMismatchError, refused_pickle
 
-__all__ = ['load_state_dict_file', 'file_shapes', 'adapt_state_dict', 'check_fit', 'input_shape']
+__all__ = ['load_state_dict_file', 'file_shapes', 'adapt_state_dict', 'check_fit', 'input_shape', 'check_arguments',
+           'check_positive']
 
 
 def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
@@ -24,15 +25,16 @@ def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
 
     Raises:
         FileNotFoundError: no file at ``path``. UsageError: a file that cannot be read (truncated, not
-            a weights file), naming it. pickle.UnpicklingError: a file that holds code (refused).
+            a weights file), naming it. UnsafeFileError: a file that holds pickled objects other than tensors
+            (refused, never run).
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f'weights file not found: {path}')
     try:
         return timm_load_state_dict(path, use_ema=use_ema, weights_only=True)
+    except pickle.UnpicklingError as e:  # weights_only refused code in the file: never run it
+        raise refused_pickle(path, e) from None
     except (RuntimeError, ValueError, EOFError, OSError, SafetensorError) as e:
-        if isinstance(e, pickle.UnpicklingError):  # weights_only refused code in the file: say so as it is
-            raise
         raise UsageError(f'{path} is not a readable weights file (truncated, or not a .safetensors / torch file): '
                          + str(e).splitlines()[0]) from None
 
@@ -87,3 +89,48 @@ def input_shape(model: torch.nn.Module):
     channels = getattr(model, 'in_chans', None) or stem.proj.weight.shape[1]
     strict = getattr(stem, 'strict_img_size', True) and not getattr(model, 'dynamic_img_size', False)
     return channels, (tuple(stem.img_size) if strict and getattr(stem, 'img_size', None) else None)
+
+
+def check_arguments(fn, values: dict):
+    """Refuse the arguments of ``fn`` (a typed constructor) whose value does not have the annotated type:
+    ``bool`` only ``True`` / ``False`` (``'maybe'`` is not true), ``int`` an integer, ``float`` a finite
+    number, ``str`` a string, each optionally ``None`` (``Optional[...]``). Other annotations are the
+    constructor's own to check.
+
+    Raises:
+        ValueError: the first argument of the wrong type, naming it, the value and what it takes.
+    """
+    import inspect
+    import math
+    import typing
+    hints = typing.get_type_hints(fn)
+    for name in inspect.signature(fn).parameters:
+        if name not in values or name not in hints:
+            continue
+        value, hint = values[name], hints[name]
+        args = typing.get_args(hint)
+        optional = typing.get_origin(hint) is typing.Union and type(None) in args and len(args) == 2
+        kind = next(a for a in args if a is not type(None)) if optional else hint
+        if value is None and optional:
+            continue
+        words = {bool: 'true or false', int: 'an integer', float: 'a finite number', str: 'a string'}.get(kind)
+        if words is None:
+            continue
+        ok = {bool: isinstance(value, bool),
+              int: isinstance(value, int) and not isinstance(value, bool),
+              float: isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+              str: isinstance(value, str)}[kind]
+        if not ok:
+            raise ValueError(f'{name} must be {words}{" or None" if optional else ""}, got {name}={value!r}')
+
+
+def check_positive(**values):
+    """Refuse a value that is not a finite number > 0 (``None`` passes: a default), naming it.
+
+    Raises:
+        ValueError: naming the argument and the value.
+    """
+    import math
+    for name, value in values.items():
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ValueError(f'{name} must be a number > 0, got {name}={value!r}')

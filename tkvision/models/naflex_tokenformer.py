@@ -23,14 +23,16 @@ Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypo
 import contextlib
 import dataclasses
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 import torch
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, naflexvit, register_model
 from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
 
 from ..layers import Block, FlexPatchPattention
+from ._helpers import check_arguments, check_positive
 from .tokenformer_vit import TokenCounts, block_token_counts, create_tokenformer
 from .tokenformer_vit import checkpoint_filter_fn as fixed_grid_filter
 
@@ -99,6 +101,8 @@ class NaFlexTokenFormer(NaFlexVit):
             dtype=None,
             **kwargs,
     ):
+        check_arguments(NaFlexTokenFormer.__init__, locals())
+        check_positive(key_std=key_std, value_std=value_std)
         if img_size is not None and 'pos_embed_grid_size' not in kwargs:
             kwargs['pos_embed_grid_size'] = None  # NaFlexVit then derives the grid from img_size
         cfg = dataclasses.replace(cfg or NaFlexVitCfg(**TOKENFORMER_CFG), **kwargs)
@@ -125,11 +129,69 @@ class NaFlexTokenFormer(NaFlexVit):
             self.embeds.proj = FlexPatchPattention(in_chans, patch[0], cfg.embed_dim, self.num_tokens_patch,
                                                    score_norm, dtype=dtype)
 
+    def forward(
+            self,
+            x: Union[torch.Tensor, Dict[str, torch.Tensor]],
+            patch_coord: Optional[torch.Tensor] = None,
+            patch_valid: Optional[torch.Tensor] = None,
+            attn_mask: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """NaFlexVit's forward, after :meth:`check_inputs` (a bad input is one error naming what is wrong)."""
+        if not is_fx_symbolic_tracing():
+            self.check_inputs(x, patch_coord, patch_valid)
+        return super().forward(x, patch_coord, patch_valid, attn_mask)
+
+    @torch.jit.ignore
+    def check_inputs(self, x, patch_coord: Optional[torch.Tensor] = None, patch_valid: Optional[torch.Tensor] = None):
+        """Refuse an input NaFlexVit would fail on cryptically, or accept wrongly.
+
+        Raises:
+            ValueError: a patch dictionary without ``patches``, or whose tensors disagree in shape (a
+                ``patch_coord`` shorter than ``patches`` included, which timm's NaFlexViT accepts), an empty
+                sequence, patches without their coordinates, or an image whose size is not a multiple of the
+                patch size, or of other channels; each named with the shapes and what is expected.
+        """
+        if isinstance(x, dict):
+            if 'patches' not in x:
+                raise ValueError(f"a NaFlex input dictionary needs 'patches' (keys given: {', '.join(x) or 'none'})")
+            patches, patch_coord, patch_valid = x['patches'], x.get('patch_coord', patch_coord), x.get('patch_valid',
+                                                                                                      patch_valid)
+        elif x.dim() == 4:
+            _check_image(x, self.embeds.patch_size[0], self.embeds.proj.in_chans, self.embeds.dynamic_img_pad)
+            return
+        else:
+            patches = x
+        if patches.dim() != 3:
+            raise ValueError(f'patches must be [batch, sequence, p*p*channels], got shape {tuple(patches.shape)}; an '
+                             'image is [batch, channels, height, width]')
+        if patches.shape[1] == 0:
+            raise ValueError('patches hold an empty sequence (0 patches an image): give at least one patch')
+        if patch_coord is None:
+            raise ValueError("patches without 'patch_coord' [batch, sequence, 2]: pass the NaFlex loader's dictionary "
+                             '(patches, patch_coord, patch_valid), or images [batch, channels, height, width]')
+        expected = dict(patch_coord=(*patches.shape[:2], 2), patch_valid=tuple(patches.shape[:2]))
+        for name, tensor in (('patch_coord', patch_coord), ('patch_valid', patch_valid)):
+            if tensor is not None and tuple(tensor.shape) != expected[name]:
+                raise ValueError(f'{name} has shape {tuple(tensor.shape)}; patches {tuple(patches.shape)} need '
+                                 f'{name} of shape {expected[name]} (one entry per patch)')
+
     @torch.jit.ignore
     def checkpoint_filter(self, state_dict: dict) -> dict:
         """``state_dict`` adapted by :func:`checkpoint_filter_fn` (what :func:`tkvision.models.adapt_state_dict`,
         and so the trainer's ``init_from`` and ``tools/validate.py``, apply to any model with this method)."""
         return checkpoint_filter_fn(state_dict, self)
+
+
+def _check_image(x: torch.Tensor, patch: int, channels: int, padded: bool):
+    """An image batch ``[B, C, H, W]`` the stem can cut: ``channels`` channels, sides a multiple of ``patch``
+    (unless ``padded``: ``dynamic_img_pad`` pads them)."""
+    _, c, h, w = x.shape
+    if c != channels:
+        raise ValueError(f'the images have {c} channels; the model takes {channels} (in_chans)')
+    if (h % patch or w % patch) and not padded:
+        fit = ' x '.join(str(max(patch, s // patch * patch)) for s in (h, w))
+        raise ValueError(f'a {h} x {w} image is not a multiple of the patch size {patch}: resize or crop it (to {fit}, '
+                         'say), or give the NaFlex loader\'s patch dictionaries, which take any size')
 
 
 def _check_supported(cfg: NaFlexVitCfg):

@@ -179,6 +179,12 @@ class RingBlock(nn.Module):
         return x + level.drop_path(self.ffn_drop(level.ffn(self.ffn, level.norm2(x))))
 
 
+def _check_rank(rank):
+    """A level signal's rank: None (the default, ``embed_dim // 16``) or an integer >= 1."""
+    if rank is not None and not (isinstance(rank, int) and not isinstance(rank, bool) and rank >= 1):
+        raise ValueError(f'rank must be an integer >= 1 (or None for embed_dim // 16), got rank={rank!r}')
+
+
 class _RecurrentViT(TokenFormerViT):
     """A ViT whose trunk is one shared :class:`RingBlock` (``self.shared``) run over ``self.blocks``, an
     ``nn.ModuleList`` of ``depth`` :class:`Level` s. Everything else (stem, position embedding, class
@@ -220,8 +226,9 @@ class RingFormerViT(_RecurrentViT):
 
     def __init__(self, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4., rank=None, level_signal='lowrank',
                  qkv_bias=True, pos_embed='sincos', **kwargs):
-        self._ring = dict(mlp_ratio=mlp_ratio, rank=rank or max(1, embed_dim // 16), level_signal=level_signal,
-                          qkv_bias=qkv_bias)
+        _check_rank(rank)
+        self._ring = dict(mlp_ratio=mlp_ratio, rank=max(1, embed_dim // 16) if rank is None else rank,
+                          level_signal=level_signal, qkv_bias=qkv_bias)
         super().__init__(embed_dim=embed_dim, depth=depth, num_heads=num_heads, pos_embed=pos_embed, **kwargs)
 
     def _build_patch_embed(self, img_size, patch_size, in_chans, embed_dim, score_norm, strict_img_size):
@@ -266,6 +273,9 @@ class TokenRingViT(_RecurrentViT):
     """
 
     def __init__(self, level_signal='lowrank', rank=None, level_tokens=None, pos_embed='sincos', **kwargs):
+        _check_rank(rank)
+        if level_tokens is not None and not (isinstance(level_tokens, int) and level_tokens >= 1):
+            raise ValueError(f'level_tokens must be an integer >= 1 or None, got level_tokens={level_tokens!r}')
         self._ring = dict(level_signal=level_signal, rank=rank, level_tokens=level_tokens)
         super().__init__(pos_embed=pos_embed, **kwargs)
 
@@ -280,10 +290,10 @@ class TokenRingViT(_RecurrentViT):
                                   pattn(n_proj, 'proj'), qk_norm=kw['qk_norm'], attn_drop=kw['attn_drop'],
                                   proj_drop=kw['proj_drop'])
         self.shared = RingBlock(attn, pattn(n_ffn, 'ffn'), ffn_drop=kw['proj_drop'])
-        m = r['level_tokens'] or max(1, n_qkv // 32)
+        m = max(1, n_qkv // 32) if r['level_tokens'] is None else r['level_tokens']
         tokens = dict(q=m, k=m, v=m, proj=m, ffn=4 * m)
         dims = dict.fromkeys(('q', 'k', 'v', 'proj', 'ffn'), (d, d))
-        rank = r['rank'] or max(1, d // 16)
+        rank = max(1, d // 16) if r['rank'] is None else r['rank']
         return nn.ModuleList([Level(d, r['level_signal'], rank, tokens=tokens, dims=dims, drop_path=dpr[i],
                                     value_std=kw['value_std']) for i in range(depth)])
 

@@ -32,7 +32,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Block, PatchEmbed, Pattention
-from ._helpers import file_shapes
+from ._helpers import check_arguments, check_positive, file_shapes
 from ._vit_contract import ViTContract
 
 __all__ = ['TokenFormerViT', 'TokenCounts', 'block_token_counts', 'checkpoint_filter_fn', 'adapt_input_channels',
@@ -171,6 +171,9 @@ class TokenFormerViT(ViTContract, nn.Module):
             drop_path_rate: float = 0.,
     ):
         super().__init__()
+        check_arguments(TokenFormerViT.__init__, locals())
+        check_positive(embed_dim=embed_dim, num_heads=num_heads, patch_size=patch_size, key_std=key_std,
+                       value_std=value_std)
         if global_pool not in ('', 'avg', 'token'):
             raise ValueError(f"global_pool must be '', 'avg' or 'token', got {global_pool!r}")
         if depth < 1:

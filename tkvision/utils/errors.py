@@ -4,8 +4,8 @@ tensor and what to do. Command-line tools print them as one line (:mod:`tkvision
 
 A leaf module: every room may import it, it imports nothing of tkvision.
 """
-__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'USER_ERRORS', 'Preempted',
-           'EXIT_PREEMPTED']
+__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'UnsafeFileError', 'NonFiniteLossError',
+           'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'refused_pickle']
 
 
 class ConfigError(ValueError):
@@ -22,6 +22,25 @@ class UsageError(ValueError):
 
 class WeightsMismatchError(ValueError):
     """Weights that do not fit a model; the message lists missing, unexpected and mis-shaped tensors."""
+
+
+class UnsafeFileError(UsageError):
+    """A ``.pth`` file that holds pickled Python objects other than tensors and plain containers: it is not
+    loaded, since unpickling it could run code (:func:`refused_pickle` words the message)."""
+
+
+class NonFiniteLossError(RunError):
+    """The training loss became NaN or infinite; the message gives the update range, the last good
+    checkpoint if one exists, and what to try."""
+
+
+def refused_pickle(path: str, error: Exception) -> UnsafeFileError:
+    """The one-line error for a file ``torch.load(weights_only=True)`` refused (``error``), naming ``path``, the
+    object it refused and how to convert a file the user trusts."""
+    what = next((line.strip() for line in str(error).splitlines() if 'GLOBAL' in line or 'Unsupported' in line), '')
+    return UnsafeFileError(f'{path} holds pickled Python objects, not only tensors ({what or type(error).__name__}); '
+                           'it was not loaded, since unpickling could run code. If you trust it, load it with '
+                           'torch.load(path, weights_only=False) and save its tensors with safetensors')
 
 
 #: Errors caused by the user's input: printed as one line by the command-line tools.

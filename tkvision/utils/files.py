@@ -1,12 +1,36 @@
 """The project's one atomic file write: a temporary file in the target's folder, then ``os.replace``
 (atomic on POSIX), so a crash, a full disk or a kill leaves either the old file or the new one,
 never a half-written file under the final name; :func:`atomic_folder` does the same for a folder of
-files (an exported model)."""
+files (an exported model).
+
+**File modes.** Every file and folder tkvision writes (a run's checkpoints, weights, metrics, plots and lock,
+an export, a sweep's tables) gets the mode any program's new file gets: ``0666`` for a file and ``0777`` for a
+folder, less the process's umask (``0644`` / ``0755`` under the usual ``022``). The temporary files the writes
+go through are created private (``0600``, Python's ``mkstemp``) and given that mode before they take the
+final name. Set a stricter umask (``umask 077``) to keep runs private.
+"""
+import contextlib
+import errno
 import os
 import shutil
 import tempfile
 
-__all__ = ['atomic_write', 'atomic_folder', 'holds_files']
+__all__ = ['atomic_write', 'atomic_folder', 'holds_files', 'umask', 'FILE_MODE', 'FOLDER_MODE', 'safetensors_os_errors']
+
+#: The modes of new files and folders before the umask (module docstring).
+FILE_MODE, FOLDER_MODE = 0o666, 0o777
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (``/proc/self/status`` on Linux; elsewhere set and
+    restored at once)."""
+    try:
+        with open('/proc/self/status') as f:
+            return int(next(line.split()[1] for line in f if line.startswith('Umask:')), 8)
+    except (OSError, StopIteration, ValueError):
+        mask = os.umask(0o022)
+        os.umask(mask)
+        return mask
 
 
 def atomic_write(path: str, write, text: bool = False):
@@ -32,10 +56,23 @@ def atomic_write(path: str, write, text: bool = False):
         else:
             os.close(fd)
             write(tmp)
+        os.chmod(tmp, FILE_MODE & ~umask())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.remove(tmp)
+        raise
+
+
+@contextlib.contextmanager
+def safetensors_os_errors(path: str):
+    """safetensors reports the file system's errors as its own ``SafetensorError``: a full disk becomes the
+    ``OSError(ENOSPC)`` it is (which the commands print as one line), naming ``path``."""
+    try:
+        yield
+    except Exception as e:  # noqa: BLE001 - SafetensorError is a bare Exception subclass of the Rust binding
+        if type(e).__name__ == 'SafetensorError' and ('code: 28' in str(e) or 'No space left' in str(e)):
+            raise OSError(errno.ENOSPC, f'No space left on the device writing {path} (safetensors: {e})') from None
         raise
 
 
@@ -67,6 +104,11 @@ def atomic_folder(path: str, write, replace: bool = False):
     tmp = tempfile.mkdtemp(dir=parent, prefix='.' + os.path.basename(path) + '.', suffix='.tmp')
     try:
         write(tmp)
+        mask = umask()
+        for folder, _, files in os.walk(tmp):  # whatever the writer created, the one policy (module docstring)
+            os.chmod(folder, FOLDER_MODE & ~mask)
+            for name in files:
+                os.chmod(os.path.join(folder, name), FILE_MODE & ~mask)
         old = None
         if os.path.isdir(path) and os.listdir(path):
             old = tempfile.mkdtemp(dir=parent, prefix='.' + os.path.basename(path) + '.', suffix='.old')

@@ -1,0 +1,280 @@
+"""Hostile use, round three: each probe run through the command a user runs (its ``main(argv)``, or the
+process), ending in the right outcome or one line on stderr naming the key, file or value and what to do
+(exit 2), never a traceback for a user's mistake, never a file lost."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tkvision.cli.train import train_main, validate_main
+from tkvision.cli.weights import export_main, grow_main, mae_visualize_main
+from tkvision.engine import rundir
+
+from .helpers import ROOT, TINY_FMNIST
+
+TINY = "{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 32, depth: 2, num_heads: 2, num_tokens: 16}"
+COMMON = ['--model_kwargs', TINY, '--rrc_scale', 'null', '--epochs', '1', '--batch_size', '64', '--train_subset', '256',
+          '--val_subset', '128', '--threads', '1', '--progress', 'false']
+
+
+def _one_line_error(capsys, code: int, *words):
+    """The command returned 2 and its last line on stderr is the error, holding ``words``: no traceback (an
+    argument argparse refuses is its usage, then the one error line)."""
+    err = capsys.readouterr().err
+    lines = [line for line in err.strip().splitlines() if line]
+    assert code == 2 and 'Traceback' not in err and lines and 'error:' in lines[-1], err
+    for word in words:
+        assert word in lines[-1], (word, err)
+
+
+@pytest.fixture(scope='module')
+def runs(tmp_path_factory):
+    """A finished classifier run and a finished MAE run (tiny, 256 Fashion-MNIST images)."""
+    root = tmp_path_factory.mktemp('runs')
+    assert train_main(['--output', str(root / 'run'), *COMMON]) == 0
+    assert train_main(['--output', str(root / 'mae'), '--task', 'mae', '--decoder',
+                       '{embed_dim: 32, depth: 1, num_heads: 2}', *COMMON]) == 0
+    return root
+
+
+def _listing(folder) -> dict:
+    return {name: os.path.getsize(os.path.join(folder, name)) for name in sorted(os.listdir(folder))}
+
+
+def test_export_force_never_removes_a_run_or_a_live_runs_files(runs, tmp_path, capsys):
+    """``--force`` onto the checkpoint's own run folder deleted the run; onto a folder where a run is training
+    it deleted its config, lock and checkpoint. Now it replaces an earlier export only, and names what it
+    refuses to touch."""
+    run = runs / 'run'
+    before = _listing(run)
+    code = export_main(['--checkpoint', str(run / 'last.pth'), '--out', str(run), '--force'])
+    _one_line_error(capsys, code, 'holds files an export did not write', 'last.pth', 'never a run')
+    assert _listing(run) == before
+    live = tmp_path / 'live'
+    lock = rundir.claim_output_dir(str(live), resume=False)  # a run holds the folder
+    try:
+        (live / 'config.yaml').write_text('model: x\n')
+        code = export_main(['--checkpoint', str(run / 'last.pth'), '--out', str(live), '--force'])
+        _one_line_error(capsys, code, '.lock', 'config.yaml')
+        assert sorted(os.listdir(live)) == ['.lock', 'config.yaml']
+    finally:
+        lock.release()
+    out = tmp_path / 'export'
+    assert export_main(['--checkpoint', str(run / 'last.pth'), '--out', str(out)]) == 0
+    assert export_main(['--checkpoint', str(run / 'last.pth'), '--out', str(out), '--force', '--no-ema']) == 0
+    assert sorted(os.listdir(out)) == ['config.json', 'model.safetensors']
+
+
+@pytest.mark.parametrize('key, value, words', [
+    ('--naflex_max_seq_len', '1000000', ['naflex_max_seq_len', 'GiB', 'lower naflex_max_seq_len or batch_size']),
+    ('--naflex_train_seq_lens', '[100000]', ['naflex_train_seq_lens', 'at 100000 patches', 'GiB']),
+])
+def test_naflex_lengths_that_cannot_fit_in_memory_are_refused_before_any_work(tmp_path, capsys, key, value, words):
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, '--model', 'naflexvit_tokenformer_ti16',
+                       '--naflex_loader', 'true', key, value])
+    _one_line_error(capsys, code, *words)
+    assert not (tmp_path / 'r' / 'last.pth').exists()
+
+
+def test_naflex_loader_skips_and_counts_unreadable_images_in_training_and_evaluation(tmp_path):
+    """One unreadable validation image crashed the run at its first evaluation, and unreadable training
+    images were skipped uncounted; both are now skipped and counted, as every other format does."""
+    from tkvision.engine.trainer import train
+
+    from .helpers import fmnist_cfg, make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'folder', classes=2, train_per_class=16, val_per_class=4, size=28)
+    for split in ('train', 'val'):
+        (tmp_path / 'folder' / split / 'n00000000' / 'broken.JPEG').write_bytes(b'\xff\xd8 not a jpeg')
+    cfg = fmnist_cfg(tmp_path, dataset='folder', data_dir=root, model='naflexvit_tokenformer_ti16',
+                     model_kwargs=dict(TINY_FMNIST, in_chans=3, num_classes=2), naflex_loader=True,
+                     naflex_train_seq_lens=[9, 16], naflex_max_seq_len=16, train_subset=None, val_subset=None,
+                     batch_size=8, epochs=1, img_size=28)
+    row = train(cfg)['history'][-1]
+    assert int(row['skipped']) == 1 and int(row['val_skipped']) == 1
+
+
+@pytest.mark.parametrize('override, words', [
+    (['--model_kwargs', "{learn_tau: maybe}"], ['learn_tau must be true or false', "'maybe'"]),
+    (['--model_ema', 'maybe'], ["model_ema must be true or false, got 'maybe'"]),
+    (['--parameter_token_weight_decay', '.inf'], ['parameter_token_weight_decay must be a number >= 0', 'inf']),
+    (['--model_kwargs', '{key_std: -0.1}'], ['key_std must be a number > 0', '-0.1']),
+    (['--model_kwargs', '{key_std: .nan}'], ['key_std must be a finite number', 'nan']),
+    (['--model', 'ringformer_vit_small_patch16_224', '--model_kwargs', '{embed_dim: 0, img_size: 28, in_chans: 1}'],
+     ['embed_dim must be a number > 0']),
+    (['--model', 'ringformer_vit_small_patch16_224', '--model_kwargs', '{rank: 0, img_size: 28, in_chans: 1}'],
+     ['rank must be an integer >= 1']),
+])
+def test_values_that_could_only_fail_later_are_refused_naming_the_key(tmp_path, capsys, override, words):
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, *override])
+    _one_line_error(capsys, code, *words)
+
+
+def test_the_weights_commands_answer_user_errors_in_one_line(runs, tmp_path, capsys):
+    weights = str(runs / 'run' / 'best.safetensors')
+    code = grow_main(['--checkpoint', weights, '--model', 'tokenformer_vit_ti16', '--model-kwargs', TINY,
+                      '--add-qkv', '-4', '--out', str(tmp_path / 'g.safetensors')])
+    _one_line_error(capsys, code, '--add-qkv', 'expected an integer >= 0, got -4')
+    code = grow_main(['--checkpoint', weights, '--model', 'no_such_model', '--add-qkv', '4',
+                      '--out', str(tmp_path / 'g.safetensors')])
+    _one_line_error(capsys, code, "unknown model 'no_such_model'")
+    code = export_main(['--checkpoint', str(runs / 'mae' / 'last.pth'), '--out', str(tmp_path / 'e1')])
+    _one_line_error(capsys, code, 'masked-autoencoder checkpoint', 'fine-tune it first')
+    code = export_main(['--checkpoint', str(runs / 'run' / 'last.pth'), '--out', str(tmp_path / 'e2'),
+                        '--model-kwargs', '[1]'])
+    _one_line_error(capsys, code, '--model-kwargs', 'expected a YAML mapping')
+    code = validate_main(['--checkpoint', str(runs / 'mae' / 'last.pth')])
+    _one_line_error(capsys, code, 'masked-autoencoder run', 'no classifier to validate')
+    code = mae_visualize_main(['--checkpoint', str(runs / 'mae' / 'last.pth'), '--num-images', '0',
+                               '--out', str(tmp_path / 'x.png')])
+    _one_line_error(capsys, code, '--num-images', 'expected an integer >= 1, got 0')
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_leaves_no_folder(runs, tmp_path, capsys, monkeypatch):
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                              '"No space left on device" })')
+    monkeypatch.setattr(safetensors.torch, 'save_file', full)
+    monkeypatch.setattr('tkvision.engine.checkpoint.save_file', full)
+    code = export_main(['--checkpoint', str(runs / 'run' / 'last.pth'), '--out', str(tmp_path / 'e')])
+    assert code == 2 and 'Traceback' not in capsys.readouterr().err
+    assert not (tmp_path / 'e').exists()
+
+
+def test_training_on_a_full_disk_is_one_line_and_keeps_the_last_checkpoint(tmp_path, capsys, monkeypatch):
+    """safetensors reports a full disk as its own error (a traceback); the trainer says it in one line, and the
+    ``last.pth`` written before it is intact."""
+    from safetensors import SafetensorError
+
+    from tkvision.engine import checkpoint
+    real, calls = checkpoint.save_file, []
+
+    def fills_up(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 2:  # the first epoch's best and last weights go through; the second epoch's do not
+            raise SafetensorError('IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })')
+        return real(*args, **kwargs)
+    monkeypatch.setattr(checkpoint, 'save_file', fills_up)
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, '--epochs', '2'])
+    _one_line_error(capsys, code, 'No space left on the device', 'safetensors')
+    state = checkpoint.load_training_checkpoint(str(tmp_path / 'r' / 'last.pth'))
+    assert state['epochs_done'] >= 1
+
+
+def test_a_nan_loss_is_one_line_naming_the_updates_and_what_to_try(tmp_path, capsys, monkeypatch):
+    from timm.loss import LabelSmoothingCrossEntropy
+    real = LabelSmoothingCrossEntropy.forward
+    monkeypatch.setattr(LabelSmoothingCrossEntropy, 'forward', lambda self, x, t: real(self, x, t) * float('nan'))
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON])
+    _one_line_error(capsys, code, 'NaN or infinite between updates 1 and 4', 'Try a lower lr')
+
+
+def test_a_refused_pickle_is_one_line_in_every_command_that_reads_it(runs, tmp_path, capsys):
+    """A ``.pth`` holding code is never unpickled: before, 27-33 lines of traceback; now one line naming the
+    file and how to convert one the user trusts."""
+    evil = tmp_path / 'evil' / 'last.pth'
+    evil.parent.mkdir()
+    torch.save({'model': {}, 'config': {}, 'hook': os.system}, evil)
+    commands = [(train_main, ['--output', str(evil.parent), '--resume', str(evil)]),
+                (validate_main, ['--checkpoint', str(evil)]),
+                (export_main, ['--checkpoint', str(evil), '--out', str(tmp_path / 'e')]),
+                (mae_visualize_main, ['--checkpoint', str(evil), '--out', str(tmp_path / 'x.png')])]
+    for main, argv in commands:
+        _one_line_error(capsys, main(argv), str(evil), 'was not loaded', 'weights_only=False')
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--models', 'no_such_model'], ["unknown model 'no_such_model'"]),
+    (['--batch-size', '0'], ['--batch-size', 'expected an integer >= 1, got 0']),
+    (['--batch-size', '-3'], ['--batch-size', 'expected an integer >= 1, got -3']),
+    (['--steps', '0'], ['--steps', 'expected an integer >= 1, got 0']),
+    (['--device', 'cuda'], ['--device', 'no CUDA device here']),
+])
+def test_the_benchmark_refuses_bad_arguments_in_one_line(args, words):
+    res = subprocess.run([sys.executable, 'tools/benchmark.py', '--models', 'tokenformer_vit_ti16', *args], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and 'Traceback' not in res.stderr and all(w in res.stderr for w in words), res.stderr
+
+
+def test_the_studies_and_developer_tools_answer_bad_input_in_one_line(tmp_path):
+    """The GPU report on a device it does not know, the comparison on an empty run folder or a malformed points
+    file, and the docs renderer on a corrupt results file: each names the argument or file."""
+    def run(*args):
+        res = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True)
+        assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr
+        return res.stderr
+    assert "--device: invalid choice: 'tpu'" in run('-m', 'studies.performance.gpu_report', '--device', 'tpu')
+    configs = 'studies/comparison/configs/*.yaml'
+    assert 'no finished point' in run('-m', 'studies.comparison.comparison', configs, '--report-only', '--out',
+                                      str(tmp_path / 'none'), '--report-dir', str(tmp_path / 'rep'))
+    bad = tmp_path / 'points.csv'
+    bad.write_text('a,b\n1,2\n')
+    assert f'{bad} is not a points file' in run('-m', 'studies.comparison.comparison', configs, '--from-points',
+                                                str(bad), '--report-dir', str(tmp_path / 'rep'))
+
+
+def test_the_docs_renderer_names_a_corrupt_results_file(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('render_docs', f'{ROOT}/tools/render_docs.py')
+    render_docs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(render_docs)
+    corrupt = tmp_path / 'results.json'
+    corrupt.write_text('{"rows": [')
+    with pytest.raises(render_docs.SpecError, match=f'{corrupt} is not readable'):
+        render_docs.update(f'<!-- table {corrupt}#rows | a={{a}} -->\n<!-- end table -->\n', 'page.md')
+
+
+def test_a_hugging_face_split_with_a_class_train_lacks_is_named(tmp_path, capsys):
+    import io
+
+    import datasets
+    from PIL import Image
+
+    from tkvision.data import load_fashion_mnist
+    images, labels = load_fashion_mnist('train')
+    for split, names in (('train', ['a', 'b', 'c']), ('validation', ['a', 'b', 'c', 'd'])):
+        rows = dict(image=[], label=[])
+        for i in range(3000):
+            if labels[i] < len(names) and len(rows['label']) < 40:
+                buffer = io.BytesIO()
+                Image.fromarray(images[i]).convert('RGB').save(buffer, format='JPEG')
+                rows['image'].append(dict(bytes=buffer.getvalue(), path=None))
+                rows['label'].append(int(labels[i]))
+        features = datasets.Features(image=datasets.Image(), label=datasets.ClassLabel(names=names))
+        (tmp_path / 'hf' / 'data').mkdir(parents=True, exist_ok=True)
+        datasets.Dataset.from_dict(rows, features=features).to_parquet(str(tmp_path / 'hf' / 'data' /
+                                                                            f'{split}-00000.parquet'))
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, '--dataset', f"hfds/{tmp_path / 'hf'}",
+                       '--model_kwargs', TINY.replace('in_chans: 1', 'in_chans: 3'), '--train_subset', 'null',
+                       '--val_subset', 'null', '--batch_size', '8'])
+    _one_line_error(capsys, code, '(train and validation)', "only in val: ['class 3 (unnamed)']")
+
+
+def test_a_truncated_config_json_of_a_local_dir_export_is_named(runs, tmp_path):
+    from tkvision.engine.build import create_model
+    from tkvision.utils.errors import ConfigError
+    out = tmp_path / 'export'
+    assert export_main(['--checkpoint', str(runs / 'run' / 'last.pth'), '--out', str(out)]) == 0
+    text = (out / 'config.json').read_text()
+    (out / 'config.json').write_text(text[:len(text) // 2])
+    with pytest.raises(ConfigError, match=f"{out}/config.json is not valid JSON .*export the model again"):
+        create_model(f'local-dir:{out}', pretrained=True)
+
+
+@pytest.mark.parametrize('mask, file_mode, folder_mode', [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_every_file_a_run_and_an_export_write_follows_the_umask(runs, tmp_path, mask, file_mode, folder_mode):
+    """One policy (tkvision/utils/files.py): files 0666 and folders 0777 less the umask. Before, a run's files
+    were 0600 (the temporary files' mode), its curves and lock 0644 and an export folder 0700."""
+    old = os.umask(mask)
+    try:
+        assert train_main(['--output', str(tmp_path / 'run'), *COMMON]) == 0
+        assert export_main(['--checkpoint', str(tmp_path / 'run' / 'last.pth'), '--out', str(tmp_path / 'e')]) == 0
+    finally:
+        os.umask(old)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in [*(tmp_path / 'run').iterdir(), *(tmp_path / 'e').iterdir()]}
+    assert set(modes.values()) == {file_mode}, {k: oct(v) for k, v in modes.items()}
+    assert {(tmp_path / 'run').stat().st_mode & 0o777, (tmp_path / 'e').stat().st_mode & 0o777} == {folder_mode}
