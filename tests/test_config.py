@@ -4,7 +4,7 @@ import os
 
 import pytest
 
-from tkvision.engine.config import ConfigError, load_config, parse_overrides, resolve_accum_steps, resolve_lr
+from tkvision.engine.config import ConfigError, load_config, parse_overrides, resolve_accum_steps, resolve_lr, section
 
 from .helpers import ROOT
 
@@ -75,10 +75,11 @@ def test_override_parsing_and_errors():
 
 def test_lr_scaling_and_accumulation():
     cfg = load_config(os.path.join(ROOT, 'configs/imagenet/tokenformer_vit_b16.yaml'))
-    assert resolve_accum_steps(cfg, 8) == 4 and resolve_accum_steps(cfg, 32) == 1
-    assert resolve_lr(cfg, 8) == pytest.approx(1.6e-3)  # MAE: blr 1e-4 * 4096 / 256
+    optim, batch = section(cfg, 'optim'), cfg['batch_size']
+    assert resolve_accum_steps(optim, batch, 8) == 4 and resolve_accum_steps(optim, batch, 32) == 1
+    assert resolve_lr(optim, batch, 8) == pytest.approx(1.6e-3)  # MAE: blr 1e-4 * 4096 / 256
     with pytest.raises(ConfigError, match='multiple'):
-        resolve_accum_steps(cfg, 3)
+        resolve_accum_steps(optim, batch, 3)
 
 
 @pytest.mark.parametrize('path', sorted(glob.glob(os.path.join(ROOT, 'configs/**/*.yaml'), recursive=True)))
@@ -104,7 +105,7 @@ def test_every_shipped_config_loads_and_builds_its_model(path):
     with torch.device('meta'):
         model = model_for_config(cfg)
     assert sum(p.numel() for p in model.parameters()) > 0 and cfg['epochs'] > 0
-    check_model_input(cfg)  # raises ConfigError naming both shapes when they differ
+    check_model_input(section(cfg, 'model'), section(cfg, 'data'))  # raises ConfigError naming both shapes
 
 
 def _leaf_keys(mapping, prefix=''):

@@ -306,7 +306,7 @@ def test_also_a_run_with_the_old_1000_way_head_on_a_class_folder_resumes(tmp_pat
     today's default gives the folder's 3 classes. Resuming such a run says what to set (it raised PyTorch's bare
     size mismatch), and resumes once the config sets ``num_classes: 1000`` (that change was refused as a new model)."""
     import pytest
-    from tkvision.engine import build, trainer
+    from tkvision.engine import trainer
     from tkvision.engine.config import load_config
     from tkvision.utils.errors import RunError
     from .helpers import make_imagenet_folder
@@ -315,7 +315,7 @@ def test_also_a_run_with_the_old_1000_way_head_on_a_class_folder_resumes(tmp_pat
     run = dict(model='tokenformer_vit_ti16', dataset='folder', data_dir=str(root), epochs=2, batch_size=4, threads=1,
                progress=False, output=str(tmp_path / 'run'), img_size=32, rrc_scale=None)
     with monkeypatch.context() as old_release:
-        old_release.setattr(build, 'default_num_classes', lambda cfg: 1000)
+        old_release.setattr(trainer, 'default_num_classes', lambda data: 1000)
         trainer.train(load_config(None, dict(run, model_kwargs=tiny, epochs=1)))
     with pytest.raises(RunError, match=r'1000 classes.*model_kwargs.*num_classes: 1000'):
         trainer.train(load_config(None, dict(run, model_kwargs=tiny)), resume=True)

@@ -245,3 +245,17 @@ def test_every_test_the_reliability_page_names_exists():
     missing = [n for n in sorted(named) if n not in stems and f'def {n}' not in source
                and not any(f'def {n}' in line for line in source.splitlines())]
     assert named and missing == []
+
+
+def test_the_whole_config_travels_no_further_than_the_edge():
+    """Validated once at the edge, the config reaches each stage as the section it uses: followed call by call
+    through a tiny run (``tools/config_trail.py``), the whole config is handed on at most 25 times and comes back
+    to a module it had left at most 10 (it was 61 and 23 before the sections: the run's context and state
+    carried it everywhere)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('config_trail', os.path.join(ROOT, 'tools', 'config_trail.py'))
+    config_trail = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(config_trail)
+    trail = config_trail.trail()
+    assert trail['handoffs'] <= 25 and trail['returns'] <= 10, trail
+    assert any(e[4] == '_start' for e in trail['edges'])  # the probe sees the trail: it is not empty by accident

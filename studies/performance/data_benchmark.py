@@ -1,9 +1,10 @@
 """The input pipeline, measured: JPEG decoders, augmentation libraries, folder vs shards, workers.
 
-``tools/benchmark.py --parts data`` runs :func:`benchmark_data`. Images are real: Fashion-MNIST
+``python -m studies.performance.layer_benchmark --parts data`` runs :func:`benchmark_data`, ``--parts loader``
+:func:`benchmark_loaders` (our training loader against timm's ``create_loader``). Images are real: Fashion-MNIST
 images upscaled to 500 x 375 (ImageNet's typical size) and written as JPEGs (quality 90) in an
 ImageNet-layout folder and as WebDataset shards of it, unless ``root`` names a folder of your own.
-The augmentation is the ImageNet recipe's (``configs/imagenet/_base_mae_supervised.yaml``:
+The augmentation is the ImageNet recipe's (``tkvision/configs/imagenet/_base_mae_supervised.yaml``:
 RandomResizedCrop 224 bicubic, flip, RandAugment m9-mstd0.5); workers hand uint8 batches over.
 """
 import io
@@ -21,9 +22,9 @@ from tkvision.data.shards import make_shards
 from tkvision.engine.config import load_config, section
 from tkvision.engine.trainer import resolve_run_config
 
-__all__ = ['benchmark_data', 'make_jpeg_folder']
+__all__ = ['benchmark_data', 'benchmark_loaders', 'make_jpeg_folder']
 
-_RECIPE = 'configs/imagenet/_base_mae_supervised.yaml'
+_RECIPE = 'tkvision/configs/imagenet/_base_mae_supervised.yaml'
 
 
 def make_jpeg_folder(root: str, n_images: int = 256, classes: int = 4, size=(500, 375)) -> str:
@@ -120,3 +121,69 @@ def benchmark_data(root=None, n_images=256, workers=(1, 2), batch_size=32, repea
                                          img_per_s_per_worker=rate / w))
             log(f'loader  {dataset:10s} {w} worker(s) {rate:8.1f} img/s ({rate / w:.1f} per worker)')
     return tables
+
+
+def _timm_loader(root: str, cfg: dict, workers: int):
+    """timm's ``create_loader`` over ``root/train`` with the ImageNet recipe's training transforms (as
+    ``cfg``'s data section gives them): RandomResizedCrop 224 bicubic, flip, RandAugment; random erasing is
+    left out of both loaders (ours applies it on the device, after the loader)."""
+    from timm.data import create_dataset, create_loader
+    dataset = create_dataset('', root=os.path.join(root, 'train'), is_training=True)
+    return create_loader(dataset, input_size=(3, cfg['img_size'], cfg['img_size']), batch_size=cfg['batch_size'],
+                         is_training=True, use_prefetcher=False, scale=tuple(cfg['rrc_scale']),
+                         interpolation=cfg['interpolation'], auto_augment=cfg['auto_augment'], re_prob=0.,
+                         mean=tuple(cfg['mean']), std=tuple(cfg['std']), num_workers=workers, persistent_workers=False)
+
+
+def _ours_loader(root: str, cfg: dict, workers: int):
+    data = section(dict(cfg, num_workers=workers, data_dir=root, dataset='folder'), 'data')
+    loader = build_loader(build_dataset(data, 'train', cfg['seed']), data, train=True, seed=cfg['seed'])
+    set_loader_epoch(loader, 0)
+    return loader
+
+
+def _epoch_rate(loader, warm_batches: int) -> float:
+    """img/s over one pass of ``loader`` after its first ``warm_batches`` (worker start-up excluded)."""
+    it, n = iter(loader), 0
+    for _ in range(warm_batches):
+        next(it)
+    t0 = time.perf_counter()
+    for batch in it:
+        n += len(batch[0])
+    rate = n / (time.perf_counter() - t0)
+    del it
+    return rate
+
+
+def benchmark_loaders(root=None, n_images=1024, workers=(1, 2), batch_size=32, repeats=3, log=print) -> list:
+    """Our training loader (:func:`tkvision.data.build_loader`: simplejpeg decoding, albumentations, uint8
+    batches) against timm's ``create_loader`` (PIL decoding, torchvision ops, float batches) with the ImageNet
+    recipe's augmentations, on ImageNet-like JPEGs (Fashion-MNIST upscaled to 500 x 375, quality 90, unless
+    ``root`` is given), for each worker count; the two interleaved over ``repeats`` rounds of one pass each.
+
+    Returns:
+        rows ``loader, workers, img_per_s, img_per_s_per_worker`` (medians over the rounds) and, on our rows,
+        ``vs_timm`` (the median over rounds of our img/s over timm's in the same round) and ``ratio_runs``.
+    """
+    import statistics
+    torch.set_num_threads(1)
+    if root is None:
+        root = make_jpeg_folder(os.path.join(tempfile.mkdtemp(prefix='tkvision-loader-bench-'), 'jpeg'), n_images)
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cfg = resolve_run_config(load_config(os.path.join(repo, _RECIPE),
+                                         dict(data_dir=root, batch_size=batch_size, model='tokenformer_vit_b16')))
+    rows = []
+    for w in workers:
+        rates = dict(tkvision=[], timm=[])
+        for _ in range(repeats):
+            for name, build in (('tkvision', _ours_loader), ('timm', _timm_loader)):
+                rates[name].append(_epoch_rate(build(root, cfg, w), warm_batches=max(w, 1)))
+        paired = [a / b for a, b in zip(rates['tkvision'], rates['timm'])]
+        for name in ('tkvision', 'timm'):
+            rate = statistics.median(rates[name])
+            row = dict(loader=name, workers=w, img_per_s=rate, img_per_s_per_worker=rate / w)
+            if name == 'tkvision':
+                row.update(vs_timm=statistics.median(paired), ratio_runs=' '.join(f'{r:.3f}' for r in paired))
+            rows.append(row)
+            log(f'loader {name:9s} {w} worker(s) {rate:8.1f} img/s ({rate / w:.1f} per worker)')
+    return rows

@@ -138,8 +138,17 @@ def _data_part(args) -> tuple:
                     markdown_table(tables['loader'], ['source', 'workers', 'img_per_s', 'img_per_s_per_worker']), '']
 
 
+def _loader_part(args) -> tuple:
+    from studies.performance.data_benchmark import benchmark_loaders  # albumentations: only this part needs it
+    rows = benchmark_loaders(args.data_root, args.data_images, tuple(args.workers), repeats=args.repeats)
+    return rows, ['### Our training loader against timm\'s create_loader (ImageNet recipe augmentations)',
+                  markdown_table(rows, ['loader', 'workers', 'img_per_s', 'img_per_s_per_worker', 'vs_timm',
+                                        'ratio_runs']), '']
+
+
 #: The library's parts and the study's, in the order they run.
-PARTS = {**LIBRARY_PARTS, 'pattention': _pattention_part, 'score_norm': _score_norm_part, 'data': _data_part}
+PARTS = {**LIBRARY_PARTS, 'pattention': _pattention_part, 'score_norm': _score_norm_part, 'data': _data_part,
+         'loader': _loader_part}
 
 
 def main(argv=None) -> int:

@@ -118,7 +118,7 @@ def _validate(argv) -> int:
     ds = build_dataset(data, args.split, cfg['seed'], rank, world, class_to_idx=train_class_map(data))
     # a run that grew during training: its config builds the model it started from, grown to the file's size
     model, grown = model_for_checkpoint(cfg, args.checkpoint, use_ema=not args.no_ema)
-    check_model_input(cfg)
+    check_model_input(section(cfg, 'model'), section(cfg, 'data'))
     if grown and not rank:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
     loader = build_loader(ds, data, train=False, seed=cfg['seed'], rank=rank, world_size=world)

@@ -70,14 +70,14 @@ def _refusals_as_config_errors(where: str, config_json: str = 'config.json'):
 
 
 
-def default_num_classes(cfg: dict) -> int:
-    """Classes of the config's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST; for a class-folder
+def default_num_classes(data: dict) -> int:
+    """Classes of the data section's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST; for a class-folder
     dataset (``folder``, ``imagenet``) or shards with a class list, the classes of its training split
     (:func:`~tkvision.data.datasets.train_class_map`: a 3-class folder gets a 3-way head, not ImageNet's); else
     1000 (ImageNet-1K, the timm default)."""
-    if cfg['dataset'] == 'fashion_mnist':
+    if data['dataset'] == 'fashion_mnist':
         return 10
-    classes = train_class_map(cfg)
+    classes = train_class_map(data)
     return len(classes) if classes else 1000
 
 
@@ -85,4 +85,4 @@ def model_for_config(cfg: dict, num_classes: int = None) -> torch.nn.Module:
     """:func:`build_model` of a whole config: its model section, its MAE section when ``task`` is
     ``mae``, and ``num_classes`` (default: :func:`default_num_classes`)."""
     mae = section(cfg, 'mae') if cfg['task'] == 'mae' else None
-    return build_model(section(cfg, 'model'), mae, num_classes or default_num_classes(cfg))
+    return build_model(section(cfg, 'model'), mae, num_classes or default_num_classes(section(cfg, 'data')))

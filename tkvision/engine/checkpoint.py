@@ -72,7 +72,7 @@ def training_checkpoint(state) -> dict:
     return dict(model=state.model.state_dict(), optimizer=state.optimizer.state_dict(),
                 scaler=state.scaler.state_dict(), model_ema=state.ema.module.state_dict() if state.ema else None,
                 epochs_done=state.epochs_done, batches_done=state.batches_done, num_updates=state.num_updates,
-                best=state.best, token_counts=state.size(), config=state.cfg,
+                best=state.best, token_counts=state.size(), config=dict(state.config_record),
                 meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'], seconds=m['seconds'],
                            data_seconds=m['data_seconds']),
                 elapsed_seconds=state.elapsed_seconds(), format_version=FORMAT_VERSION)

@@ -145,7 +145,7 @@ SECTIONS = {
         'elastic_fractions': [],     # fractions of every Pattention's tokens each step may train, e.g.
                                      # [0.25, 0.5, 0.75, 1.0]; []: off. Evaluation reports each (top1@0.25, ...)
         'elastic_sampling': 'largest_plus_random',  # 'all', 'random' or 'largest_plus_random' (SAMPLING)
-        'elastic_tau': 'follow',     # τ of a prefix of k tokens: 'follow' (Eq. 5's √k) or 'kept' (the full layer's)
+        'elastic_tau': 'kept',       # τ of a prefix of k tokens: 'kept' (the whole layer's) or 'follow' (Eq. 5's √k)
     },
     'growth': {
         'growth': {                  # growth during training (tkvision.growth)
@@ -317,11 +317,12 @@ def load_config(path=None, overrides=None, base: dict = None) -> dict:
     return validate_config(cfg)
 
 
-def resolve_lr(cfg: dict, world_size: int = 1) -> float:
-    """Peak lr: ``cfg['lr']`` if set, else ``blr * global_batch / 256`` (MAE's linear scaling rule)."""
-    if cfg['lr'] is not None:
-        return float(cfg['lr'])
-    return cfg['blr'] * cfg['batch_size'] * resolve_accum_steps(cfg, world_size) * world_size / 256
+def resolve_lr(optim: dict, batch_size: int, world_size: int = 1) -> float:
+    """Peak lr of the optim section ``optim``: ``lr`` if set, else ``blr * global_batch / 256`` (MAE's linear
+    scaling rule), the global batch being ``batch_size`` x accumulation steps x ``world_size`` processes."""
+    if optim['lr'] is not None:
+        return float(optim['lr'])
+    return optim['blr'] * batch_size * resolve_accum_steps(optim, batch_size, world_size) * world_size / 256
 
 
 def migrate(cfg: dict) -> dict:

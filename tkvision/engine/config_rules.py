@@ -140,7 +140,7 @@ RULES = {
     'elastic_fractions': (lambda v: isinstance(v, list) and all(_is_num(f) and 0 < f <= 1 for f in v),
                           'a list of fractions in (0, 1] (empty: off)'),
     'elastic_sampling': _rule(None, choices=('all', 'random', 'largest_plus_random')),
-    'elastic_tau': _rule(None, choices=('follow', 'kept')),
+    'elastic_tau': _rule(None, choices=('kept', 'follow')),
     'growth.every_epochs': _rule('int', 1, null=True),
     'growth.add_tokens': _rule('map'),
     'growth.until_epoch': _rule('int', 1, null=True),
@@ -201,7 +201,7 @@ def validate_config(cfg: dict) -> dict:
     if cfg['freeze_loaded_tokens'] and not cfg['init_from']:
         raise ConfigError('freeze_loaded_tokens needs init_from (the tokens to freeze are the ones loaded from it)')
     _validate_naflex(cfg)
-    resolve_accum_steps(cfg, 1)
+    resolve_accum_steps(cfg, cfg['batch_size'], 1)  # the flat config holds the optim keys
     return cfg
 
 
@@ -295,17 +295,17 @@ def _validate_growth_schedule(cfg: dict):
                               'lists them)')
 
 
-def resolve_accum_steps(cfg: dict, world_size: int = 1) -> int:
-    """Gradient-accumulation steps: ``global_batch_size / (batch_size * world_size)`` when
-    ``global_batch_size`` is set, else ``accum_steps``.
+def resolve_accum_steps(optim: dict, batch_size: int, world_size: int = 1) -> int:
+    """Gradient-accumulation steps of the optim section ``optim``: ``global_batch_size / (batch_size *
+    world_size)`` when ``global_batch_size`` is set, else ``accum_steps``.
 
     Raises:
         ConfigError: ``global_batch_size`` not a multiple of ``batch_size * world_size``.
     """
-    if not cfg['global_batch_size']:
-        return int(cfg['accum_steps'])
-    per_step = cfg['batch_size'] * world_size
-    if cfg['global_batch_size'] % per_step:
-        raise ConfigError(f"global_batch_size {cfg['global_batch_size']} is not a multiple of batch_size x processes "
-                          f"= {cfg['batch_size']} x {world_size}")
-    return cfg['global_batch_size'] // per_step
+    if not optim['global_batch_size']:
+        return int(optim['accum_steps'])
+    per_step = batch_size * world_size
+    if optim['global_batch_size'] % per_step:
+        raise ConfigError(f"global_batch_size {optim['global_batch_size']} is not a multiple of batch_size x processes "
+                          f"= {batch_size} x {world_size}")
+    return optim['global_batch_size'] // per_step

@@ -32,9 +32,9 @@ from ..growth import elastic
 from ..utils.errors import ConfigError, NonFiniteLossError, Preempted
 from ..utils.memory import available_memory_bytes
 from ..utils.seeding import derive_seed
-from .build import model_for_config
+from .build import build_model
 from .checkpoint import LAST_CHECKPOINT, save_training_checkpoint
-from .config import resolve_accum_steps, section
+from .config import resolve_accum_steps
 from .evaluate import AMP_DTYPES
 from .state import TrainState
 
@@ -61,24 +61,34 @@ def seed_step(seed: int, epoch: int, batch: int, rank: int = 0):
 
 
 class RunContext:
-    """What a run uses but does not save: config, processes, data, loss, output and stop handling.
+    """What a run uses but does not save: its run, data, optimisation and elastic sections, processes, data,
+    loss, output and stop handling.
+
+    Args:
+        run, data, optim, elastic, model: those sections of the config (:func:`tkvision.engine.config.section`;
+            ``model`` only to read a NaFlex model's patch size).
+        rank, world, device: this process, the number of processes, its device.
 
     Raises:
         ConfigError: a training set smaller than one global batch, or an epoch without a full batch.
         FileNotFoundError, UsageError: missing data, splits with different classes (named).
     """
 
-    def __init__(self, cfg: dict, rank: int, world: int, device):
-        self.cfg, self.rank, self.world, self.device = cfg, rank, world, device
+    def __init__(self, run: dict, data: dict, optim: dict, elastic: dict, model: dict, rank: int, world: int,
+                 device):
+        self.run_section, self.data, self.optim, self.elastic = run, data, optim, elastic
+        self.rank, self.world, self.device = rank, world, device
+        self.seed, self.task, self.epochs, self.amp = run['seed'], run['task'], optim['epochs'], run['amp']
+        self.model_name = model['model']
         self.main = rank == 0
-        self.out = cfg['output']
+        self.out = run['output']
         self.checkpoint_path = os.path.join(self.out, LAST_CHECKPOINT)
-        self.accum = resolve_accum_steps(cfg, world)
-        self.naflex_patch_size = naflex_patch_size(cfg, device) if cfg['naflex_loader'] else None
+        self.accum = resolve_accum_steps(optim, data['batch_size'], world)
+        self.naflex_patch_size = naflex_patch_size(model, data, device) if data['naflex_loader'] else None
         self._build_data()
-        self.preprocess = (NaFlexPreprocessor(device) if cfg['naflex_loader'] else
-                           BatchPreprocessor(cfg['mean'], cfg['std'], device, reprob=cfg['reprob']))
-        self.amp_dtype = AMP_DTYPES[cfg['amp']]
+        self.preprocess = (NaFlexPreprocessor(device) if data['naflex_loader'] else
+                           BatchPreprocessor(data['mean'], data['std'], device, reprob=data['reprob']))
+        self.amp_dtype = AMP_DTYPES[run['amp']]
         self.mixup = self.criterion = None  # set by set_loss once the model (and its num_classes) exists
         self.stop_signal = None
         self.last_save = time.monotonic()
@@ -87,28 +97,27 @@ class RunContext:
         self._test_loader = None  # built by test_loader(), at the end of a run
 
     def _build_data(self):
-        cfg, data, rank, world = self.cfg, section(self.cfg, 'data'), self.rank, self.world
-        self.train_ds = build_dataset(data, 'train', cfg['seed'], rank, world)
-        self.val_ds = build_dataset(data, 'val', cfg['seed'], rank, world, class_to_idx=dataset_classes(self.train_ds))
-        global_batch = cfg['batch_size'] * self.accum * world
+        data, rank, world = self.data, self.rank, self.world
+        self.train_ds = build_dataset(data, 'train', self.seed, rank, world)
+        self.val_ds = build_dataset(data, 'val', self.seed, rank, world, class_to_idx=dataset_classes(self.train_ds))
+        global_batch = data['batch_size'] * self.accum * world
         if dataset_size(self.train_ds) < global_batch:
             raise ConfigError(f'the training set has {dataset_size(self.train_ds)} images, fewer than one global batch '
-                              f"({global_batch} = batch_size {cfg['batch_size']} x accum_steps {self.accum} x "
+                              f"({global_batch} = batch_size {data['batch_size']} x accum_steps {self.accum} x "
                               f'{world} processes): lower batch_size or raise train_subset')
         self.train_loader = self._loader(self.train_ds, train=True)
         self.train_loader.worker_init_fn = _ignore_stop_signals
         self.val_loader = self._loader(self.val_ds, train=False)
         self.batches_per_epoch = batches_per_epoch(self.train_loader)
         if self.batches_per_epoch < 1:
-            raise ConfigError(f"one epoch holds no full batch of {cfg['batch_size']} per process and loader worker: "
+            raise ConfigError(f"one epoch holds no full batch of {data['batch_size']} per process and loader worker: "
                               'lower batch_size or num_workers')
         self.updates_per_epoch = math.ceil(self.batches_per_epoch / self.accum)
 
     def test_loader(self):
         """A loader of the test split (:func:`tkvision.data.build_dataset` ``'test'``), built when asked
         for: the trainer asks once, at the end of a run (kept for :meth:`close`)."""
-        data = section(self.cfg, 'data')
-        ds = build_dataset(data, 'test', self.cfg['seed'], self.rank, self.world,
+        ds = build_dataset(self.data, 'test', self.seed, self.rank, self.world,
                            class_to_idx=dataset_classes(self.train_ds))
         self._test_loader = self._loader(ds, train=False)
         return self._test_loader
@@ -116,7 +125,7 @@ class RunContext:
     def _loader(self, dataset, train: bool):
         """Our map-style / shard loader (:func:`tkvision.data.build_loader`), or timm's NaFlex loader
         (:func:`tkvision.data.naflex.build_naflex_loader`) with ``naflex_loader``."""
-        data, seed = section(self.cfg, 'data'), self.cfg['seed']
+        data, seed = self.data, self.seed
         if self.naflex_patch_size:
             return build_naflex_loader(dataset, data, train, seed, self.naflex_patch_size, self.rank, self.world)
         return build_loader(dataset, data, train=train, seed=seed, rank=self.rank, world_size=self.world)
@@ -125,24 +134,24 @@ class RunContext:
         """The prefixes micro-batch ``batch`` of ``epoch`` trains: ``[None]`` (the whole model), or an
         elastic run's fractions (:func:`tkvision.growth.elastic.step_fractions`), drawn from a stream of
         their own (``derive_seed('elastic', seed, epoch, batch)``), so a resumed run draws the same."""
-        fractions = self.cfg['elastic_fractions']
+        fractions = self.elastic['elastic_fractions']
         if not fractions:
             return [None]
-        generator = torch.Generator().manual_seed(derive_seed('elastic', self.cfg['seed'], epoch, batch))
-        chosen = elastic.step_fractions(fractions, self.cfg['elastic_sampling'], generator)
+        generator = torch.Generator().manual_seed(derive_seed('elastic', self.seed, epoch, batch))
+        chosen = elastic.step_fractions(fractions, self.elastic['elastic_sampling'], generator)
         return [None if f == 1 else f for f in chosen]
 
     def set_loss(self, num_classes: int):
         """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
         with soft-target cross-entropy, label smoothing, or plain cross-entropy."""
-        cfg = self.cfg
-        if cfg['mixup'] > 0 or cfg['cutmix'] > 0:
-            self.mixup = Mixup(mixup_alpha=cfg['mixup'], cutmix_alpha=cfg['cutmix'], prob=cfg['mixup_prob'],
-                               switch_prob=cfg['mixup_switch_prob'], label_smoothing=cfg['smoothing'],
+        optim = self.optim
+        if optim['mixup'] > 0 or optim['cutmix'] > 0:
+            self.mixup = Mixup(mixup_alpha=optim['mixup'], cutmix_alpha=optim['cutmix'], prob=optim['mixup_prob'],
+                               switch_prob=optim['mixup_switch_prob'], label_smoothing=optim['smoothing'],
                                num_classes=num_classes)
             self.criterion = SoftTargetCrossEntropy()
-        elif cfg['smoothing'] > 0:
-            self.criterion = LabelSmoothingCrossEntropy(cfg['smoothing'])
+        elif optim['smoothing'] > 0:
+            self.criterion = LabelSmoothingCrossEntropy(optim['smoothing'])
         else:
             self.criterion = torch.nn.CrossEntropyLoss()
 
@@ -183,12 +192,12 @@ class RunContext:
         Raises:
             NonFiniteLossError: a NaN / inf loss since the last check (nothing is saved after it).
         """
-        cfg, u = self.cfg, state.num_updates
-        every = cfg['checkpoint_every_steps']
+        run, u = self.run_section, state.num_updates
+        every = run['checkpoint_every_steps']
         step_due = bool(every) and u % every == 0
-        if not (force or step_due or u % cfg['log_interval'] == 0 or (self.world == 1 and self.stop_signal)):
+        if not (force or step_due or u % run['log_interval'] == 0 or (self.world == 1 and self.stop_signal)):
             return False
-        minutes = cfg['checkpoint_every_minutes']
+        minutes = run['checkpoint_every_minutes']
         time_due = bool(minutes) and time.monotonic() - self.last_save >= 60 * minutes
         flags = torch.cat([state.meter['nonfinite'].float().view(1),
                            torch.tensor([float(bool(self.stop_signal)), float(time_due)], device=self.device)])
@@ -207,25 +216,25 @@ class RunContext:
         return stop
 
 
-def naflex_patch_size(cfg: dict, device='cpu') -> int:
-    """The patch size of the config's model (built on the meta device), which NaFlex evaluation batches use;
-    the sequence lengths checked against ``device``'s memory (:func:`check_naflex_memory`).
+def naflex_patch_size(model: dict, data: dict, device='cpu') -> int:
+    """The patch size of the model section's model (built on the meta device), which NaFlex evaluation batches
+    use; the data section's sequence lengths checked against ``device``'s memory (:func:`check_naflex_memory`).
 
     Raises:
         ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries, or lengths that
             cannot fit.
     """
     with torch.device('meta'):
-        net = model_for_config(cfg)
+        net = build_model(model)
     patch = getattr(getattr(net, 'embeds', None), 'patch_size', None)
     if patch is None:
-        raise ConfigError(f"naflex_loader: {cfg['model']} takes no NaFlex patch dictionaries; use a NaFlex model "
+        raise ConfigError(f"naflex_loader: {model['model']} takes no NaFlex patch dictionaries; use a NaFlex model "
                           '(naflexvit_tokenformer_ti16, timm naflexvit_*) or set naflex_loader: false')
-    check_naflex_memory(cfg, net, device)
+    check_naflex_memory(data, net, device)
     return patch[0]
 
 
-def check_naflex_memory(cfg: dict, net: torch.nn.Module, device):
+def check_naflex_memory(data: dict, net: torch.nn.Module, device):
     """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in ``device``'s memory: the
     longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
     each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: one block's attention
@@ -238,11 +247,11 @@ def check_naflex_memory(cfg: dict, net: torch.nn.Module, device):
     blocks = len(net.blocks)
     heads = getattr(net.blocks[0].attn, 'num_heads', 1)
     have = available_memory_bytes(device)
-    for key, length in (('naflex_train_seq_lens', max(cfg['naflex_train_seq_lens'])),
-                        ('naflex_max_seq_len', cfg['naflex_max_seq_len'])):
-        need = cfg['batch_size'] * (heads * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
+    for key, length in (('naflex_train_seq_lens', max(data['naflex_train_seq_lens'])),
+                        ('naflex_max_seq_len', data['naflex_max_seq_len'])):
+        need = data['batch_size'] * (heads * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
         if need > have:
-            raise ConfigError(f"{key}: a batch of {cfg['batch_size']} images at {length} patches needs at least "
+            raise ConfigError(f"{key}: a batch of {data['batch_size']} images at {length} patches needs at least "
                               f'{need / 2 ** 30:,.0f} GiB ({heads} heads x {length}² attention scores an image, and '
                               f'its activations); {have / 2 ** 30:,.1f} GiB is available on {torch.device(device)}: '
                               f'lower {key} or batch_size')
@@ -277,13 +286,12 @@ def train_one_epoch(run: RunContext, state: TrainState, epoch: int) -> dict:
         Preempted: a stop signal arrived (the checkpoint is written first).
         NonFiniteLossError: see :meth:`RunContext.check`.
     """
-    cfg = run.cfg
     set_loader_epoch(run.train_loader, epoch, start_batch=state.batches_done)
     state.optimizer.zero_grad(set_to_none=True)
     state.net.train()
-    bar = tqdm(total=run.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{cfg['epochs']}",
+    bar = tqdm(total=run.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{run.epochs}",
                leave=False,
-               disable=not (run.main and cfg['progress']), dynamic_ncols=True)
+               disable=not (run.main and run.run_section['progress']), dynamic_ncols=True)
     try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
         _run_batches(run, state, epoch, bar)
     finally:
@@ -294,7 +302,7 @@ def train_one_epoch(run: RunContext, state: TrainState, epoch: int) -> dict:
 
 def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
     """The micro-batches of ``epoch`` from ``state.batches_done``: forward, backward, updates, checks."""
-    cfg, n, accum, meter = run.cfg, run.batches_per_epoch, run.accum, state.meter
+    n, accum, meter = run.batches_per_epoch, run.accum, state.meter
     t0 = time.perf_counter() - meter['seconds']
     batches = iter(run.train_loader)
     for i in itertools.count(state.batches_done):
@@ -304,7 +312,7 @@ def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
         if batch is None:
             break
         images, labels, bad = batch
-        seed_step(cfg['seed'], epoch, i, run.rank)
+        seed_step(run.seed, epoch, i, run.rank)
         meter['skipped'] += len(bad)
         update = (i + 1) % accum == 0 or i + 1 == n
         if images is not None:
@@ -319,7 +327,7 @@ def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
         if run.check(state):
             raise Preempted(f'stopped by {run.stop_signal} at update {state.num_updates}; state saved to '
                             f'{run.checkpoint_path}: continue with --resume')
-        if bar.n and state.num_updates % cfg['log_interval'] == 0 and not bar.disable:
+        if bar.n and state.num_updates % run.run_section['log_interval'] == 0 and not bar.disable:
             bar.set_postfix(loss=f"{meter['loss_sum'].item() / max(meter['seen'], 1):.3f}",
                             lr=f"{state.optimizer.param_groups[0]['lr']:.2e}",
                             img_s=f"{meter['seen'] * run.world / max(meter['seconds'], 1e-9):.0f}")
@@ -345,9 +353,9 @@ def _forward_backward(run: RunContext, state: TrainState, images, labels, scale:
     elastic run's step fractions), their losses summed (MatFormer's joint objective); the meter records
     their mean. Gradients are all-reduced once, after the last backward of an update."""
     if isinstance(images, dict):  # a NaFlex batch: as many images as labels, fewer for longer sequences
-        scale *= naflex_loss_scale(run.cfg['naflex_loss_scale'], len(labels), run.cfg['batch_size'])
+        scale *= naflex_loss_scale(run.data['naflex_loss_scale'], len(labels), run.data['batch_size'])
     images = run.preprocess(images, train=True)
-    if run.cfg['task'] != 'mae':
+    if run.task != 'mae':
         labels = labels.to(run.device, non_blocking=True)
         if run.mixup is not None:
             if len(images) % 2:  # timm's Mixup needs an even batch (a skipped image can make it odd)
@@ -356,9 +364,9 @@ def _forward_backward(run: RunContext, state: TrainState, images, labels, scale:
     elastic_step = prefixes != [None]
     for j, fraction in enumerate(prefixes):
         if elastic_step:
-            elastic.set_prefix(state.model, fraction, run.cfg['elastic_tau'])
+            elastic.set_prefix(state.model, fraction, run.elastic['elastic_tau'])
         with torch.autocast(run.device.type, dtype=run.amp_dtype, enabled=run.amp_dtype is not None):
-            if run.cfg['task'] == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
+            if run.task == 'mae':  # the masks are drawn from the micro-batch's seed (exact resume)
                 loss = state.net(images)[0]
             else:
                 loss = run.criterion(state.net(images), labels)
@@ -373,9 +381,9 @@ def _forward_backward(run: RunContext, state: TrainState, images, labels, scale:
 
 
 def _optimizer_step(run: RunContext, state: TrainState):
-    if run.cfg['clip_grad']:
+    if run.optim['clip_grad']:
         state.scaler.unscale_(state.optimizer)
-        dispatch_clip_grad(state.model.parameters(), run.cfg['clip_grad'], mode=run.cfg['clip_mode'])
+        dispatch_clip_grad(state.model.parameters(), run.optim['clip_grad'], mode=run.optim['clip_mode'])
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.optimizer.zero_grad(set_to_none=True)

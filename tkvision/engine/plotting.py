@@ -7,10 +7,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 __all__ = ['plot_curves', 'train_loss_label', 'plt']
 
 
-def train_loss_label(cfg: dict) -> str:
-    """The legend of the training loss: what made it differ from the plain cross-entropy, if anything."""
-    parts = ([f"label smoothing {cfg['smoothing']:g}"] if cfg['smoothing'] else []) + \
-        [name for name in ('mixup', 'cutmix') if cfg[name]]
+def train_loss_label(optim: dict) -> str:
+    """The legend of the training loss: what made it differ from the plain cross-entropy, if anything (read
+    from the optim section ``optim``)."""
+    parts = ([f"label smoothing {optim['smoothing']:g}"] if optim['smoothing'] else []) + \
+        [name for name in ('mixup', 'cutmix') if optim[name]]
     return 'train loss' + (f" (as trained: {', '.join(parts)})" if parts else '')
 
 

@@ -8,6 +8,8 @@ model, the optimizer's moments, the EMA and the frozen rows always move together
 """
 import math
 import time
+from types import MappingProxyType
+from typing import Mapping, Optional, Sequence
 
 import torch
 from timm.utils import ModelEmaV3
@@ -18,9 +20,8 @@ from ..growth import elastic
 from ..layers import set_backward_mode
 from ..models.mae import linear_probe
 from ..utils.errors import ConfigError, RunError
-from .build import model_for_config
+from .build import build_model
 from .checkpoint import load_init_weights, training_checkpoint
-from .config import resolve_lr, section
 from .optim import build_optimizer, build_scheduler
 
 __all__ = ['TrainState']
@@ -30,8 +31,15 @@ class TrainState:
     """Everything a run needs to continue exactly, with :meth:`state_dict` / :meth:`load_state_dict`.
 
     Args:
-        cfg: the run's (validated, data-resolved) config. device: where the model lives.
+        model: the config's model section (:func:`tkvision.engine.config.section`). optim: its optimisation
+            section. growth: its growth mapping.
+        task: ``'classify'``, ``'mae'`` or ``'linprobe'``. amp: ``None``, ``'bf16'`` or ``'fp16'``.
+        num_classes: the classifier's outputs unless ``model_kwargs`` says (:func:`~.build.default_num_classes`).
+        lr: the peak learning rate (:func:`~.config.resolve_lr`). device: where the model lives.
         world: number of processes. updates_per_epoch: optimizer updates per epoch (for the schedule).
+        mae: the MAE section, for ``task: mae``. elastic_fractions: the ``elastic_fractions`` key.
+        config_record: the whole config, read-only, written into every ``last.pth`` (a resumed run compares
+            its own with it); nothing here reads settings from it.
         started: ``time.monotonic()`` when this process began the run (its set-up counts; default: now).
 
     Attributes:
@@ -45,50 +53,73 @@ class TrainState:
             the checkpoint's ``elapsed_seconds`` on resume): see :meth:`elapsed_seconds`.
 
     Raises:
-        ConfigError: ``growth.freeze_old_tokens`` on a model without parameter tokens.
+        ConfigError: ``growth.freeze_old_tokens`` or ``elastic_fractions`` on a model without parameter tokens.
         FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
     """
 
-    def __init__(self, cfg: dict, device, world: int, updates_per_epoch: int, started: float = None):
-        self.cfg, self.device, self.world, self.updates_per_epoch = cfg, device, world, updates_per_epoch
+    def __init__(
+            self,
+            model: dict,
+            optim: dict,
+            growth: dict,
+            *,
+            task: str,
+            amp: Optional[str],
+            num_classes: int,
+            lr: float,
+            device,
+            world: int,
+            updates_per_epoch: int,
+            mae: Optional[dict] = None,
+            elastic_fractions: Sequence[float] = (),
+            config_record: Mapping = None,
+            started: float = None,
+    ):
+        self.model_section, self.optim, self.growth, self.task = model, optim, growth, task
+        self.device, self.world, self.updates_per_epoch, self.lr = device, world, updates_per_epoch, lr
+        self.config_record = MappingProxyType(dict(config_record or {}))
         self.seconds_before, self._started = 0.0, time.monotonic() if started is None else started
-        self.model = model_for_config(cfg).to(device)
+        self.model = build_model(model, mae, num_classes).to(device)
         self.grown_from, self.init_report = {}, ''
         self.freeze_handles = []  # growth.freeze_old_tokens: hooks of the current stage
-        if cfg['elastic_fractions'] and not elastic.elastic_layers(self.model):
-            raise ConfigError(f"elastic_fractions needs a model with parameter tokens (a TokenFormer); "
-                              f"{cfg['model']} has none")
-        if cfg['growth']['freeze_old_tokens'] and not growth.pattention_layers(self.model):
-            raise ConfigError(f"growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); "
-                              f"{cfg['model']} has none")
-        try:  # every growth target checked before any work
-            growth.check_reachable(self.size(), cfg['growth']['schedule'],
-                                   cfg['growth']['add_tokens'] if cfg['growth']['every_epochs'] else None)
-        except ValueError as e:
-            raise ConfigError(str(e)) from None
-        if cfg['init_from']:
-            self.grown_from, self.init_report = load_init_weights(self.model, cfg['init_from'], cfg['task'])
-        if cfg['task'] == 'linprobe':
+        self._check_parameter_tokens(elastic_fractions)
+        if model['init_from']:
+            self.grown_from, self.init_report = load_init_weights(self.model, model['init_from'], task)
+        if task == 'linprobe':
             linear_probe(self.model)
-        if cfg['grad_checkpointing']:
+        if model['grad_checkpointing']:
             self.model.set_grad_checkpointing(True)
-        set_backward_mode(self.model, cfg['backward_mode'])
-        self.lr = resolve_lr(cfg, world)
+        set_backward_mode(self.model, model['backward_mode'])
         self.epochs_done = self.batches_done = self.num_updates = 0
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
-        self.scaler = torch.amp.GradScaler(device.type, enabled=cfg['amp'] == 'fp16')
-        self.ema = ModelEmaV3(self.model, decay=cfg['model_ema_decay']) if cfg['model_ema'] else None
-        self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if cfg['task'] == 'mae'
+        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == 'fp16')
+        self.ema = ModelEmaV3(self.model, decay=optim['model_ema_decay']) if optim['model_ema'] else None
+        self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if task == 'mae'
                      else dict(top1=-1.0, epoch=-1, source='model'))
         self.reset_meter()
         self.wrap()
 
+    def _check_parameter_tokens(self, elastic_fractions):
+        """Refuse, before any work, what needs parameter tokens on a model without, and a growth target the
+        model cannot reach."""
+        name = self.model_section['model']
+        if elastic_fractions and not elastic.elastic_layers(self.model):
+            raise ConfigError(f'elastic_fractions needs a model with parameter tokens (a TokenFormer); {name} has none')
+        if self.growth['freeze_old_tokens'] and not growth.pattention_layers(self.model):
+            raise ConfigError(f'growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); {name} '
+                              'has none')
+        try:  # every growth target checked before any work
+            growth.check_reachable(self.size(), self.growth['schedule'],
+                                   self.growth['add_tokens'] if self.growth['every_epochs'] else None)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+
     def _make_optimizer(self):
         """The optimizer of the optim section; with ``freeze_loaded_tokens``, the rows loaded by
         ``init_from`` (and everything but the head) frozen."""
-        opt = build_optimizer(self.model, section(self.cfg, 'optim'), self.lr)
-        if self.cfg['freeze_loaded_tokens']:
+        opt = build_optimizer(self.model, self.optim, self.lr)
+        if self.model_section['freeze_loaded_tokens']:
             layers = growth.pattention_layers(self.model)
             frozen = {layers[k.rsplit('.', 1)[0]][0]: old for k, (old, _) in self.grown_from.items()}
             growth.freeze_old_tokens(self.model, frozen, opt)
@@ -96,7 +127,7 @@ class TrainState:
 
     def _make_scheduler(self):
         """The lr schedule at update ``num_updates``."""
-        scheduler = build_scheduler(self.optimizer, section(self.cfg, 'optim'), section(self.cfg, 'growth'), self.lr,
+        scheduler = build_scheduler(self.optimizer, self.optim, self.growth, self.lr,
                                     self.updates_per_epoch)
         scheduler.step_update(self.num_updates)
         return scheduler
@@ -121,7 +152,8 @@ class TrainState:
 
     def compiled(self) -> bool:
         """Whether the forward is compiled: ``compile`` true, or ``'auto'`` on CUDA."""
-        return self.cfg['compile'] is True or (self.cfg['compile'] == 'auto' and self.device.type == 'cuda')
+        compile_ = self.model_section['compile']
+        return compile_ is True or (compile_ == 'auto' and self.device.type == 'cuda')
 
     def wrap(self):
         """(Re)build the compiled / DDP forward (``self.net``) over the current parameters."""
@@ -139,7 +171,7 @@ class TrainState:
         on to the new stage (:mod:`tkvision.engine.optim`). Returns :meth:`size`.
         """
         torch.manual_seed(seed)
-        g = self.cfg['growth']
+        g = self.growth
         before = self.size()
         counts = growth.grow_training_state(self.model, self.optimizer, self.ema.module if self.ema else None,
                                             key_init=g['key_init'], value_init=g['value_init'], to=due.get('to'),
@@ -161,7 +193,7 @@ class TrainState:
 
     def _freeze_stage(self, old_size: dict):
         """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
-        if not self.cfg['growth']['freeze_old_tokens']:
+        if not self.growth['freeze_old_tokens']:
             return
         self._unfreeze_stage()
         self.freeze_handles = growth.freeze_old_tokens(self.model, old_size, self.optimizer)
@@ -178,7 +210,7 @@ class TrainState:
             RunError: the checkpoint's token counts differ from the model's and no growth during
                 training explains it.
         """
-        counts, g = self.size(), self.cfg['growth']
+        counts, g = self.size(), self.growth
         if counts != state['token_counts']:
             if not (g['every_epochs'] or g['schedule']):
                 raise RunError(f"checkpoint token counts {state['token_counts']} differ from the model's {counts}, "

@@ -34,10 +34,10 @@ from ..growth import elastic
 from ..models import input_shape
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.seeding import derive_seed
-from .build import create_model
+from .build import create_model, default_num_classes
 from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_WEIGHTS, METRICS_FILE, RECONSTRUCTION_FILE,
                          keep_best, load_training_checkpoint, save_rows, save_weights, save_yaml)
-from .config import config_changes, section
+from .config import SECTIONS, config_changes, resolve_lr, section
 from .config_rules import validate_config
 from .distributed import all_ranks_agree, init_distributed, setup_threads
 from .evaluate import evaluate, evaluate_mae
@@ -62,23 +62,24 @@ def resolve_run_config(cfg: dict) -> dict:
     return {**cfg, **resolve_data_cfg(section(cfg, 'data'), cfg['model'], cfg['model_kwargs'])}
 
 
-def check_model_input(cfg: dict):
-    """Refuse, before any work, a model that cannot take the dataset's images: Fashion-MNIST's are
-    ``img_size`` px with one channel, and another input would only fail at the first batch (the model
-    is built on the meta device: no memory).
+def check_model_input(model: dict, data: dict):
+    """Refuse, before any work, a model (the model section) that cannot take the data section's images:
+    Fashion-MNIST's are ``img_size`` px with one channel, and another input would only fail at the first batch
+    (the model is built on the meta device: no memory).
 
     Raises:
         ConfigError: naming both shapes and the model_kwargs that fit.
     """
-    if cfg['dataset'] != 'fashion_mnist':
+    if data['dataset'] != 'fashion_mnist':
         return
     with torch.device('meta'):
-        net = create_model(cfg['model'], **{k: v for k, v in cfg['model_kwargs'].items() if k != 'num_classes'})
+        net = create_model(model['model'], **{k: v for k, v in model['model_kwargs'].items() if k != 'num_classes'})
     channels, size = input_shape(net)
-    if channels == 1 and size in (None, (cfg['img_size'],) * 2):
+    if channels == 1 and size in (None, (data['img_size'],) * 2):
         return
     shown = f'{size[0]} x {size[1]} px' if size else 'any size'
-    raise ConfigError(f"Fashion-MNIST images are {cfg['img_size']} x {cfg['img_size']} px, 1 channel; {cfg['model']} "
+    raise ConfigError(f"Fashion-MNIST images are {data['img_size']} x {data['img_size']} px, 1 channel; "
+                      f"{model['model']} "
                       f"as configured takes {shown}, {channels} channels: set model_kwargs "
                       "{img_size: 28, patch_size: 7, in_chans: 1} (as configs/fashion_mnist/quick.yaml does)")
 
@@ -91,18 +92,17 @@ def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> di
         ``dict(top1, top5, val_loss, val_skipped[, ema_top1, ema_top5])``; for ``task: mae``
         ``dict(val_loss, val_skipped[, ema_val_loss])`` (reconstruction loss, the same masks every time).
     """
-    mae = run.cfg['task'] == 'mae'
+    mae = run.task == 'mae'
     models = [('model', state.net, state.model)] + ([('ema', state.ema.module, state.ema.module)] if state.ema else [])
     results = {}
     for source, net, _ in models:
         if mae:
-            results[source] = evaluate_mae(net, run.val_loader, run.device, run.preprocess, run.cfg['amp'],
-                                           run.cfg['seed'])
+            results[source] = evaluate_mae(net, run.val_loader, run.device, run.preprocess, run.amp, run.seed)
         else:
-            results[source] = evaluate(net, run.val_loader, run.device, run.preprocess, run.cfg['amp'])
+            results[source] = evaluate(net, run.val_loader, run.device, run.preprocess, run.amp)
     metric, mode = ('val_loss', 'min') if mae else ('top1', 'max')
     candidates = [(source, results[source]['loss' if mae else 'top1'], model) for source, _, model in models]
-    metadata = dict(model=run.cfg['model'], epoch=epoch, **(dict(task='mae') if mae else {}))
+    metadata = dict(model=run.model_name, epoch=epoch, **(dict(task='mae') if mae else {}))
     state.best = keep_best(state.best, candidates, metric, mode,
                            os.path.join(run.out, BEST_WEIGHTS) if run.main else None, metadata)
     main = results['model']
@@ -118,13 +118,13 @@ def evaluate_prefixes(run: RunContext, state: TrainState, loader, split: str = '
     """Top-1 of an elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader``
     (:func:`tkvision.growth.elastic.prefix`): ``{'top1@0.25': ..., ...}``, keys prefixed by ``split``
     (``'test_'``); ``{}`` for a run that is not elastic or for ``task: mae``."""
-    if run.cfg['task'] == 'mae':
+    if run.task == 'mae':
         return {}
     out = {}
-    for fraction in sorted(set(run.cfg['elastic_fractions'])):
+    for fraction in sorted(set(run.elastic['elastic_fractions'])):
         if fraction < 1:
-            with elastic.prefix(state.model, fraction, run.cfg['elastic_tau']):
-                result = evaluate(state.net, loader, run.device, run.preprocess, run.cfg['amp'])
+            with elastic.prefix(state.model, fraction, run.elastic['elastic_tau']):
+                result = evaluate(state.net, loader, run.device, run.preprocess, run.amp)
             out[f'{split}top1@{fraction:g}'] = result['top1']
     return out
 
@@ -137,29 +137,28 @@ def evaluate_test(run: RunContext, state: TrainState) -> dict:
     Returns:
         ``dict(test_top1, test_top5[, ema_test_top1])`` in percent.
     """
-    if run.cfg['task'] == 'mae' or not has_test_split(section(run.cfg, 'data')):
+    if run.task == 'mae' or not has_test_split(run.data):
         return {}
     loader = run.test_loader()
-    main = evaluate(state.net, loader, run.device, run.preprocess, run.cfg['amp'])
+    main = evaluate(state.net, loader, run.device, run.preprocess, run.amp)
     out = dict(test_top1=main['top1'], test_top5=main['top5'])
     if state.ema:
-        out['ema_test_top1'] = evaluate(state.ema.module, loader, run.device, run.preprocess, run.cfg['amp'])['top1']
+        out['ema_test_top1'] = evaluate(state.ema.module, loader, run.device, run.preprocess, run.amp)['top1']
     return {**out, **evaluate_prefixes(run, state, loader, 'test_')}
 
 
-def growth_due(cfg: dict, epoch: int) -> dict:
-    """What grows after ``epoch``: the ``growth.schedule`` step at ``epoch + 1``, ``{'add': ...}`` of
-    ``growth.every_epochs``, or ``{}``."""
-    g = cfg['growth']
-    for step in g['schedule']:
+def growth_due(growth: dict, epochs: int, epoch: int) -> dict:
+    """What grows after ``epoch`` (of ``epochs``) by the growth mapping ``growth``: the ``schedule`` step at
+    ``epoch + 1``, ``{'add': ...}`` of ``every_epochs``, or ``{}``."""
+    for step in growth['schedule']:
         if step['at_epoch'] == epoch + 1:
             return step
-    k = g['every_epochs']
-    if not k or not g['add_tokens'] or (epoch + 1) % k or epoch + 1 >= cfg['epochs']:
+    k = growth['every_epochs']
+    if not k or not growth['add_tokens'] or (epoch + 1) % k or epoch + 1 >= epochs:
         return {}
-    if g['until_epoch'] is not None and epoch + 1 >= g['until_epoch']:
+    if growth['until_epoch'] is not None and epoch + 1 >= growth['until_epoch']:
         return {}
-    return dict(add=dict(g['add_tokens']))
+    return dict(add=dict(growth['add_tokens']))
 
 
 def log_epoch(run: RunContext, history: list, row: dict):
@@ -173,7 +172,7 @@ def log_epoch(run: RunContext, history: list, row: dict):
             if isinstance(v, (int, float)):
                 run.writer.add_scalar(k, v, row['epoch'] + 1)
     skipped = row['skipped'] + row.get('val_skipped', 0)
-    tqdm.write(f"epoch {row['epoch'] + 1}/{run.cfg['epochs']}  train loss {row['train_loss']:.4f}  "
+    tqdm.write(f"epoch {row['epoch'] + 1}/{run.epochs}  train loss {row['train_loss']:.4f}  "
                + (f"val top-1 {row['top1']:.2f}%  top-5 {row['top5']:.2f}%  " if 'top1' in row else '')
                + (f"val loss {row['val_loss']:.4f}  " if 'top1' not in row and 'val_loss' in row else '')
                + (f"ema top-1 {row['ema_top1']:.2f}%  " if 'ema_top1' in row else '')
@@ -194,7 +193,7 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
             return []
         raise RunError(f'nothing to resume: no checkpoint at {path}')
     ckpt = load_training_checkpoint(path)
-    allowed, forbidden = config_changes(ckpt['config'], run.cfg)
+    allowed, forbidden = config_changes(ckpt['config'], dict(state.config_record))
     if forbidden:
         raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
                           'order; start a new run with another --output instead): ' + '; '.join(forbidden))
@@ -228,15 +227,15 @@ def _check_head(model: torch.nn.Module, weights: dict, path: str):
                    'written before the default became its classes have 1000)')
 
 
-def _claim_output(cfg: dict, rank: int, device, resume):
-    """Rank 0 locks the output directory; every rank fails if it could not. A run resumed from
+def _claim_output(output: str, rank: int, device, resume):
+    """Rank 0 locks the ``output`` directory; every rank fails if it could not. A run resumed from
     another directory's checkpoint writes into ``output`` as a new run does: it must hold no other run."""
     in_place = resume is True or (bool(resume) and os.path.abspath(os.path.dirname(resume)) ==
-                                  os.path.abspath(cfg['output']))
+                                  os.path.abspath(output))
     lock, error = None, None
     if rank == 0:
         try:
-            lock = claim_output_dir(cfg['output'], resume=in_place)
+            lock = claim_output_dir(output, resume=in_place)
         except RunError as e:
             error = e
     if not all_ranks_agree(error is None, device):
@@ -245,17 +244,24 @@ def _claim_output(cfg: dict, rank: int, device, resume):
 
 
 def _start(cfg: dict, resume):
-    """Processes, output directory (locked, rank 0), data and state; every rank fails if one does."""
+    """Processes, output directory (locked, rank 0), data and state; every rank fails if one does. The whole
+    config is validated here, once, and split into the sections each stage receives."""
     started = time.monotonic()  # the run's clock (TrainState.elapsed_seconds) counts the set-up too
     cfg = resolve_run_config(cfg)
-    check_model_input(cfg)
-    setup_threads(section(cfg, 'run'))
-    rank, world, device = init_distributed(section(cfg, 'run'))
-    lock = _claim_output(cfg, rank, device, resume)
+    parts = {name: section(cfg, name) for name in SECTIONS}
+    check_model_input(parts['model'], parts['data'])
+    setup_threads(parts['run'])
+    rank, world, device = init_distributed(parts['run'])
+    lock = _claim_output(cfg['output'], rank, device, resume)
     try:
         random_seed(cfg['seed'])  # the same initial weights on every rank
-        run = RunContext(cfg, rank, world, device)
-        state = TrainState(cfg, device, world, run.updates_per_epoch, started)
+        run = RunContext(parts['run'], parts['data'], parts['optim'], parts['elastic'], parts['model'], rank, world,
+                         device)
+        state = TrainState(parts['model'], parts['optim'], parts['growth'], task=cfg['task'], amp=cfg['amp'],
+                           num_classes=default_num_classes(parts['data']), device=device, world=world,
+                           lr=resolve_lr(parts['optim'], cfg['batch_size'], world),
+                           updates_per_epoch=run.updates_per_epoch, mae=parts['mae'] if cfg['task'] == 'mae' else None,
+                           elastic_fractions=cfg['elastic_fractions'], config_record=cfg, started=started)
         if cfg['task'] != 'mae':
             run.set_loss(state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
@@ -265,73 +271,84 @@ def _start(cfg: dict, resume):
             lock.release()
         raise
     if run.main:
-        _announce(cfg, run, state, world, device)
-    return cfg, run, state, history, lock
+        _announce(run, state)
+    return run, state, history, lock, parts['mae']
 
 
-def _announce(cfg, run: RunContext, state: TrainState, world: int, device):
+def _announce(run: RunContext, state: TrainState):
     """Write ``config.yaml``, open TensorBoard, print the run's one-line summary (rank 0)."""
-    save_yaml(cfg, os.path.join(run.out, CONFIG_FILE))
-    if cfg['tensorboard']:
+    save_yaml(dict(state.config_record), os.path.join(run.out, CONFIG_FILE))
+    if run.run_section['tensorboard']:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
         run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
-    if cfg['warmup_epochs'] >= cfg['epochs']:  # a smoke test's default warmup: accepted, and said
-        print(f"note: warmup_epochs {cfg['warmup_epochs']} >= epochs {cfg['epochs']}: the warmup takes the whole run "
+    warmup = run.optim['warmup_epochs']
+    if warmup >= run.epochs:  # a smoke test's default warmup: accepted, and said
+        print(f'note: warmup_epochs {warmup} >= epochs {run.epochs}: the warmup takes the whole run '
               '(the lr rises to its peak at the last update and never decays)')
     n_params = sum(p.numel() for p in state.model.parameters())
-    print(f"{cfg['model']}: {n_params / 1e6:.2f}M params, {dataset_size(run.train_ds)} train / "
+    print(f"{run.model_name}: {n_params / 1e6:.2f}M params, {dataset_size(run.train_ds)} train / "
           f"{dataset_size(run.val_ds)} val images, "
-          f"{world} process(es) on {device}, global batch {cfg['batch_size'] * run.accum * world}, "
-          f"{run.updates_per_epoch} updates/epoch, lr {state.lr:.3g}, task {cfg['task']}"
+          f"{run.world} process(es) on {run.device}, global batch {run.data['batch_size'] * run.accum * run.world}, "
+          f"{run.updates_per_epoch} updates/epoch, lr {state.lr:.3g}, task {run.task}"
           + (f'\n{state.init_report}' if state.init_report else ''))
 
 
-def _train_epochs(cfg: dict, run: RunContext, state: TrainState, history: list):
+def _train_epochs(run: RunContext, state: TrainState, history: list):
     """Every epoch left: train, evaluate, grow, log, checkpoint; stop after a checkpoint on a signal."""
-    for epoch in range(state.epochs_done, cfg['epochs']):
+    every = run.run_section
+    for epoch in range(state.epochs_done, run.epochs):
         row = dict(epoch=epoch, **train_one_epoch(run, state, epoch))
-        last_epoch = epoch + 1 == cfg['epochs']
-        if (epoch + 1) % cfg['eval_every'] == 0 or last_epoch:
+        last_epoch = epoch + 1 == run.epochs
+        if (epoch + 1) % every['eval_every'] == 0 or last_epoch:
             row.update(evaluate_and_keep_best(run, state, epoch))
             row.update(evaluate_prefixes(run, state, run.val_loader))
         if last_epoch:
             row.update(evaluate_test(run, state))
         row['tokens'] = sum(growth.model_size(state.model).values())
         row['elapsed_minutes'] = state.elapsed_seconds() / 60  # the whole run's, across resumes
-        due = growth_due(cfg, epoch)
-        if due:
-            # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
-            row['grown'] = str(state.grow(due, seed=derive_seed('growth', cfg['seed'], epoch + 1, bits=31)))
-            if cfg['growth']['eval_after_step'] and cfg['task'] != 'mae':  # the step's loss jump (tau: recompute)
-                after = evaluate(state.net, run.val_loader, run.device, run.preprocess, cfg['amp'])
-                row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
+        row.update(_grow_if_due(run, state, epoch))
         state.epochs_done, state.batches_done = epoch + 1, 0
         state.reset_meter()
         log_epoch(run, history, row)
         stop = run.check(state, force=True)  # all ranks agree on a signal that came during evaluation
-        if (epoch + 1) % cfg['save_every'] == 0 or last_epoch or stop:
+        if (epoch + 1) % every['save_every'] == 0 or last_epoch or stop:
             run.save(state)
             if run.main:
                 source = 'ema' if state.ema else 'model'
                 save_weights((state.ema.module if state.ema else state.model).state_dict(),
-                             os.path.join(run.out, LAST_WEIGHTS), metadata=dict(model=cfg['model'], epoch=epoch,
+                             os.path.join(run.out, LAST_WEIGHTS), metadata=dict(model=run.model_name, epoch=epoch,
                                                                                 source=source))
         if stop:
             raise Preempted(f'stopped by {run.stop_signal} after epoch {epoch + 1}; state saved to '
                             f'{run.checkpoint_path}: continue with --resume')
 
 
-def _finish(cfg: dict, run: RunContext, state: TrainState, history: list):
-    """The pictures at the end of a run (rank 0): loss and accuracy curves; an MAE's reconstructions."""
+def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
+    """Grow after ``epoch`` if the growth mapping says so; the row's ``grown`` (and, with ``eval_after_step``,
+    the step's loss jump: ``val_loss_after_growth``, ``top1_after_growth``)."""
+    due = growth_due(state.growth, run.epochs, epoch)
+    if not due:
+        return {}
+    # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
+    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.seed, epoch + 1, bits=31))))
+    if state.growth['eval_after_step'] and run.task != 'mae':  # the step's loss jump (tau: recompute)
+        after = evaluate(state.net, run.val_loader, run.device, run.preprocess, run.amp)
+        row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
+    return row
+
+
+def _finish(run: RunContext, state: TrainState, history: list, mae: dict):
+    """The pictures at the end of a run (rank 0): loss and accuracy curves; an MAE's reconstructions (``mae``:
+    the MAE section)."""
     if not run.main:
         return
     if history:
-        plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f"{cfg['model']} ({cfg['task']})",
-                    train_label=train_loss_label(cfg))
-    if cfg['task'] == 'mae' and cfg['recon_images']:
-        save_reconstructions(state.ema.module if state.ema else state.model, run.val_ds, cfg['mean'], cfg['std'],
-                             os.path.join(run.out, RECONSTRUCTION_FILE), cfg['recon_images'], cfg['mask_ratio'],
-                             run.device)
+        plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f'{run.model_name} ({run.task})',
+                    train_label=train_loss_label(run.optim))
+    if run.task == 'mae' and mae['recon_images']:
+        save_reconstructions(state.ema.module if state.ema else state.model, run.val_ds, run.data['mean'],
+                             run.data['std'], os.path.join(run.out, RECONSTRUCTION_FILE), mae['recon_images'],
+                             mae['mask_ratio'], run.device)
 
 
 def train(cfg: dict, resume=None) -> dict:
@@ -354,14 +371,14 @@ def train(cfg: dict, resume=None) -> dict:
         Preempted: SIGTERM / SIGUSR1 arrived; ``last.pth`` was written first.
         FileNotFoundError: missing data (naming the path and how to get it).
     """
-    cfg, run, state, history, lock = _start(cfg, resume)
+    run, state, history, lock, mae = _start(cfg, resume)
     previous = {s: signal.signal(s, run.on_signal) for s in STOP_SIGNALS}
     try:
-        if state.epochs_done >= cfg['epochs'] and run.main:
-            print(f"nothing to train: {run.checkpoint_path} has finished all {cfg['epochs']} epochs "
-                  f"(best {_best_words(state.best)}); pass --epochs N with N > {cfg['epochs']} to continue")
-        _train_epochs(cfg, run, state, history)
-        _finish(cfg, run, state, history)
+        if state.epochs_done >= run.epochs and run.main:
+            print(f"nothing to train: {run.checkpoint_path} has finished all {run.epochs} epochs "
+                  f"(best {_best_words(state.best)}); pass --epochs N with N > {run.epochs} to continue")
+        _train_epochs(run, state, history)
+        _finish(run, state, history, mae)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -373,7 +390,7 @@ def train(cfg: dict, resume=None) -> dict:
     last = history[-1] if history else {}
     return dict(top1=_number(last.get('top1')), top5=_number(last.get('top5')), best_top1=state.best.get('top1'),
                 val_loss=_number(last.get('val_loss')), test_top1=_number(last.get('test_top1')),
-                epochs=cfg['epochs'], output=run.out, model=state.model,
+                epochs=run.epochs, output=run.out, model=state.model,
                 history=history, ema=state.ema is not None)
 
 
