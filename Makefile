@@ -42,11 +42,11 @@ PREEMPTED = || { rc=$$?; [ $$rc -ne 75 ] || echo "make: the run was stopped by a
 # Main job: train a small TokenFormer on Fashion-MNIST (50k train, 10k validation, 10k test); target <= 10 min
 # on 2 cores (measured: docs/fashion_mnist/runs.csv, row quick).
 train: env data
-	$(PY) tools/train.py --config configs/fashion_mnist/quick.yaml $(ARGS) $(PREEMPTED)
+	$(VENV)/bin/tkvision-train --config fashion_mnist/quick $(ARGS) $(PREEMPTED)
 
 # Longer recipe (target >= 91% test top-1 in <= 90 min; measured: docs/fashion_mnist/runs.csv, row long).
 train-long: env data
-	$(PY) tools/train.py --config configs/fashion_mnist/long.yaml $(ARGS) $(PREEMPTED)
+	$(VENV)/bin/tkvision-train --config fashion_mnist/long $(ARGS) $(PREEMPTED)
 
 # Nothing may skip here: make test installs every test extra (tests/conftest.py, TKVISION_NO_SKIPS).
 test: env data browser

@@ -54,7 +54,7 @@ def test_counting_saved_activations_frees_the_graph():
     """Measuring a model's saved activations must not keep its forward graph alive: a pack hook that
     returned the op's own output closed a cycle through C++ (output -> grad_fn -> packed output) that
     Python's gc cannot free, so each measurement leaked a graph, and on the H200 the report's later parts
-    ran out of its 139 GiB (issue 37)."""
+    ran out of its 139 GiB."""
     import gc
     import weakref
 
@@ -123,7 +123,7 @@ def test_model_spec_options_reach_the_model_and_keep_the_counterpart():
 
 
 def test_a_cpu_training_benchmark_that_cannot_fit_is_refused_before_it_runs(monkeypatch):
-    """Issue 27: B/16 training at batch 32 peaked at 13.5 GB RSS with no warning; on a smaller machine
+    """B/16 training at batch 32 peaked at 13.5 GB RSS with no warning; on a smaller machine
     the kernel kills it without a word. The estimate is refused, naming the figures and the fix, before
     a step runs; above half of what is available it warns."""
     import torch

@@ -1,4 +1,4 @@
-"""The code path a CUDA run takes, traced without a GPU (issue 28, part 1).
+"""The code path a CUDA run takes, traced without a GPU.
 
 Two devices stand in for a GPU:
 
@@ -35,9 +35,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tkvision.data import BatchPreprocessor
 from tkvision.engine import loop as loop_mod
-from tkvision.engine import state as state_mod
 from tkvision.engine.config import load_config
-from tkvision.engine.trainer import resolve_run_config
+from tkvision.engine.config import SECTIONS, section
+from tkvision.engine.trainer import build_state, resolve_run_config
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT
 
@@ -60,7 +60,7 @@ def _config(tmp_path, family: str, **overrides) -> dict:
 
 
 def _state(cfg: dict):
-    return state_mod.TrainState(cfg, torch.device('cpu'), world=1, updates_per_epoch=10)
+    return build_state(cfg, torch.device('cpu'), world=1, updates_per_epoch=10)
 
 
 def _onto(state, device: str):
@@ -82,7 +82,8 @@ def _onto(state, device: str):
 
 def _run(cfg: dict, device: str):
     """The parts of :class:`tkvision.engine.loop.RunContext` one update reads (no data loader)."""
-    run = SimpleNamespace(cfg=cfg, device=torch.device(device), world=1, mixup=None,
+    run = SimpleNamespace(**{name: section(cfg, name) for name in SECTIONS}, task=cfg['task'],
+                          device=torch.device(device), world=1, mixup=None,
                           preprocess=BatchPreprocessor(cfg['mean'], cfg['std'], device),
                           amp_dtype=torch.bfloat16 if cfg['amp'] == 'bf16' else None)
     run.criterion = None if cfg['task'] == 'mae' else loop_mod.LabelSmoothingCrossEntropy(cfg['smoothing'])

@@ -243,7 +243,7 @@ def test_fast_jpeg_decoding_gives_pils_pixels_and_refuses_bombs(jpeg_root, tmp_p
         data.decode_image(bytes(raw))
 
 
-# --- the validation split (issue 25): choices on validation, the test set once ---------------------
+# --- the validation split: choices on validation, the test set once ---------------------
 
 def test_fashion_mnist_validation_is_a_fixed_stratified_holdout_of_train(tmp_path):
     """The default holds out 1,000 training images per class (10k of 60k), the same for every seed,

@@ -1,4 +1,4 @@
-"""Defects found by hostile use of the features (issue 29), one test each: runs that could not finish,
+"""Defects found by hostile use of the features, one test each: runs that could not finish,
 hung, or lost or corrupted data. Each failed on the code before its fix."""
 import os
 import re
@@ -285,7 +285,7 @@ def test_also_make_shards_refuses_a_max_count_below_one(tmp_path, capsys):
 
 
 def test_also_a_class_folder_without_num_classes_gets_a_head_of_its_classes(tmp_path):
-    """A 3-class folder trained without ``model_kwargs.num_classes`` got ImageNet's 1000-way head (issue 34's
+    """A 3-class folder trained without ``model_kwargs.num_classes`` got ImageNet's 1000-way head (the
     note); Fashion-MNIST keeps 10, a dataset whose classes cannot be listed keeps timm's 1000."""
     from tkvision.engine.build import model_for_config
     from tkvision.engine.config import load_config

@@ -37,6 +37,20 @@ def test_a_table_typed_by_hand_is_caught(tmp_path):
     assert stale == [spec] and new == 'intro\n' + good + '\nafter\n'
 
 
+def test_a_figure_typed_into_a_sentence_is_caught_and_needs_one_row(tmp_path):
+    """An inline value is held to its row like a table: a hand-edited figure is stale and rendering restores
+    the file's; filters that keep two rows are an error naming the file and the count."""
+    docs = _render_docs()
+    source = tmp_path / 'r.csv'
+    source.write_text('config,top1_std\nvit,0.0412\ntokenformer,0.3204\n')
+    good = f'the ViT varies by <!-- value {source}?config=vit | {{top1_std:.2f}} -->0.04<!-- end --> points'
+    assert docs.update(good) == (good, [])
+    new, stale = docs.update(good.replace('0.04<', '0.4<'))
+    assert new == good and len(stale) == 1
+    with pytest.raises(docs.SpecError, match=r'doc.md:1: .*r.csv has 2 rows that match'):
+        docs.update(f'<!-- value {source} | {{top1_std}} -->x<!-- end -->', 'doc.md')
+
+
 def test_every_runs_csv_equals_its_metrics_files():
     """docs/*/runs.csv (the source of the README's training tables) is what tools/summarize_runs.py
     derives from the stored metrics.csv files today."""

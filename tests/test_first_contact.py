@@ -1,4 +1,4 @@
-"""What a new user meets first (issue 27's first-contact list), each fixed with a test that failed before."""
+"""What a new user meets first, each fixed with a test that failed before."""
 import os
 import re
 import signal

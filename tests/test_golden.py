@@ -53,7 +53,7 @@ def _make_train_first_updates() -> torch.Tensor:
 
 
 def test_make_train_first_updates_equal_the_stored_ones():
-    """Issue 35: a faster training path must not move ``make train``'s losses. Stored from plain autograd
+    """A faster training path must not move ``make train``'s losses. Stored from plain autograd
     (before the closed-form backward of Θ became the CPU default); the default path gives them to 1e-5
     (measured: 5e-8 and 2e-7 relative)."""
     torch.testing.assert_close(_make_train_first_updates(), load_file(GOLDEN)['make_train_first_updates'],

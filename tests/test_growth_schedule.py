@@ -1,5 +1,5 @@
 """Progressive recipes (``growth.schedule``), their staged lr schedule, Net2Net widening of a timm ViT,
-and the growth-chain experiment's bookkeeping (issue 18)."""
+and the growth-chain experiment's bookkeeping."""
 import math
 
 import pytest
@@ -301,7 +301,7 @@ def test_answer_is_the_compute_fraction_where_the_chain_reaches_scratch():
     assert a['reach_fraction'] is None and a['scratch_fraction_for_chain'] == 40 / 40
 
 
-# --- tau at a growth step (issue 25, item 6) -----------------------------------------------------
+# --- tau at a growth step ------------------------------------------------------------------------
 
 def test_tau_recompute_gives_the_from_scratch_parametrisation_and_keep_preserves_the_function():
     """``tau: keep`` leaves every τ (√16 = 4 at 16 tokens) and the function; ``tau: recompute`` sets a

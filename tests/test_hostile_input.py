@@ -1,4 +1,4 @@
-"""Hostile input on first contact (issue 27's probes): odd images, absurd model kwargs, odd paths. Each
+"""Hostile input on first contact: odd images, absurd model kwargs, odd paths. Each
 ends in correct behaviour or a one-line error that names the key, path or tensor."""
 import io
 import os

@@ -1,4 +1,4 @@
-"""MAE pretraining and fine-tuning (issue 16): masking, the loss against a direct computation, exact
+"""MAE pretraining and fine-tuning: masking, the loss against a direct computation, exact
 encoder transfer, exact resume, growth exactness under MAE, linear probing, the reconstruction tool."""
 import json
 import os
@@ -280,7 +280,7 @@ trainer.train(load_config(None, json.loads(sys.argv[1])))
 
 
 def test_mae_killed_by_sigkill_after_a_decoder_growth_step_resumes_bit_identical(tmp_path):
-    """Issue 27: an MAE run growing its encoder and decoder after epoch 1, killed with SIGKILL (no
+    """An MAE run growing its encoder and decoder after epoch 1, killed with SIGKILL (no
     handler runs, the lock file stays) just after a mid-epoch-2 checkpoint, resumes to the state of an
     uninterrupted run: model, EMA, optimizer, counters and grown sizes bit-identical."""
     common = dict(task='mae', model_kwargs=ENC, decoder=DEC, epochs=2, train_subset=512, val_subset=128, reprob=0.0,

@@ -157,7 +157,7 @@ def test_learned_tau_gets_the_finite_difference_gradient_in_every_pattention():
 
 
 def test_a_fixed_tau_checkpoint_loads_into_a_learned_tau_model_with_the_same_outputs():
-    """A lever becomes a default only if stored checkpoints still load and give the same outputs (issue 34)."""
+    """A lever becomes a default only if stored checkpoints still load and give the same outputs."""
     written = _model()
     learned = _model(learn_tau=True, key_std=0.3)
     learned.load_state_dict(written.state_dict(), strict=True)

@@ -1,4 +1,4 @@
-"""The NaFlex TokenFormer (issue 36): timm's NaFlex contract on a TokenFormer, held against the fixed-grid
+"""The NaFlex TokenFormer: timm's NaFlex contract on a TokenFormer, held against the fixed-grid
 family (an independent implementation of the same function on a full grid) in float64."""
 import pytest
 import timm

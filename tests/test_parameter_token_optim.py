@@ -1,4 +1,4 @@
-"""Issue 34's optimizer levers on parameter tokens: ``parameter_token_weight_decay`` and
+"""The optimizer levers on parameter tokens: ``parameter_token_weight_decay`` and
 ``parameter_token_lr_scale`` reach exactly the Pattentions' key / value tokens, through timm's optimizer and
 scheduler, and leave everything else (and the default groups) as timm makes them."""
 import pytest

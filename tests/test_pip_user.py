@@ -1,4 +1,4 @@
-"""A pip user's first contact (issue 38): the recipes in the wheel, and the rough edges a new user met,
+"""A pip user's first contact: the recipes in the wheel, and the rough edges a new user met,
 each with a test that failed before."""
 import glob
 import os

@@ -1,4 +1,4 @@
-"""RingFormer ViT and Ring x Token (issue 17): the paper's parameter counts, level signals against a direct
+"""RingFormer ViT and Ring x Token: the paper's parameter counts, level signals against a direct
 computation and zero at init, growth exactness of the shared tokens, loading, the mean attention distance."""
 import math
 import os

@@ -1,4 +1,4 @@
-"""What a timm user meets (issue 26's bugs), each with a test that failed before its fix."""
+"""What a timm user meets (bugs found by using timm's scripts), each with a test that failed before its fix."""
 import logging
 
 import pytest
@@ -145,7 +145,7 @@ def test_forward_intermediates_as_a_dict_and_with_an_attention_mask_as_timms_vit
         assert vit.forward_features(x, attn_mask=hide_last).shape == masked.shape
 
 
-# --- timm's scripts as clients (issue 26, item 4) ------------------------------------------------
+# --- timm's scripts as clients ------------------------------------------------------------------
 
 def test_the_timm_script_shim_registers_our_models_and_passes_the_arguments(tmp_path):
     """``python -m tkvision.cli.timm_script script.py ARGS`` runs a timm script as ``__main__`` with our

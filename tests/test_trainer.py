@@ -335,7 +335,7 @@ def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_p
 
 
 def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkeypatch):
-    """``data_wait`` in metrics.csv answers whether the loader keeps the device busy (issue 37 could not
+    """``data_wait`` in metrics.csv answers whether the loader keeps the device busy (a GPU report could not
     tell on the H200): the seconds the training process blocks on the next batch over the epoch's
     seconds. A loader that takes 50 ms per batch beside 10 ms steps is waited on for most of the epoch."""
     from types import SimpleNamespace
@@ -351,7 +351,7 @@ def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkey
     meter = dict(loss_sum=torch.tensor(0.0, dtype=torch.float64), seen=4, skipped=0, seconds=0.0, data_seconds=0.0)
     state = SimpleNamespace(meter=meter, batches_done=0, num_updates=0,
                             optimizer=SimpleNamespace(param_groups=[dict(lr=1.0)]))
-    run = SimpleNamespace(cfg=dict(seed=0, log_interval=1), batches_per_epoch=4, accum=1, train_loader=SlowLoader(),
+    run = SimpleNamespace(seed=0, run_section=dict(log_interval=1), batches_per_epoch=4, accum=1, train_loader=SlowLoader(),
                           step_prefixes=lambda epoch, batch: [None],
                           rank=0, world=1, device=torch.device('cpu'), check=lambda state: False)
     loop_mod._run_batches(run, state, 0, SimpleNamespace(update=lambda n: None, n=0, disable=True))

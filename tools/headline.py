@@ -3,8 +3,10 @@
 ``--check`` fails when the file differs from what they give (``tests/test_docs.py``).
 
 ``python tools/headline.py`` rewrites it. Each row: the question, the TokenFormer's figure, the ViT's, their
-difference or ratio, and the results file it comes from. Growth's exactness is measured here, on the current
-code: a TokenFormer grown with zero keys, against itself before growth (float32, eval).
+difference or ratio, the results file it comes from, and the results page that opens with it; ``key`` names
+the row for a figure quoted in a sentence (``tools/render_docs.py``'s inline values). Growth's exactness is
+measured here, on the current code: a TokenFormer grown with zero keys, against itself before growth
+(float32, eval).
 """
 import argparse
 import csv
@@ -15,7 +17,7 @@ import statistics
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-COLUMNS = ['question', 'tokenformer', 'vit', 'difference', 'source']
+COLUMNS = ['key', 'question', 'tokenformer', 'vit', 'difference', 'source', 'page']
 
 
 def _rows(path: str) -> list:
@@ -30,7 +32,8 @@ def _pm(mean, std) -> str:
 def _comparison() -> list:
     short = {r['config']: r for r in _rows('docs/comparison/results.csv')}
     t, v = short['tokenformer_equal_params'], short['vit_equal_width']
-    rows = [dict(question=f"Fashion-MNIST, quick recipe ({t['epochs']} epochs), equal parameters and compute: "
+    rows = [dict(key='quick',
+                 question=f"Fashion-MNIST, quick recipe ({t['epochs']} epochs), equal parameters and compute: "
                           f"test top-1 %, {t['seeds']} seeds",
                  tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']), vit=_pm(v['test_top1_mean'],
                                                                                    v['test_top1_std']),
@@ -38,7 +41,8 @@ def _comparison() -> list:
                  source='docs/comparison/results.csv')]
     long = {r['config']: r for r in _rows('docs/comparison/long/results.csv')}
     t, v = long['tokenformer_token_lr_quarter'], long['vit_equal_width']
-    rows.append(dict(question=f"Long recipe (75 epochs), equal parameters, the recipe chosen on validation: "
+    rows.append(dict(key='long_mean',
+                     question=f"Long recipe (75 epochs), equal parameters, the recipe chosen on validation: "
                               f"test top-1 %, {t['seeds']} seeds",
                      tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
                      vit=_pm(v['test_top1_mean'], v['test_top1_std']),
@@ -48,13 +52,16 @@ def _comparison() -> list:
     tokenformers = [p for p in points if not p['config'].startswith('vit')]
     best = max(tokenformers, key=lambda p: float(p['top1']))
     vit_best = max((p for p in points if p['config'] == 'vit_equal_width'), key=lambda p: float(p['top1']))
-    rows.append(dict(question=f"Long recipe, the best run of {len(tokenformers)} TokenFormer runs against the ViT's "
-                              f"best of 3, both chosen on validation: test top-1 % (minutes)",
-                     tokenformer=f"{float(best['test_top1']):.2f} ({float(best['minutes']):.0f} min)",
+    compute = {r['config']: r for r in _rows('docs/comparison/long/results.csv')}[best['config']]
+    rows.append(dict(key='long_best',
+                     question=f"Long recipe, the best run of {len(tokenformers)} TokenFormer runs against the ViT's "
+                              f"best of 3, both chosen on validation: test top-1 % (training minutes; compute)",
+                     tokenformer=f"{float(best['test_top1']):.2f} ({float(best['minutes']):.0f} min; "
+                                 f"{float(compute['compute_vs_reference']):.2f}x the ViT's)",
                      vit=f"{float(vit_best['test_top1']):.2f} ({float(vit_best['minutes']):.0f} min)",
                      difference=f"{float(best['test_top1']) - float(vit_best['test_top1']):+.2f}",
                      source='docs/comparison/long/points.csv'))
-    return rows
+    return [dict(row, page='comparison') for row in rows]
 
 
 def _gpu() -> dict:
@@ -63,11 +70,12 @@ def _gpu() -> dict:
     rows = {(r['model'], r['compiled']): r for r in report['parts']['throughput'] if r['mode'] == 'train'}
     compiled, eager = rows[('tokenformer_vit_b16_matched', 'compiled')], rows[('tokenformer_vit_b16_matched', 'eager')]
     vit = rows[('vit_base_patch16_224', 'compiled')]
-    return dict(question=f"Training step on one {report['info']['card']} (bf16, compiled; B/16† against ViT-B): "
+    return dict(key='gpu_step',
+                question=f"Training step on one {report['info']['card']} (bf16, compiled; B/16† against ViT-B): "
                          'img/s (eager ratio)',
                 tokenformer=f"{compiled['img_per_s']:.0f}", vit=f"{vit['img_per_s']:.0f}",
                 difference=f"{compiled['ratio']:.3f}x ({eager['ratio']:.2f}x eager)",
-                source='docs/bench/gpu_h200_2026-11-27.json')
+                source='docs/bench/gpu_h200_2026-11-27.json', page='performance')
 
 
 def _growth() -> dict:
@@ -84,9 +92,10 @@ def _growth() -> dict:
         tkvision.grow(model, patch=16, qkv=32, proj=32, ffn=128)
         after = model(x)
     error = (after - before).abs().max().item()
-    return dict(question='Growth by zero-key parameter tokens (32 to 64 tokens, FFN 128 to 256): largest change of '
+    return dict(key='growth',
+                question='Growth by zero-key parameter tokens (32 to 64 tokens, FFN 128 to 256): largest change of '
                          'a logit, float32', tokenformer=f'{error:.1e}' if error else '0 (exact)', vit='–',
-                difference='–', source='tools/headline.py (measured on the current code)')
+                difference='–', source='tools/headline.py (measured on the current code)', page='growth')
 
 
 def _elastic() -> list:
@@ -102,9 +111,10 @@ def _elastic() -> list:
     difference = f'{statistics.mean(gaps):+.2f} mean'
     if whole and whole['compute_vs_largest']:
         difference += f"; training compute {float(whole['compute_vs_largest']):.2f}x the largest alone"
-    return [dict(question='One elastic TokenFormer at 1/4, 1/2, 3/4 and all of its tokens against 4 trained alone: '
+    return [dict(key='elastic',
+                 question='One elastic TokenFormer at 1/4, 1/2, 3/4 and all of its tokens against 4 trained alone: '
                           'validation top-1 gap, points (worst prefix)',
-                 tokenformer=f"{min(gaps):+.2f}", vit='–', difference=difference, source=path)]
+                 tokenformer=f"{min(gaps):+.2f}", vit='–', difference=difference, source=path, page='elastic')]
 
 
 def headline_rows() -> list:

@@ -10,7 +10,7 @@ trained from scratch for the same epochs, from training FLOPs per image counted 
 rendered from them (``tools/render_docs.py``). ``--check`` (``tests/test_docs.py``, in CI) changes nothing
 and exits 1 when a figure in either file is not what the code builds today.
 
-Paper figures: TokenFormer Table 2 (``../shared/papers``; params in millions, ImageNet top-1 in
+Paper figures: TokenFormer Table 2 (https://arxiv.org/abs/2410.23168; params in millions, ImageNet top-1 in
 parentheses), RingFormer Tables 2-3.
 """
 import argparse

@@ -12,10 +12,15 @@ A generated table is written between two comment lines that name its source and 
     | norm_gelu_l2 | 86.55 ± 0.61 |
     <!-- end table -->
 
+A figure inside a sentence is generated the same way, from the one row its filters keep::
+
+    the TokenFormer's <!-- value docs/comparison/results.csv?config=vit_equal_width | {top1_std:.2f} -->0.04<!-- end -->
+
 The source is a CSV file, or a JSON file with ``#key`` (``#key.sub``) naming a list of objects in it;
 ``?column=value`` keeps the rows whose column equals the value (several ``?`` filters: all must hold).
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
-(an integer-valued one as an int); an empty, None or NaN value is shown as –. Rows keep the file's
+(an integer-valued one as an int; one written with a leading + stays text, sign and all); an empty,
+None or NaN value is shown as –. Rows keep the file's
 order. Nothing else of a document changes.
 """
 import argparse
@@ -30,9 +35,12 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r'(?P<head><!-- table (?P<spec>.+?) -->\n)(?P<body>.*?)(?P<tail><!-- end table -->)', re.S)
+VALUE = re.compile(r'(?P<head><!-- value (?P<spec>[^\n]+?) -->)(?P<body>[^<\n]*)(?P<tail><!-- end -->)')
 
 
 def _number(value: str):
+    if value.startswith('+'):  # a signed difference is written as the results file spells it
+        return value
     try:
         x = float(value)
     except (TypeError, ValueError):
@@ -93,6 +101,19 @@ def render(spec: str) -> str:
     return '\n'.join(lines) + '\n'
 
 
+def render_value(spec: str) -> str:
+    """The one figure of an inline ``spec`` (``source?filters | format``).
+
+    Raises:
+        SpecError: the filters keep no row or more than one (the message says how many).
+    """
+    source, fmt = [c.strip() for c in spec.split(' | ', 1)]
+    rows = load_rows(source)
+    if len(rows) != 1:
+        raise SpecError(f'{source} has {len(rows)} rows that match; an inline value needs filters that keep one')
+    return _Formatter(set(rows[0])).format(fmt, **rows[0])
+
+
 def documents() -> list:
     """README.md and every markdown file under docs/."""
     return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
@@ -103,13 +124,16 @@ class SpecError(ValueError):
     """A table spec that cannot be rendered: a column or JSON key its results file lacks, or no such file."""
 
 
-def _render_block(spec: str, where: str) -> str:
-    """:func:`render`, its failures as one :class:`SpecError` line naming ``where`` (file:line of the spec),
-    what is missing and, for a missing column, the columns the results file has."""
+def _render_block(spec: str, where: str, render=render) -> str:
+    """``render(spec)`` (a table or an inline value), its failures as one :class:`SpecError` line naming
+    ``where`` (file:line of the spec), what is missing and, for a missing column, the columns the results
+    file has."""
     try:
         return render(spec)
     except FileNotFoundError as e:
         raise SpecError(f'{where}: results file {e.filename} not found (table spec: {spec})') from None
+    except SpecError as e:
+        raise SpecError(f'{where}: {e}') from None
     except (ValueError, csv.Error) as e:  # a results file that does not parse (truncated JSON, a broken CSV)
         source = spec.split(' | ')[0].split('?')[0].split('#')[0]
         raise SpecError(f'{where}: results file {source} is not readable: {" ".join(str(e).split())}; regenerate it '
@@ -131,14 +155,17 @@ def update(text: str, path: str = '<text>') -> tuple:
     """
     stale = []
 
-    def replace(m):
-        line = text.count('\n', 0, m.start()) + 1
-        body = _render_block(m.group('spec'), f'{path}:{line}')
-        if body != m.group('body'):
-            stale.append(m.group('spec'))
-        return m.group('head') + body + m.group('tail')
+    def replacer(render_one):
+        def replace(m):
+            line = text.count('\n', 0, m.start()) + 1
+            body = _render_block(m.group('spec'), f'{path}:{line}', render_one)
+            if body != m.group('body'):
+                stale.append(m.group('spec'))
+            return m.group('head') + body + m.group('tail')
+        return replace
 
-    return BLOCK.sub(replace, text), stale
+    text = BLOCK.sub(replacer(render), text)
+    return VALUE.sub(replacer(render_value), text), stale
 
 
 def write_generated(outputs: dict, check: bool, command: str) -> int:

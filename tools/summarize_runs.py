@@ -8,7 +8,10 @@ metrics file, so a table rendered from it (``tools/render_docs.py``) cannot drif
 ``--check`` (``tests/test_docs.py``, in CI) changes nothing and exits 1 when the CSV differs.
 
 Derived columns (empty where the metrics file has no such column): ``epochs``; ``train_minutes`` (sum of
-``epoch_time``: training only, not evaluation or start-up); ``s_per_epoch_min`` / ``_max`` (epochs after
+``epoch_time``: training only, not evaluation or start-up); ``wall_minutes`` (the last row's
+``elapsed_minutes``: the trainer's own clock, start-up, evaluation and every resume included; empty for runs
+whose metrics file predates that column: a wall time is never typed into the manifest);
+``s_per_epoch_min`` / ``_max`` (epochs after
 the first, which includes compilation); ``top1_final`` / ``top1_best`` (the per-epoch evaluation split:
 validation for runs with a validation split, the test set for the older runs, as the manifest's
 ``eval_split`` says); ``ema_top1_final``; ``test_top1`` / ``ema_test_top1`` (the test set once, at the
@@ -27,7 +30,7 @@ from render_docs import write_generated  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MANIFEST_KEYS = ('name', 'group', 'metrics', 'eval_split', 'command', 'machine', 'date')
-DERIVED = ('epochs', 'train_minutes', 's_per_epoch_min', 's_per_epoch_max', 'top1_final', 'top1_best',
+DERIVED = ('epochs', 'train_minutes', 'wall_minutes', 's_per_epoch_min', 's_per_epoch_max', 'top1_final', 'top1_best',
            'ema_top1_final', 'test_top1', 'ema_test_top1', 'val_loss_final', 'val_loss_min', 'val_loss_min_epoch')
 
 
@@ -48,7 +51,9 @@ def derive(metrics_path: str) -> dict:
                          f'epoch')
     times, top1, loss = _floats(rows, 'epoch_time'), _floats(rows, 'top1'), _floats(rows, 'val_loss')
     later = times[1:] or times
+    wall = _floats(rows, 'elapsed_minutes')
     out = dict(epochs=len(rows), train_minutes=round(sum(times) / 60, 1),
+               wall_minutes=round(wall[-1], 1) if wall else '',
                s_per_epoch_min=round(min(later)), s_per_epoch_max=round(max(later)),
                top1_final=top1[-1] if top1 else '', top1_best=max(top1) if top1 else '')
     for column in ('ema_top1', 'test_top1', 'ema_test_top1'):
@@ -66,10 +71,15 @@ def summarize(manifest_path: str) -> str:
     """The results CSV (text) for a manifest: its keys, then the derived columns, one row per run.
 
     Raises:
-        KeyError: a run in the manifest lacks one of ``MANIFEST_KEYS`` (the message names run and key).
+        KeyError: a run in the manifest lacks one of ``MANIFEST_KEYS``, or types a derived figure (the message
+            names run and key).
     """
     with open(manifest_path) as f:
         runs = yaml.safe_load(f)['runs']
+    typed = [r.get('name', '?') for r in runs if set(r) & set(DERIVED)]
+    if typed:
+        raise KeyError(f'{manifest_path}: runs {typed} type a figure the metrics file gives ({", ".join(DERIVED)}): '
+                       'remove it from the manifest')
     extra = sorted({k for r in runs for k in r} - set(MANIFEST_KEYS))
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=[*MANIFEST_KEYS, *extra, *DERIVED], lineterminator='\n')

@@ -1,7 +1,7 @@
 """TokenFormer against the ViT it replaces, on equal footing (paper Table 2 at the scale we can
 run): the results files of ``docs/comparison.md``.
 
-``python tools/comparison.py configs/comparison/fashion_mnist/*.yaml --seeds 0 1 2 --out runs/comparison
+``python -m studies.comparison.comparison studies/comparison/configs/*.yaml --seeds 0 1 2 --out runs/comparison
 --report-dir docs/comparison`` trains every (config, seed) point through :func:`~tkvision.experiments.sweep.run_sweep`
 (finished points are skipped), then writes two files into ``--report-dir``:
 

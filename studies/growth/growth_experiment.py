@@ -1,8 +1,8 @@
 """Does growth pay? The paper's Fig. 3 chain at Fashion-MNIST scale, with a Net2Net-grown ViT beside it.
 
-    python tools/growth_experiment.py --out runs/growth_chain --seeds 0 1 2                  # chains + scratch
-    python tools/growth_experiment.py --out runs/growth_chain --plan ablations --seeds 0 1   # what makes a step work
-    python tools/growth_experiment.py --out runs/growth_chain --report                       # tables and plot only
+    python -m studies.growth.growth_experiment --out runs/growth_chain --seeds 0 1 2                  # chains + scratch
+    python -m studies.growth.growth_experiment --out runs/growth_chain --plan ablations --seeds 0 1  # a step's levers
+    python -m studies.growth.growth_experiment --out runs/growth_chain --report          # tables and plot only
 
 A *chain* is one trainer run of a progressive recipe (``growth.schedule``, :mod:`tkvision.train`): the
 TokenFormer chain ``configs/fashion_mnist/growth_chain.yaml`` appends parameter tokens at every step

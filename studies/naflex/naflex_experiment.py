@@ -1,13 +1,13 @@
 """The NaFlex TokenFormer against NaFlexViT and the fixed-grid TokenFormer, trained by our trainer on
 Fashion-MNIST at mixed resolutions and aspect ratios, evaluated at sequence lengths and aspect ratios none
-of them trained on (issue 36; ``docs/naflex.md``, "Trained by our trainer").
+of them trained on (``docs/naflex.md``, "Trained by our trainer").
 
-``python tools/naflex_experiment.py --seeds 0 1 2 --out runs/naflex --report docs/naflex/ours.json``:
+``python -m studies.naflex.naflex_experiment --seeds 0 1 2 --out runs/naflex --report docs/naflex/ours.json``:
 
 1. writes the data if missing (:func:`~tkvision.data.fashion_mnist.write_image_folder`): the training folder
    (``SIZES``; its ``val/`` is the test split, the validation split is carved from ``train/``) and a folder
    of the same test images at aspect ratios 3:1 and 1:3 (``UNSEEN_SIZES``), which no model trains on;
-2. trains every (config, seed) of ``configs/naflex/fashion_mnist_mixed/`` not yet finished
+2. trains every (config, seed) of ``studies/naflex/configs/`` not yet finished
    (:func:`~tkvision.experiments.sweep.run_sweep`): validation top-1 at the last epoch, test top-1 once;
 3. evaluates each finished run's last weights on both test folders at every length of ``LENGTHS``
    (patches of 8 px): a NaFlex model through the NaFlex evaluation loader at that ``naflex_max_seq_len``
@@ -27,6 +27,7 @@ import sys
 
 import torch
 
+from studies import portable_command
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader
 from tkvision.data.fashion_mnist import write_image_folder
 from tkvision.data.naflex import NaFlexPreprocessor, build_naflex_loader
@@ -135,8 +136,8 @@ def run_experiment(configs: list, seeds: list, out: str, report: str, data_dir: 
                 rows += evaluate_run(run_dir, {'mixed': data_dir, 'unseen_aspect': unseen_dir})
     result = dict(training=training, training_means=_training_means(training), lengths=rows,
                   length_means=summarize_rows(rows), machine=machine_info(torch.device('cpu')),
-                  date=datetime.date.today().isoformat(), command=' '.join(['python', 'tools/naflex_experiment.py',
-                                                                            *sys.argv[1:]]))
+                  date=datetime.date.today().isoformat(),
+                  command=portable_command(['python', '-m', 'studies.naflex.naflex_experiment', *sys.argv[1:]]))
     atomic_write(report, lambda f: json.dump(result, f, indent=1), text=True)
     return result
 

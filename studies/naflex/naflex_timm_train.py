@@ -3,7 +3,8 @@
 one command per (model, seed) through ``python -m tkvision.cli.timm_script``, on Fashion-MNIST
 written at mixed resolutions and aspect ratios.
 
-``python tools/naflex_timm_train.py --timm-dir path/to/pytorch-image-models --seeds 0 1 2 --out docs/naflex/timm_train``
+``python -m studies.naflex.naflex_timm_train --timm-dir path/to/pytorch-image-models --seeds 0 1 2
+--out docs/naflex/timm_train``
 
 Data: ``tools/make_subset.py --src fashion-mnist --sizes 32x32 48x96 96x48 64x64 --train-per-class 200
 --val-per-class 50`` (2,000 training images, 500 held-out images from Fashion-MNIST's test set; written if
@@ -16,6 +17,7 @@ Nothing is chosen on the held-out images: the table reports the last epoch's top
 it is worth), means and sample std over seeds. Writes ``<out>.json``: one row per run, per-model means,
 machine, date, command.
 """
+from studies import portable_command
 import argparse
 import csv
 import json
@@ -66,7 +68,7 @@ def run_one(timm_dir, data, model, seed, epochs, out) -> dict:
         top1 = [float(r['eval_top1']) for r in csv.DictReader(f)]
     return dict(model=model, seed=seed, params=params, epochs=epochs, top1_last=top1[-1], top1_best=max(top1),
                 img_per_s=round(sum(rates.values()) / max(len(rates), 1), 1),
-                command='python ' + ' '.join(cmd[1:]).replace(out, '<out>'))
+                command='python ' + portable_command(cmd[1:]).replace(out, '<out>'))
 
 
 def means(rows: list) -> list:
@@ -103,7 +105,8 @@ def main(argv=None) -> int:
                 print(f"{model} seed {seed}: top-1 {rows[-1]['top1_last']:.1f} (best {rows[-1]['top1_best']:.1f}), "
                       f"{rows[-1]['img_per_s']:.0f} img/s")
     result = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-                  command='python tools/naflex_timm_train.py ' + ' '.join(argv if argv is not None else sys.argv[1:]),
+                  command=portable_command(['python', '-m', 'studies.naflex.naflex_timm_train',
+                                            *(argv if argv is not None else sys.argv[1:])]),
                   runs=rows, models=means(rows))
     atomic_write(args.out + '.json', lambda f: json.dump(result, f, indent=1), text=True)
     print(f'wrote {args.out}.json')

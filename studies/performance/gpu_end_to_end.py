@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 
+from studies import portable_command
 from tkvision.data.fashion_mnist import write_image_folder
 
 __all__ = ['E2E_RECIPE', 'end_to_end']
@@ -60,7 +61,7 @@ def end_to_end(device, work: str, tiny: bool, compiled: bool, data_dir=None, log
     """
     if importlib.util.find_spec('albumentations') is None:
         return dict(skipped='albumentations is not installed: carry albumentations>=2.0.8 and its requirements '
-                            '(see tkvision/experiments/gpu_report.py)')
+                            '(see studies/performance/gpu_report.py)')
     folder, out = os.path.join(work, 'fashion_mnist_jpeg'), os.path.join(work, 'run')
     size, train, val = (32, 8, 2) if tiny else (224, 500, 100)
     write_image_folder(folder, size, train, val, data_dir=data_dir)
@@ -73,4 +74,4 @@ def end_to_end(device, work: str, tiny: bool, compiled: bool, data_dir=None, log
         legs.append(dict(wall_s=time.perf_counter() - t0))
     with open(os.path.join(out, 'metrics.csv')) as f:
         rows = [{k: _number(v) for k, v in row.items() if v != ''} for row in csv.DictReader(f)]
-    return dict(command=' '.join(cmd[2:]), legs=legs, epochs=rows)
+    return dict(command=portable_command(cmd[2:]), legs=legs, epochs=rows)

@@ -1,9 +1,10 @@
 #!/usr/bin/env python
-"""Our trainer against timm's ``train.py`` (issues 26 and 35): same model, data, augmentation, batch,
+"""Our trainer against timm's ``train.py``: same model, data, augmentation, batch,
 optimizer, schedule and epochs, run one after the other on this machine; img/s of training and the
 final validation top-1 of each, and our img/s as a ratio to timm's.
 
-``python tools/trainer_vs_timm.py --timm-dir path/to/pytorch-image-models --repeats 3 --out docs/bench/trainer_vs_timm``
+``python -m studies.performance.trainer_vs_timm --timm-dir path/to/pytorch-image-models --repeats 3
+--out docs/bench/trainer_vs_timm``
 
 The data is Fashion-MNIST written as a 32 px JPEG folder (600 training / 100 validation images per
 class, ``tools/make_subset.py --src fashion-mnist``); the models (``--models``) a TokenFormer of the quick
@@ -17,6 +18,7 @@ runs every (model, trainer) once, the trainers' order alternating between rounds
 median over rounds, a model's ratio the median of its rounds' paired ratios (the VM's speed drifts
 between minutes, so only pairs taken side by side compare). Time alone: the load beside it changes both.
 """
+from studies import portable_command
 import argparse
 import csv
 import json
@@ -54,7 +56,7 @@ def ours(model, data, out, epochs, threads) -> dict:
     with open(os.path.join(out, 'metrics.csv')) as f:
         rows = list(csv.DictReader(f))
     return dict(img_per_s=sum(float(r['img_per_s']) for r in rows) / len(rows), top1=float(rows[-1]['top1']),
-                command=' '.join(cmd[1:]))
+                command=portable_command(cmd[1:]))
 
 
 def timms(model, timm_dir, data, out, epochs, threads) -> dict:
@@ -79,7 +81,7 @@ def timms(model, timm_dir, data, out, epochs, threads) -> dict:
                 command=' '.join(cmd[1:]))
 
 
-TRAINERS = {'tkvision (tools/train.py)': ours, "timm's train.py": timms}
+TRAINERS = {'tkvision (tkvision-train)': ours, "timm's train.py": timms}
 
 
 def run_rounds(models, timm_dir, data, epochs, threads, repeats, log=print) -> dict:
@@ -131,7 +133,8 @@ def main(argv=None) -> int:
                       args.threads, args.repeats)
     rows, ratios = summarize(runs)
     result = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()),
-                  command='python tools/trainer_vs_timm.py ' + ' '.join(argv if argv is not None else sys.argv[1:]),
+                  command='python -m studies.performance.trainer_vs_timm '
+                          + ' '.join(argv if argv is not None else sys.argv[1:]),
                   rows=rows, ratios=ratios)
     atomic_write(args.out + '.json', lambda f: json.dump(result, f, indent=1), text=True)
     for r in ratios:

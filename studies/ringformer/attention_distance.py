@@ -9,7 +9,8 @@ timm's ``vit_*``: q and k are read by forward hooks on each attention module's `
 each query's weights over the patches renormalised to sum to 1. Distances are in input pixels
 (patch-grid distance times the patch size).
 
-``tools/attention_distance.py --config C --checkpoint W --num-images 500 --out mad.png`` (:mod:`tkvision.cli`).
+``python -m studies.ringformer.attention_distance --config C --checkpoint W --num-images 500 --out mad.png``
+(:mod:`tkvision.cli`).
 """
 import argparse
 import json

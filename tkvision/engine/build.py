@@ -71,8 +71,8 @@ def _refusals_as_config_errors(where: str, config_json: str = 'config.json'):
 
 
 def default_num_classes(data: dict) -> int:
-    """Classes of the data section's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST; for a class-folder
-    dataset (``folder``, ``imagenet``) or shards with a class list, the classes of its training split
+    """Classes of the data section's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST; for a
+    class-folder dataset (``folder``, ``imagenet``) or shards with a class list, the classes of its training split
     (:func:`~tkvision.data.datasets.train_class_map`: a 3-class folder gets a 3-way head, not ImageNet's); else
     1000 (ImageNet-1K, the timm default)."""
     if data['dataset'] == 'fashion_mnist':

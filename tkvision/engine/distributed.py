@@ -26,8 +26,8 @@ def available_cores() -> int:
 
 def setup_threads(run: dict):
     """``torch.set_num_threads`` for the config's run section: ``threads`` when set, else
-    :func:`available_cores`, so OpenMP threads never outnumber the cores (threads spinning against a
-    busy core were measured 60x slower per update).
+    :func:`available_cores`, so OpenMP threads never outnumber the cores (OpenMP threads that spin
+    waiting for a busy core slow every update many times over).
 
     Warns (UserWarning) when ``threads`` exceeds :func:`available_cores`: the run goes on as asked,
     many times slower, so the warning names the core count and the value to set instead."""
@@ -35,8 +35,8 @@ def setup_threads(run: dict):
     threads = int(run['threads']) if run['threads'] else cores
     if threads > cores:
         warnings.warn(f'threads: {threads} is more than the {cores} cores this process may use: threads '
-                      f'that outnumber the cores run many times slower (measured 30x at 999 threads on 2 '
-                      f'cores); set threads: {cores}, or leave it unset to use them all', stacklevel=2)
+                      f'that outnumber the cores run many times slower; set threads: {cores}, or leave it '
+                      f'unset to use them all', stacklevel=2)
     torch.set_num_threads(threads)
 
 

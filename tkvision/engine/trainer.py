@@ -243,6 +243,26 @@ def _claim_output(output: str, rank: int, device, resume):
     return lock
 
 
+def build_state(cfg: dict, device: torch.device, world: int, updates_per_epoch: int,
+                started: float | None = None) -> TrainState:
+    """The :class:`TrainState` (model, optimizer, schedule, EMA, scaler) of a resolved run config
+    (:func:`resolve_run_config`), each part built from its own section.
+
+    Args:
+        cfg: a config as :func:`resolve_run_config` returns it.
+        device: where the model and optimizer live.
+        world: the number of processes (scales the learning rate with the global batch).
+        updates_per_epoch: optimizer updates in one epoch (the schedule's unit).
+        started: ``time.monotonic()`` when the run began; now when ``None``.
+    """
+    parts = {name: section(cfg, name) for name in SECTIONS}
+    return TrainState(parts['model'], parts['optim'], parts['growth'], task=cfg['task'], amp=cfg['amp'],
+                      num_classes=default_num_classes(parts['data']), device=device, world=world,
+                      lr=resolve_lr(parts['optim'], cfg['batch_size'], world), updates_per_epoch=updates_per_epoch,
+                      mae=parts['mae'] if cfg['task'] == 'mae' else None, elastic_fractions=cfg['elastic_fractions'],
+                      config_record=cfg, started=started)
+
+
 def _start(cfg: dict, resume):
     """Processes, output directory (locked, rank 0), data and state; every rank fails if one does. The whole
     config is validated here, once, and split into the sections each stage receives."""
@@ -257,11 +277,7 @@ def _start(cfg: dict, resume):
         random_seed(cfg['seed'])  # the same initial weights on every rank
         run = RunContext(parts['run'], parts['data'], parts['optim'], parts['elastic'], parts['model'], rank, world,
                          device)
-        state = TrainState(parts['model'], parts['optim'], parts['growth'], task=cfg['task'], amp=cfg['amp'],
-                           num_classes=default_num_classes(parts['data']), device=device, world=world,
-                           lr=resolve_lr(parts['optim'], cfg['batch_size'], world),
-                           updates_per_epoch=run.updates_per_epoch, mae=parts['mae'] if cfg['task'] == 'mae' else None,
-                           elastic_fractions=cfg['elastic_fractions'], config_record=cfg, started=started)
+        state = build_state(cfg, device, world, run.updates_per_epoch, started)
         if cfg['task'] != 'mae':
             run.set_loss(state.model.num_classes)
         history = _resume(run, state, resume) if resume else []

@@ -23,7 +23,7 @@ Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypo
 import contextlib
 import dataclasses
 import math
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
@@ -63,8 +63,8 @@ class NaFlexTokenFormer(NaFlexVit):
             ``global_pool``, ``reg_tokens``, ``pos_embed``, ``pos_embed_grid_size``, ``qk_norm``,
             ``init_values``, ``drop_path_rate``, ...) override it.
         in_chans / num_classes: as timm.
-        img_size: the default image size; sets the learned position grid (``img_size / patch_size``)
-            unless ``pos_embed_grid_size`` is given.
+        img_size: the default image size (an int, or height and width); sets the learned position grid
+            (``img_size / patch_size``) unless ``pos_embed_grid_size`` is given.
         num_tokens: shorthand as in :class:`~tkvision.models.TokenFormerViT`: patch embedding, Q/K/V and
             output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
             ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each (the block kinds take one
@@ -86,7 +86,7 @@ class NaFlexTokenFormer(NaFlexVit):
             cfg: Optional[NaFlexVitCfg] = None,
             in_chans: int = 3,
             num_classes: int = 1000,
-            img_size: Optional[int] = None,
+            img_size: Optional[Union[int, Tuple[int, int]]] = None,
             num_tokens: int = 768,
             num_tokens_patch: Optional[int] = None,
             num_tokens_qkv: TokenCounts = None,
@@ -161,9 +161,9 @@ class NaFlexTokenFormer(NaFlexVit):
             return
         else:
             patches = x
-        if patches.dim() != 3:
-            raise ValueError(f'patches must be [batch, sequence, p*p*channels], got shape {tuple(patches.shape)}; an '
-                             'image is [batch, channels, height, width]')
+        if patches.dim() not in (3, 5):
+            raise ValueError(f'patches must be [batch, sequence, p*p*channels] or [batch, sequence, p, p, channels], '
+                             f'got shape {tuple(patches.shape)}; an image is [batch, channels, height, width]')
         if patches.shape[1] == 0:
             raise ValueError('patches hold an empty sequence (0 patches an image): give at least one patch')
         if patch_coord is None:
