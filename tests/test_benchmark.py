@@ -1,5 +1,6 @@
 """The benchmark's arithmetic: FLOPs per image against the analytic count, ratios against the counterpart."""
 import pytest
+import torch
 
 from tkvision.experiments.benchmark import COUNTERPARTS, benchmark_models
 
@@ -181,3 +182,24 @@ def test_score_norm_benchmark_times_eq5_and_gelu():
     rows = benchmark_score_norm(tokens=8, num_tokens=n, steps=1, repeats=3, compile_=False, log=lambda *_: None)
     assert rows[0]['vs_gelu'] == 1.0 and rows[0]['ratio_runs'] == '1.000 1.000 1.000'
     assert [r['variant'] for r in rows] == list(variants)
+
+
+def test_the_loader_comparison_feeds_both_loaders_the_same_images_and_pairs_the_rounds(tmp_path, monkeypatch):
+    """``--parts loader``: our loader and timm's ``create_loader`` read the same JPEG folder with the ImageNet
+    recipe's 224 px crops, one pass each (every image once, ours uint8, timm's normalised floats), and the
+    reported ratio is the median of the per-round ratios of the rates each round measured."""
+    import statistics
+
+    from studies.performance import data_benchmark as bench
+    root = bench.make_jpeg_folder(str(tmp_path / 'jpeg'), n_images=24, classes=2, size=(250, 188))
+    cfg = bench.resolve_run_config(bench.load_config(
+        bench._RECIPE, dict(data_dir=root, batch_size=8, model='tokenformer_vit_b16')))
+    for build, dtype in ((bench._ours_loader, torch.uint8), (bench._timm_loader, torch.float32)):
+        batches = list(build(root, cfg, 0))
+        assert sum(len(b[0]) for b in batches) == 24
+        assert all(b[0].shape[1:] == (3, 224, 224) and b[0].dtype == dtype for b in batches)
+    rates = iter([300.0, 100.0, 200.0, 100.0, 500.0, 100.0])  # ours, timm per round: ratios 3, 2, 5
+    monkeypatch.setattr(bench, '_epoch_rate', lambda loader, warm_batches: next(rates))
+    ours, timm = bench.benchmark_loaders(root, workers=(1,), repeats=3, log=lambda *a: None)
+    assert ours['loader'] == 'tkvision' and ours['vs_timm'] == statistics.median([3.0, 2.0, 5.0]) == 3.0
+    assert ours['img_per_s'] == 300.0 and timm['img_per_s'] == 100.0 and ours['ratio_runs'] == '3.000 2.000 5.000'

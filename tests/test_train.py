@@ -183,6 +183,18 @@ def test_rand_augment_never_posterizes_to_zero_bits():
         assert t(image=img)['image'].shape == (3, 32, 32)
 
 
+def test_rand_augment_hands_the_tensor_conversion_a_writable_array():
+    """RandAugment runs on PIL images; the array it returns must be writable, or ``ToTensorV2``'s
+    ``torch.from_numpy`` warns in every loader worker (Pillow's buffer is read-only)."""
+    import numpy as np
+
+    from tkvision.data.transforms import _rand_augment_op
+    op = _rand_augment_op('rand-n2-m9-mstd0.5-inc1', 32, (0.5, 0.5, 0.5))
+    img = np.random.default_rng(0).integers(0, 255, (32, 32, 3), dtype=np.uint8)
+    out = op(image=img)['image']
+    assert out.dtype == np.uint8 and out.shape == (32, 32, 3) and out.flags.writeable
+
+
 def test_crop_padding_is_a_zero_filled_shift_of_at_most_the_padding():
     """crop_padding: p gives the image shifted by (dy, dx) in [-p, p]^2, vacated pixels 0 (background),
     every shift reachable; the eval transform is untouched."""

@@ -126,12 +126,15 @@ def benchmark_data(root=None, n_images=256, workers=(1, 2), batch_size=32, repea
 def _timm_loader(root: str, cfg: dict, workers: int):
     """timm's ``create_loader`` over ``root/train`` with the ImageNet recipe's training transforms (as
     ``cfg``'s data section gives them): RandomResizedCrop 224 bicubic, flip, RandAugment; random erasing is
-    left out of both loaders (ours applies it on the device, after the loader)."""
+    left out of both loaders (ours applies it on the device, after the loader). timm's RandAugment gets a
+    magnitude cap of 9 (``-mmax9``; its string takes an integer, ours is 9.99,
+    :data:`tkvision.data.transforms.RAND_AUGMENT_MAGNITUDE_MAX`): uncapped, its Posterize at magnitude 10
+    keeps 0 bits, which Pillow >= 11 refuses."""
     from timm.data import create_dataset, create_loader
     dataset = create_dataset('', root=os.path.join(root, 'train'), is_training=True)
     return create_loader(dataset, input_size=(3, cfg['img_size'], cfg['img_size']), batch_size=cfg['batch_size'],
                          is_training=True, use_prefetcher=False, scale=tuple(cfg['rrc_scale']),
-                         interpolation=cfg['interpolation'], auto_augment=cfg['auto_augment'], re_prob=0.,
+                         interpolation=cfg['interpolation'], auto_augment=cfg['auto_augment'] + '-mmax9', re_prob=0.,
                          mean=tuple(cfg['mean']), std=tuple(cfg['std']), num_workers=workers, persistent_workers=False)
 
 

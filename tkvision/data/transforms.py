@@ -36,7 +36,8 @@ class _PILOp:
         self.op = op
 
     def __call__(self, img, **_):
-        return np.asarray(self.op(Image.fromarray(img)))
+        # np.array, not np.asarray: Pillow's buffer is read-only, and torch.from_numpy warns on a read-only array
+        return np.array(self.op(Image.fromarray(img)))
 
 
 #: RandAugment magnitude cap: timm clips the noisy magnitude (m9, mstd 0.5) to 10, where its increasing
