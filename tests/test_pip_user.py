@@ -40,6 +40,24 @@ def _fresh_venv_with_wheel(tmp_path) -> str:
     return str(venv / 'bin')
 
 
+def test_the_wheel_holds_the_library_and_recipes_not_the_studies(tmp_path):
+    """``pip wheel .`` lists the package and its recipes only: no module of ``studies/`` (by file name, so a
+    study copied back into the package is caught too) and no study config (by its contents)."""
+    import zipfile
+    subprocess.run([sys.executable, '-m', 'pip', 'wheel', '-q', '--no-deps', '--no-build-isolation', '-w',
+                    str(tmp_path), ROOT], check=True, capture_output=True, cwd=tmp_path)
+    (wheel,) = glob.glob(str(tmp_path / 'tkvision-*.whl'))
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+        shipped_yaml = {z.read(n) for n in names if n.endswith('.yaml')}
+    assert {n.split('/')[0] for n in names} == {'tkvision', os.path.basename(wheel).split('-py')[0] + '.dist-info'}
+    assert any(n.startswith('tkvision/configs/imagenet/') for n in names)  # the recipes are there
+    study_modules = {os.path.basename(p) for p in glob.glob(f'{ROOT}/studies/*/*.py')} - {'__init__.py'}
+    assert study_modules and not study_modules & {os.path.basename(n) for n in names}
+    study_configs = glob.glob(f'{ROOT}/studies/*/configs/**/*.yaml', recursive=True)
+    assert study_configs and not [p for p in study_configs if open(p, 'rb').read() in shipped_yaml]
+
+
 @pytest.mark.slow
 def test_the_wheel_ships_the_recipes_and_runs_one_from_outside_the_repository(tmp_path):
     """``pip wheel .`` held the package only: a pip user had no recipe to run. Now the wheel's

@@ -11,7 +11,7 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe.
 
 - ``points.csv``: one row per (method, seed, prefix): parameters of the prefix, its validation top-1 (the
   last epoch's: what a choice is made on) and test top-1 (evaluated once). Methods: ``elastic`` (and its
-  variants ``elastic_tau_kept``, ``elastic_random``, ``elastic_all``: their own configs), ``independent``
+  variants ``elastic_tau_follow``, ``elastic_random``, ``elastic_all``: their own configs), ``independent``
   (``tokenformer_tokens_<n>``, one run per size), ``post_hoc`` (the 72-token independent run's weights
   evaluated at each prefix, τ following k; ``post_hoc_tau_kept`` with the full layer's τ), ``matformer_vit``,
   and ``mix_n_match`` (per-block prefixes of the elastic run chosen by MatFormer's rule of thumb,
@@ -24,18 +24,22 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe.
 - ``speed.csv``: inference img/s of each exported sub-model's architecture (:func:`extract_prefix` then
   timm's builder: the same shapes) against the independently trained twin's, batch 256, timed interleaved.
 - ``top1_vs_params.png``: validation top-1 against parameters, one line per method.
+- ``meta.json``: the machine, the date, the seeds and the command of the report.
 
 Points a rerun has not finished yet are left out (the report says how many seeds each row has).
 """
 import argparse
 import csv
+import json
 import os
 import statistics
 import sys
+import time
 
 import torch
 
 import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tiny_patch16_224 with timm)
+from studies import portable_command
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
 from tkvision.engine.checkpoint import LAST_WEIGHTS, METRICS_FILE, model_for_checkpoint
 from tkvision.engine.config import load_config, section
@@ -176,21 +180,23 @@ def training_compute(name: str, seed: int, runs: str) -> float:
 
 
 def summarize(points: list, compute: dict) -> list:
-    """``results.csv`` rows: per (method, prefix) the mean and std over seeds, the compute ratio and the
-    validation gap to the independent twin of the same prefix."""
+    """``results.csv`` rows: per (method, prefix) the mean and std over seeds, the training compute as a ratio
+    to the largest TokenFormer trained alone, and the validation gap to the independently trained TokenFormer
+    of the same prefix (none for the MatFormer ViT, whose prefixes shrink only the MLP and so have other
+    sizes: compare it by parameters). A last row, ``independent`` at prefix ``all``, is the compute of
+    training the four sizes separately."""
     reference = compute.get(TWINS[1.0])
     twin = {r['prefix']: r['top1_mean'] for r in _means(points) if r['method'] == 'independent'}
     out = []
     for row in _means(points):
         config = row['config']
         row['compute_vs_largest'] = round(compute[config] / reference, 3) if reference and config in compute else None
-        if row['method'] == 'independent':
-            row['compute_vs_largest'] = round(sum(compute.get(c, 0) for c in TWINS.values()) / reference, 3) \
-                if row['prefix'] == 1.0 and reference and all(c in compute for c in TWINS.values()) else \
-                row['compute_vs_largest']
-        gap = twin.get(row['prefix'])
-        row['gap_to_twin'] = None if gap is None or isinstance(row['prefix'], str) else round(row['top1_mean'] - gap, 2)
+        gap = None if row['method'] == 'matformer_vit' or isinstance(row['prefix'], str) else twin.get(row['prefix'])
+        row['gap_to_twin'] = None if gap is None else round(row['top1_mean'] - gap, 2)
         out.append(row)
+    if reference and all(c in compute for c in TWINS.values()):
+        out.append(dict(method='independent', config='all four sizes', prefix='all',
+                        compute_vs_largest=round(sum(compute[c] for c in TWINS.values()) / reference, 3)))
     return out
 
 
@@ -225,17 +231,23 @@ def speed_rows(runs: str, seed: int, batch_size: int = 256, repeats: int = 5) ->
 
 
 def plot(results: list, path: str):
-    """Validation top-1 against parameters, one line per method (mean ± std over seeds)."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for method in dict.fromkeys(r['method'] for r in results):
-        rows = sorted((r for r in results if r['method'] == method), key=lambda r: r['params'])
-        ax.errorbar([r['params'] / 1e3 for r in rows], [r['top1_mean'] for r in rows],
-                    yerr=[r['top1_std'] or 0 for r in rows], marker='o', capsize=3, label=method,
-                    linestyle='none' if method == 'mix_n_match' else '-')
-    ax.set(xlabel='parameters (thousands)', ylabel='validation top-1 (%)',
-           title='Fashion-MNIST, quick recipe: one elastic model against separate ones')
-    ax.grid(alpha=.3)
-    ax.legend(fontsize=8)
+    """Validation top-1 against parameters, one line per method (mean ± std over seeds): the whole range on
+    the left (post-hoc truncation collapses), the methods that train for their prefixes on the right."""
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    rows_with_size = [r for r in results if r.get('params')]
+    for ax, zoom in zip(axes, (False, True)):
+        for method in dict.fromkeys(r['method'] for r in rows_with_size):
+            if zoom and method.startswith('post_hoc'):
+                continue
+            rows = sorted((r for r in rows_with_size if r['method'] == method), key=lambda r: r['params'])
+            ax.errorbar([r['params'] / 1e3 for r in rows], [r['top1_mean'] for r in rows],
+                        yerr=[r['top1_std'] or 0 for r in rows], marker='o', capsize=3, label=method,
+                        linestyle='none' if method == 'mix_n_match' else '-')
+        ax.set(xlabel='parameters (thousands)', ylabel='validation top-1 (%)',
+               title='post-hoc truncation and trained prefixes' if not zoom else 'trained for their sizes')
+        ax.grid(alpha=.3)
+        ax.legend(fontsize=8)
+    fig.suptitle('Fashion-MNIST, quick recipe: one elastic TokenFormer against separate ones')
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -262,6 +274,10 @@ def report(runs: str, seeds, out: str, speed: bool = True) -> list:
     plot(results, os.path.join(out, 'top1_vs_params.png'))
     if speed and 'elastic' in finished:
         _write_csv(speed_rows(runs, seed), os.path.join(out, 'speed.csv'))
+    meta = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d', time.gmtime()),
+                seeds=sorted({p['seed'] for p in points}),
+                command='python -m studies.elastic.elastic_study ' + portable_command(sys.argv[1:]))
+    atomic_write(os.path.join(out, 'meta.json'), lambda f: json.dump(meta, f, indent=1), text=True)
     return results
 
 
