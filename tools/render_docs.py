@@ -115,9 +115,12 @@ def render_value(spec: str) -> str:
 
 
 def documents() -> list:
-    """README.md and every markdown file under docs/."""
+    """README.md, every markdown file under docs/, and every config (a header's measured figure is an inline
+    value too)."""
+    configs = [p for pattern in ('tkvision/configs/**/*.yaml', 'studies/*/configs/**/*.yaml')
+               for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)]
     return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
-                                                                recursive=True))
+                                                                recursive=True)) + sorted(configs)
 
 
 class SpecError(ValueError):

@@ -41,15 +41,20 @@ def config_path(path: str) -> str:
                       '`tkvision-train --list-recipes` lists them)')
 
 
+#: The markers around a measured figure in a header (``tools/render_docs.py`` keeps the figure equal to its
+#: results file); a listing shows the figure alone.
+_VALUE_MARKERS = re.compile(r'<!-- value [^\n]*? -->|<!-- end -->')
+
+
 def _header(path: str) -> str:
-    """The file's opening comment lines, joined into one paragraph."""
+    """The file's opening comment lines, joined into one paragraph (measured figures without their markers)."""
     lines = []
     with open(path) as f:
         for line in f:
             if not line.startswith('#'):
                 break
             lines.append(line[1:].strip())
-    return ' '.join(filter(None, lines))
+    return _VALUE_MARKERS.sub('', ' '.join(filter(None, lines)))
 
 
 def list_recipes() -> list:
