@@ -169,3 +169,15 @@ def test_elastic_keys_are_checked_before_any_work(tmp_path):
     vit = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2)
     with pytest.raises(ConfigError, match='elastic_fractions needs a model with parameter tokens'):
         train_mod.train(fmnist_cfg(tmp_path, model='vit_tiny_patch16_224', model_kwargs=vit, elastic_fractions=[0.5]))
+
+
+def test_the_elastic_study_reports_every_config_it_trains():
+    """Each quick-recipe config of ``studies/elastic/configs`` is read by the report (as a twin or an elastic
+    method), so no trained run is silently left out of docs/elastic/results.csv; each names a config on disk."""
+    import glob
+    import os
+
+    from studies.elastic import elastic_study as study
+    on_disk = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(study.CONFIGS, '[!_]*.yaml'))}
+    reported = set(study.TWINS.values()) | set(study.ELASTIC)
+    assert reported == on_disk

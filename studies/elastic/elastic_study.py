@@ -59,7 +59,7 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 TWINS = {0.25: 'tokenformer_tokens_18', 0.5: 'tokenformer_tokens_36', 0.75: 'tokenformer_tokens_54',
          1.0: 'tokenformer_tokens_72'}
 #: Elastic training runs: config name -> method name in the tables.
-ELASTIC = {'elastic': 'elastic', 'elastic_tau_kept': 'elastic_tau_kept', 'elastic_random': 'elastic_random',
+ELASTIC = {'elastic': 'elastic', 'elastic_tau_follow': 'elastic_tau_follow', 'elastic_random': 'elastic_random',
            'elastic_all': 'elastic_all', 'matformer_vit': 'matformer_vit'}
 POINT_COLUMNS = ['method', 'config', 'seed', 'prefix', 'params', 'top1', 'test_top1']
 
@@ -235,14 +235,16 @@ def plot(results: list, path: str):
     the left (post-hoc truncation collapses), the methods that train for their prefixes on the right."""
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
     rows_with_size = [r for r in results if r.get('params')]
+    methods = list(dict.fromkeys(r['method'] for r in rows_with_size))
+    color = {method: f'C{i % 10}' for i, method in enumerate(methods)}  # one colour per method in both panels
     for ax, zoom in zip(axes, (False, True)):
-        for method in dict.fromkeys(r['method'] for r in rows_with_size):
+        for method in methods:
             if zoom and method.startswith('post_hoc'):
                 continue
             rows = sorted((r for r in rows_with_size if r['method'] == method), key=lambda r: r['params'])
             ax.errorbar([r['params'] / 1e3 for r in rows], [r['top1_mean'] for r in rows],
                         yerr=[r['top1_std'] or 0 for r in rows], marker='o', capsize=3, label=method,
-                        linestyle='none' if method == 'mix_n_match' else '-')
+                        color=color[method], linestyle='none' if method == 'mix_n_match' else '-')
         ax.set(xlabel='parameters (thousands)', ylabel='validation top-1 (%)',
                title='post-hoc truncation and trained prefixes' if not zoom else 'trained for their sizes')
         ax.grid(alpha=.3)
