@@ -40,6 +40,7 @@ import torch
 
 import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tiny_patch16_224 with timm)
 from studies import portable_command
+from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
 from tkvision.engine.checkpoint import LAST_WEIGHTS, METRICS_FILE, model_for_checkpoint
 from tkvision.engine.config import load_config, section
@@ -49,6 +50,7 @@ from tkvision.engine.trainer import resolve_run_config
 from tkvision.experiments.benchmark import benchmark_models, machine_info, train_flops_per_image
 from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
 from tkvision.growth import elastic
+from tkvision.utils.errors import UsageError
 from tkvision.utils.files import atomic_write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -264,9 +266,16 @@ def _write_csv(rows: list, path: str, columns=None):
 
 
 def report(runs: str, seeds, out: str, speed: bool = True) -> list:
-    """Write the report files of the module docstring into ``out``; returns the ``results.csv`` rows."""
+    """Write the report files of the module docstring into ``out``; returns the ``results.csv`` rows.
+
+    Raises:
+        UsageError: no run of ``seeds`` under ``runs`` has finished.
+    """
     os.makedirs(out, exist_ok=True)
     points = elastic_points(runs, seeds) + post_hoc_points(runs, seeds) + mix_n_match_points(runs, seeds)
+    if not points:
+        raise UsageError(f'--runs {runs}: no finished run of seeds {list(seeds)} there; train them first '
+                         '(python -m studies.elastic.elastic_study train)')
     _write_csv(points, os.path.join(out, 'points.csv'), POINT_COLUMNS)
     finished = {p['config'] for p in points}
     seed = min(p['seed'] for p in points)
@@ -283,7 +292,7 @@ def report(runs: str, seeds, out: str, speed: bool = True) -> list:
     return results
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     """``python -m studies.elastic.elastic_study {train,report}``; see ``--help``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest='command', required=True)
@@ -303,6 +312,13 @@ def main(argv=None) -> int:
         for row in report(args.runs, args.seeds, args.report_dir, speed=not args.no_speed):
             print(row)
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m studies.elastic.elastic_study`` under the rule every tkvision command shares
+    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
+    resume it."""
+    return run_cli(_main, argv)
 
 
 if __name__ == '__main__':

@@ -33,6 +33,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
+from tkvision.cli import run_cli
 from tkvision.engine.build import model_for_config
 from tkvision.engine.checkpoint import LAST_CHECKPOINT
 from tkvision.engine.config import load_config
@@ -436,7 +437,7 @@ def _plot(results: dict, path: str):
     plt.close(fig)
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     """``python -m studies.growth.growth_experiment``; see ``--help``."""
     ap = argparse.ArgumentParser(description='Growth chains vs from-scratch training at equal compute (Fig. 3).')
     ap.add_argument('--out', default='runs/growth_chain')
@@ -469,6 +470,13 @@ def main(argv=None) -> int:
     print(report(args.out, stored))
     print(f'wrote {args.out}/report.md, results.json, accuracy_vs_compute.png')
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m studies.growth.growth_experiment`` under the rule every tkvision command shares
+    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
+    resume it."""
+    return run_cli(_main, argv)
 
 
 if __name__ == '__main__':

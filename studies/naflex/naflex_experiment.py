@@ -28,6 +28,7 @@ import sys
 import torch
 
 from studies import portable_command
+from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader
 from tkvision.data.fashion_mnist import write_image_folder
 from tkvision.data.naflex import NaFlexPreprocessor, build_naflex_loader
@@ -154,7 +155,7 @@ def _training_means(training: list) -> list:
     return out
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     """``python -m studies.naflex.naflex_experiment``; see ``--help``."""
     ap = argparse.ArgumentParser(description='The NaFlex TokenFormer against NaFlexViT and the fixed grid, trained '
                                  'by our trainer on mixed-size Fashion-MNIST, evaluated at unseen lengths and aspects.')
@@ -172,6 +173,13 @@ def main(argv=None) -> int:
     for row in result['training_means'] + result['length_means']:
         print(json.dumps(row))
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m studies.naflex.naflex_experiment`` under the rule every tkvision command shares
+    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
+    resume it."""
+    return run_cli(_main, argv)
 
 
 if __name__ == '__main__':

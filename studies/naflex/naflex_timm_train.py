@@ -34,6 +34,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tkvision.cli import run_cli
 from tkvision.data.fashion_mnist import write_image_folder  # noqa: E402
 from tkvision.experiments.benchmark import machine_info  # noqa: E402
 from tkvision.experiments.sweep import mean_std  # noqa: E402
@@ -84,7 +85,7 @@ def means(rows: list) -> list:
     return out
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument('--timm-dir', required=True, help="a checkout of timm's repository (its train.py)")
     ap.add_argument('--data', default='runs/fashion_mnist_mixed',
@@ -111,6 +112,13 @@ def main(argv=None) -> int:
     atomic_write(args.out + '.json', lambda f: json.dump(result, f, indent=1), text=True)
     print(f'wrote {args.out}.json')
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m studies.naflex.naflex_timm_train`` under the rule every tkvision command shares
+    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
+    resume it."""
+    return run_cli(_main, argv)
 
 
 if __name__ == '__main__':

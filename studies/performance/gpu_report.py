@@ -50,6 +50,7 @@ import torch
 import torch.nn.functional as F
 
 from studies.performance.gpu_end_to_end import end_to_end
+from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import (ModelStep, benchmark_models, machine_info, markdown_table,
                                             parse_model_spec, profile_breakdown, saved_activation_mib, synchronize,
                                             time_call)
@@ -434,7 +435,7 @@ def gpu_report(device='cuda', out='docs/bench/gpu', tiny=False, compile_modes=('
     return dict(info=info, parts=parts, path=path)
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     """``python -m studies.performance.gpu_report`` (``make bench-gpu``); see ``--help``. Writes
     ``<out>_<date>.md`` and ``.json``; with ``--run-part`` (the report's own child processes) measures one
     part into ``--part-out``."""
@@ -469,6 +470,13 @@ def main(argv=None) -> int:
     gpu_report(args.device, args.out, args.tiny, tuple(args.compile_modes), args.steps, args.repeats, command,
                args.budget_minutes, args.data_dir, args.parts)
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m studies.performance.gpu_report`` under the rule every tkvision command shares
+    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
+    resume it."""
+    return run_cli(_main, argv)
 
 
 if __name__ == '__main__':

@@ -35,6 +35,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from tkvision.cli import run_cli
 from tkvision.data.fashion_mnist import write_image_folder  # noqa: E402
 from tkvision.experiments.benchmark import machine_info  # noqa: E402
 from tkvision.utils.files import atomic_write  # noqa: E402
@@ -117,7 +118,7 @@ def summarize(runs: dict) -> tuple:
     return rows, ratios
 
 
-def main(argv=None) -> int:
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument('--timm-dir', required=True, help="a checkout of timm's repository (its train.py)")
     ap.add_argument('--data', default='runs/fashion_mnist_jpeg32', help='the JPEG folder (written if missing)')
@@ -141,6 +142,13 @@ def main(argv=None) -> int:
         print(f"{r['model']}: tkvision / timm img/s {r['ratio']:.3f} (rounds {r['ratio_runs']})")
     print(f'wrote {args.out}.json')
     return 0
+
+
+def main(argv=None) -> int:
+    """``python -m studies.performance.trainer_vs_timm`` under the rule every tkvision command shares
+    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
+    resume it."""
+    return run_cli(_main, argv)
 
 
 if __name__ == '__main__':
