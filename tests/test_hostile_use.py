@@ -221,7 +221,7 @@ def test_the_studies_and_developer_tools_answer_bad_input_in_one_line(tmp_path):
 def test_every_study_answers_a_user_error_in_one_line(tmp_path):
     """Every study's command (``python -m studies.<study>.<module>``) runs under the trainer's rule: the
     elastic report on a folder with no finished run names the folder and what to run, in one line, exit 2
-    (it was a ``min()`` traceback); and each study module's entry point goes through ``run_cli``, so a sweep
+    (it was a ``min()`` traceback); and each study module's command goes through ``run_cli``, so a sweep
     stopped by SIGTERM says how to resume instead of printing the ``Preempted`` traceback."""
     import ast
     import glob
@@ -232,11 +232,12 @@ def test_every_study_answers_a_user_error_in_one_line(tmp_path):
     assert f'--runs {tmp_path / "none"}: no finished run' in res.stderr and 'train' in res.stderr
     for path in glob.glob(f'{ROOT}/studies/*/*.py'):
         tree = ast.parse(open(path).read())
-        mains = [f for f in tree.body if isinstance(f, ast.FunctionDef) and f.name == 'main']
-        if "__name__ == '__main__'" in open(path).read():
-            (main,) = mains
-            calls = {n.func.id for n in ast.walk(main) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
-            assert 'run_cli' in calls, f'{path}: main() does not go through tkvision.cli.run_cli'
+        entry = [node for node in tree.body
+                 if isinstance(node, ast.If) and "__name__ == '__main__'" in ast.unparse(node.test)]
+        mains = [node for node in tree.body if isinstance(node, ast.FunctionDef) and node.name == 'main']
+        calls = {n.func.id for node in entry + mains for n in ast.walk(node)
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
+        assert not entry or 'run_cli' in calls, f'{path}: its command does not go through tkvision.cli.run_cli'
 
 def test_the_docs_renderer_names_a_corrupt_results_file(tmp_path):
     import importlib.util

@@ -292,7 +292,7 @@ def report(runs: str, seeds, out: str, speed: bool = True) -> list:
     return results
 
 
-def _main(argv) -> int:
+def main(argv=None) -> int:
     """``python -m studies.elastic.elastic_study {train,report}``; see ``--help``."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest='command', required=True)
@@ -314,12 +314,6 @@ def _main(argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m studies.elastic.elastic_study`` under the rule every tkvision command shares
-    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
-    resume it."""
-    return run_cli(_main, argv)
-
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit 2; a pre-empted run says how to resume

@@ -437,7 +437,7 @@ def _plot(results: dict, path: str):
     plt.close(fig)
 
 
-def _main(argv) -> int:
+def main(argv=None) -> int:
     """``python -m studies.growth.growth_experiment``; see ``--help``."""
     ap = argparse.ArgumentParser(description='Growth chains vs from-scratch training at equal compute (Fig. 3).')
     ap.add_argument('--out', default='runs/growth_chain')
@@ -472,12 +472,6 @@ def _main(argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m studies.growth.growth_experiment`` under the rule every tkvision command shares
-    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
-    resume it."""
-    return run_cli(_main, argv)
-
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit 2; a pre-empted run says how to resume

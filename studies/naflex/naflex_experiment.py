@@ -155,7 +155,7 @@ def _training_means(training: list) -> list:
     return out
 
 
-def _main(argv) -> int:
+def main(argv=None) -> int:
     """``python -m studies.naflex.naflex_experiment``; see ``--help``."""
     ap = argparse.ArgumentParser(description='The NaFlex TokenFormer against NaFlexViT and the fixed grid, trained '
                                  'by our trainer on mixed-size Fashion-MNIST, evaluated at unseen lengths and aspects.')
@@ -175,12 +175,6 @@ def _main(argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m studies.naflex.naflex_experiment`` under the rule every tkvision command shares
-    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
-    resume it."""
-    return run_cli(_main, argv)
-
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit 2; a pre-empted run says how to resume

@@ -85,7 +85,7 @@ def means(rows: list) -> list:
     return out
 
 
-def _main(argv) -> int:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[1])
     ap.add_argument('--timm-dir', required=True, help="a checkout of timm's repository (its train.py)")
     ap.add_argument('--data', default='runs/fashion_mnist_mixed',
@@ -114,12 +114,6 @@ def _main(argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m studies.naflex.naflex_timm_train`` under the rule every tkvision command shares
-    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
-    resume it."""
-    return run_cli(_main, argv)
-
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit 2; a pre-empted run says how to resume

@@ -435,7 +435,7 @@ def gpu_report(device='cuda', out='docs/bench/gpu', tiny=False, compile_modes=('
     return dict(info=info, parts=parts, path=path)
 
 
-def _main(argv) -> int:
+def main(argv=None) -> int:
     """``python -m studies.performance.gpu_report`` (``make bench-gpu``); see ``--help``. Writes
     ``<out>_<date>.md`` and ``.json``; with ``--run-part`` (the report's own child processes) measures one
     part into ``--part-out``."""
@@ -472,12 +472,6 @@ def _main(argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
-    """``python -m studies.performance.gpu_report`` under the rule every tkvision command shares
-    (:func:`tkvision.cli.run_cli`): a user error is one line, exit 2; a run stopped by SIGTERM says how to
-    resume it."""
-    return run_cli(_main, argv)
-
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit 2; a pre-empted run says how to resume
