@@ -113,7 +113,7 @@ def _elastic() -> list:
         difference += f"; training compute {float(whole['compute_vs_largest']):.2f}x the largest alone"
     return [dict(key='elastic',
                  question='One elastic TokenFormer at 1/4, 1/2, 3/4 and all of its tokens against 4 trained alone: '
-                          'validation top-1 gap, points (worst prefix)',
+                          f"validation top-1 gap, points (worst prefix), {whole['seeds'] if whole else '?'} seeds",
                  tokenformer=f"{min(gaps):+.2f}", vit='–', difference=difference, source=path, page='elastic')]
 
 
