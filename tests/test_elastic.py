@@ -181,3 +181,28 @@ def test_the_elastic_study_reports_every_config_it_trains():
     on_disk = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(study.CONFIGS, '[!_]*.yaml'))}
     reported = set(study.TWINS.values()) | set(study.ELASTIC)
     assert reported == on_disk
+
+
+def test_the_elastic_report_takes_gaps_to_the_twins_mean_and_compute_to_the_largest():
+    """``results.csv`` arithmetic on hand-made points: a prefix's gap is its seed mean minus its twin's seed
+    mean (validation), compute is a ratio to the largest TokenFormer alone, the MatFormer ViT (other sizes)
+    gets no gap, and the last row is the four sizes trained separately."""
+    from studies.elastic import elastic_study as study
+    points = []
+    for seed, (twin, el) in enumerate([(86.0, 85.0), (87.0, 85.5)]):
+        for fraction, name in study.TWINS.items():
+            points.append(dict(method='independent', config=name, seed=seed, prefix=fraction, params=10,
+                               top1=twin + fraction, test_top1=0.0))
+            points.append(dict(method='elastic', config='elastic', seed=seed, prefix=fraction, params=10,
+                               top1=el + fraction, test_top1=0.0))
+        points.append(dict(method='matformer_vit', config='matformer_vit', seed=seed, prefix=0.5, params=12,
+                           top1=90.0, test_top1=0.0))
+    compute = {'tokenformer_tokens_18': 1.0, 'tokenformer_tokens_36': 2.0, 'tokenformer_tokens_54': 3.0,
+               'tokenformer_tokens_72': 4.0, 'elastic': 6.0, 'matformer_vit': 5.0}
+    rows = {(r['method'], r['prefix']): r for r in study.summarize(points, compute)}
+    elastic_half = rows[('elastic', 0.5)]
+    assert elastic_half['top1_mean'] == 85.75 and elastic_half['seeds'] == 2
+    assert elastic_half['gap_to_twin'] == pytest.approx(85.75 - 87.0)   # (85.5 + 86.0) / 2 - (86.5 + 87.5) / 2
+    assert elastic_half['compute_vs_largest'] == 1.5 and rows[('independent', 0.25)]['compute_vs_largest'] == 0.25
+    assert rows[('matformer_vit', 0.5)]['gap_to_twin'] is None
+    assert rows[('independent', 'all')]['compute_vs_largest'] == 2.5   # (1 + 2 + 3 + 4) / 4
