@@ -12,7 +12,11 @@ the library and the users' recipes); CI runs their tests from the repository.
 import os
 import tempfile
 
-__all__ = ['portable_command']
+__all__ = ['ROOT', 'portable_command']
+
+#: The repository's root: where a study's subprocesses run (``tools/train.py``, ``-m tkvision...``), whatever
+#: the caller's current folder.
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def portable_command(args) -> str:

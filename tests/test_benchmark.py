@@ -203,3 +203,31 @@ def test_the_loader_comparison_feeds_both_loaders_the_same_images_and_pairs_the_
     ours, timm = bench.benchmark_loaders(root, workers=(1,), repeats=3, log=lambda *a: None)
     assert ours['loader'] == 'tkvision' and ours['vs_timm'] == statistics.median([3.0, 2.0, 5.0]) == 3.0
     assert ours['img_per_s'] == 300.0 and timm['img_per_s'] == 100.0 and ours['ratio_runs'] == '3.000 2.000 5.000'
+
+
+@pytest.mark.parametrize('module, call', [
+    ('studies.performance.trainer_vs_timm',
+     lambda m, tmp: m.ours('tokenformer_vit_ti16', str(tmp), str(tmp / 'o'), 1, 1)),
+    ('studies.naflex.naflex_timm_train',
+     lambda m, tmp: m.run_one(str(tmp), str(tmp), 'naflexvit_tokenformer_ti16', 0, 1, str(tmp / 'o'))),
+])
+def test_the_timm_comparisons_run_their_commands_from_the_repository_root(module, call, tmp_path, monkeypatch):
+    """The studies that train with our trainer and with timm's ``train.py`` start each in the repository's
+    root, from any current folder, so ``tools/train.py`` and ``-m tkvision.cli.timm_script`` resolve (after
+    the move to ``studies/<study>/`` they ran in ``studies/``, where neither exists)."""
+    import importlib
+    import os
+
+    class Started(Exception):
+        pass
+
+    def run(cmd, cwd=None, **kwargs):
+        script = cmd[1] if cmd[1] != '-m' else cmd[2].replace('.', os.sep) + '.py'
+        assert os.path.isfile(os.path.join(cwd, script)), (cwd, script)
+        raise Started
+
+    study = importlib.import_module(module)
+    monkeypatch.setattr(study.subprocess, 'run', run)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(Started):
+        call(study, tmp_path)

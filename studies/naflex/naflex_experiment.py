@@ -175,6 +175,5 @@ def main(argv=None) -> int:
     return 0
 
 
-
 if __name__ == '__main__':
     sys.exit(run_cli(main))  # a user error is one line, exit 2; a pre-empted run says how to resume

@@ -17,7 +17,6 @@ Nothing is chosen on the held-out images: the table reports the last epoch's top
 it is worth), means and sample std over seeds. Writes ``<out>.json``: one row per run, per-model means,
 machine, date, command.
 """
-from studies import portable_command
 import argparse
 import csv
 import json
@@ -31,14 +30,12 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
+from studies import ROOT, portable_command
 from tkvision.cli import run_cli
-from tkvision.data.fashion_mnist import write_image_folder  # noqa: E402
-from tkvision.experiments.benchmark import machine_info  # noqa: E402
-from tkvision.experiments.sweep import mean_std  # noqa: E402
-from tkvision.utils.files import atomic_write  # noqa: E402
+from tkvision.data.fashion_mnist import write_image_folder
+from tkvision.experiments.benchmark import machine_info
+from tkvision.experiments.sweep import mean_std
+from tkvision.utils.files import atomic_write
 
 SIZES = [(32, 32), (48, 96), (96, 48), (64, 64)]
 WIDTH = ['embed_dim=96', 'depth=6', 'num_heads=3']
@@ -112,7 +109,6 @@ def main(argv=None) -> int:
     atomic_write(args.out + '.json', lambda f: json.dump(result, f, indent=1), text=True)
     print(f'wrote {args.out}.json')
     return 0
-
 
 
 if __name__ == '__main__':

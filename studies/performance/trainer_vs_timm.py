@@ -18,7 +18,6 @@ runs every (model, trainer) once, the trainers' order alternating between rounds
 median over rounds, a model's ratio the median of its rounds' paired ratios (the VM's speed drifts
 between minutes, so only pairs taken side by side compare). Time alone: the load beside it changes both.
 """
-from studies import portable_command
 import argparse
 import csv
 import json
@@ -32,13 +31,11 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
+from studies import ROOT, portable_command
 from tkvision.cli import run_cli
-from tkvision.data.fashion_mnist import write_image_folder  # noqa: E402
-from tkvision.experiments.benchmark import machine_info  # noqa: E402
-from tkvision.utils.files import atomic_write  # noqa: E402
+from tkvision.data.fashion_mnist import write_image_folder
+from tkvision.experiments.benchmark import machine_info
+from tkvision.utils.files import atomic_write
 
 WIDTH = dict(img_size=32, patch_size=8, embed_dim=96, depth=6, num_heads=3)
 #: model -> its keyword arguments, the same on both sides
@@ -142,7 +139,6 @@ def main(argv=None) -> int:
         print(f"{r['model']}: tkvision / timm img/s {r['ratio']:.3f} (rounds {r['ratio_runs']})")
     print(f'wrote {args.out}.json')
     return 0
-
 
 
 if __name__ == '__main__':
