@@ -17,6 +17,7 @@ import torch
 from PIL import Image
 from timm.data import create_transform
 
+from studies import ROOT
 from tkvision.data import build_dataset, build_loader, build_transform, load_fashion_mnist, set_loader_epoch
 from tkvision.data.shards import make_shards
 from tkvision.engine.config import load_config, section
@@ -100,8 +101,7 @@ def benchmark_data(root=None, n_images=256, workers=(1, 2), batch_size=32, repea
         rate = _rate(fn, blobs, repeats)
         tables['decode'].append(dict(decoder=name, img_per_s=rate))
         log(f'decode  {name:34s} {rate:8.1f} img/s')
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cfg = resolve_run_config(load_config(os.path.join(repo, _RECIPE),
+    cfg = resolve_run_config(load_config(os.path.join(ROOT, _RECIPE),
                                          dict(data_dir=root, batch_size=batch_size, model='tokenformer_vit_b16')))
     arrays = [np.asarray(Image.open(io.BytesIO(b)).convert('RGB')) for b in blobs]
     ours = build_transform(section(cfg, 'data'), train=True, seed=cfg['seed'])
@@ -172,8 +172,7 @@ def benchmark_loaders(root=None, n_images=1024, workers=(1, 2), batch_size=32, r
     torch.set_num_threads(1)
     if root is None:
         root = make_jpeg_folder(os.path.join(tempfile.mkdtemp(prefix='tkvision-loader-bench-'), 'jpeg'), n_images)
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cfg = resolve_run_config(load_config(os.path.join(repo, _RECIPE),
+    cfg = resolve_run_config(load_config(os.path.join(ROOT, _RECIPE),
                                          dict(data_dir=root, batch_size=batch_size, model='tokenformer_vit_b16')))
     rows = []
     for w in workers:
