@@ -47,3 +47,23 @@ def test_the_site_builds_strict_and_its_pages_render_in_a_browser(site, tmp_path
     api = _browse(site / 'reference' / 'api' / 'index.html', tmp_path / 'profile', 'docs_api.png')
     assert '<title>Python API - tkvision</title>' in api and 'Pattention' in api
     assert 'backward_mode' in api and 'prefix_tokens' in api  # from the docstrings
+
+
+def test_every_link_between_the_sites_pages_resolves(site):
+    """Each relative link of every built page reaches a file of the site: a results page's link to the report
+    behind it (``bench/*.md``, ``growth/report.md``, ...) is a page, not a 404 (those reports were left out
+    of the build while the results pages linked them)."""
+    import re
+    from urllib.parse import unquote, urlsplit
+    broken = []
+    for page in site.rglob('*.html'):
+        for href in re.findall(r'href="([^"]+)"', page.read_text(errors='replace')):
+            parts = urlsplit(href)
+            if parts.scheme or parts.netloc or not parts.path or parts.path.startswith('/'):
+                continue
+            target = (page.parent / unquote(parts.path)).resolve()
+            if target.is_dir():
+                target = target / 'index.html'
+            if not target.exists():
+                broken.append(f'{page.relative_to(site)} -> {href}')
+    assert not broken, broken[:20]
