@@ -206,3 +206,57 @@ def test_the_elastic_report_takes_gaps_to_the_twins_mean_and_compute_to_the_larg
     assert elastic_half['compute_vs_largest'] == 1.5 and rows[('independent', 0.25)]['compute_vs_largest'] == 0.25
     assert rows[('matformer_vit', 0.5)]['gap_to_twin'] is None
     assert rows[('independent', 'all')]['compute_vs_largest'] == 2.5   # (1 + 2 + 3 + 4) / 4
+
+
+def test_the_long_elastic_run_is_set_against_long_runs_on_file_of_its_sizes():
+    """The long-recipe elastic config trains the 128-token long config at the prefixes its twins have, and each
+    twin is a long comparison config on disk with that many tokens."""
+    import os
+
+    from studies.elastic import elastic_study as study
+    from tkvision.engine.config import load_config
+    elastic_cfg = load_config(study.LONG_CONFIG)
+    assert elastic_cfg['elastic_fractions'] == list(study.LONG_TWINS)
+    long_configs = os.path.join(os.path.dirname(study.CONFIGS), '..', 'comparison', 'configs', 'long')
+    for fraction, name in study.LONG_TWINS.items():
+        twin = load_config(os.path.join(long_configs, f'{name}.yaml'))
+        assert twin['model_kwargs']['num_tokens'] == fraction * elastic_cfg['model_kwargs']['num_tokens']
+        assert twin['epochs'] == elastic_cfg['epochs']
+
+
+def test_the_long_report_sets_each_prefix_against_its_twins_mean(tmp_path, monkeypatch):
+    """``long.csv`` arithmetic on a hand-made finished run and twins' rows: each prefix's figures are the
+    run's last metrics row at that prefix, its parameters those of the model timm builds at the prefix's
+    counts, the gap its top-1 minus the twin's seed mean, compute a ratio to the whole-size twin's."""
+    import json
+
+    from studies.elastic import elastic_study as study
+    (tmp_path / 'result.json').write_text(json.dumps({}))
+    (tmp_path / 'metrics.csv').write_text('epoch,top1,top1@0.5625,top1@0.75,test_top1,test_top1@0.5625,test_top1@0.75\n'
+                                          '1,10,9,8,7,6,5\n2,91.5,90.25,91.0,90.5,89.75,90.0\n')
+    twins = {name: dict(params=0, seeds=3, top1_mean=90.0 + i, test_top1_mean=89.0 + i, train_tflops=2.0 * (i + 1))
+             for i, name in enumerate(study.LONG_TWINS.values())}
+    monkeypatch.setattr(study, 'training_compute', lambda cfg: 10e12)
+    model = timm.create_model('tokenformer_vit_ti16', **KW)
+    rows = {r['prefix']: r for r in study.long_rows(str(tmp_path), {}, model, twins)}
+    assert [rows[f]['top1'] for f in study.LONG_TWINS] == [90.25, 91.0, 91.5]
+    assert [rows[f]['test_top1'] for f in study.LONG_TWINS] == [89.75, 90.0, 90.5]
+    assert [rows[f]['gap_to_twin'] for f in study.LONG_TWINS] == [0.25, 0.0, -0.5]
+    assert [rows[f]['test_gap_to_twin'] for f in study.LONG_TWINS] == [0.75, 0.0, -0.5]
+    assert [rows[f]['tokens'] for f in study.LONG_TWINS] == [9, 12, 16]
+    built = timm.create_model('tokenformer_vit_ti16', **{**KW, 'num_tokens': 9})
+    assert rows[0.5625]['params'] == sum(p.numel() for p in built.parameters())
+    assert rows[1.0]['compute_vs_largest'] == round(10 / 6, 3)
+    assert rows[0.5625]['twin_compute_vs_largest'] == round(2 / 6, 3)
+    assert rows['all']['compute_vs_largest'] == 2.0   # (2 + 4 + 6) / 6
+
+
+def test_the_long_report_names_an_unfinished_run_and_a_missing_twin(tmp_path):
+    from studies.elastic import elastic_study as study
+    from tkvision.utils.errors import UsageError
+    twins = tmp_path / 'results.csv'
+    twins.write_text('config,params\ntokenformer_num_tokens_96,1\n')
+    with pytest.raises(UsageError, match='tokenformer_token_lr_quarter, tokenformer_num_tokens_128'):
+        study.report_long(str(tmp_path), 0, str(twins), str(tmp_path / 'out'))
+    with pytest.raises(UsageError, match='seed 0 has not finished.*elastic_128.yaml'):
+        study.report_long(str(tmp_path), 0, study.LONG_RESULTS, str(tmp_path / 'out'))

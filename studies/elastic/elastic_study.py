@@ -1,9 +1,10 @@
 """The elastic study (docs/elastic.md): one TokenFormer trained at nested prefixes of its parameter tokens
 against TokenFormers trained alone at those sizes, post-hoc truncation of a normally trained one, and a
-MatFormer-style ViT, on Fashion-MNIST at the quick recipe.
+MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long recipe against the long runs.
 
     python -m studies.elastic.elastic_study train --seeds 0 1 2     # the runs (finished ones skipped)
     python -m studies.elastic.elastic_study report                  # docs/elastic/*.csv and the plot
+    python -m studies.elastic.elastic_study report-long             # docs/elastic/long*.{csv,json}
 
 ``train`` runs the points in this process through tkvision's sweep
 (:func:`tkvision.experiments.sweep.run_sweep`), with the MatFormer ViT of ``matformer_vit.py`` registered.
@@ -27,6 +28,11 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe.
 - ``meta.json``: the machine, the date, the seeds and the command of the report.
 
 Points a rerun has not finished yet are left out (the report says how many seeds each row has).
+
+``report-long`` reads the long-recipe elastic run (``configs/long/elastic_128.yaml``, trained with ``train
+--configs studies/elastic/configs/long/elastic_128.yaml --seeds 0 --out runs/elastic_long``) and sets each
+of its prefixes against the long run of that size in docs/comparison/long/results.csv: ``long.csv``
+(:func:`long_rows`), ``long_speed.csv`` and ``long_meta.json``.
 """
 import argparse
 import csv
@@ -39,7 +45,7 @@ import time
 import torch
 
 import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tiny_patch16_224 with timm)
-from studies import portable_command
+from studies import ROOT, portable_command
 from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
 from tkvision.engine.checkpoint import LAST_WEIGHTS, METRICS_FILE, model_for_checkpoint
@@ -63,6 +69,12 @@ TWINS = {0.25: 'tokenformer_tokens_18', 0.5: 'tokenformer_tokens_36', 0.75: 'tok
 #: Elastic training runs: config name -> method name in the tables.
 ELASTIC = {'elastic': 'elastic', 'elastic_tau_follow': 'elastic_tau_follow', 'elastic_random': 'elastic_random',
            'elastic_all': 'elastic_all', 'matformer_vit': 'matformer_vit'}
+#: The long recipe's elastic run (128 tokens) and the independent long runs at its prefixes, whose figures are
+#: read from the long comparison's results (docs/comparison/long/results.csv): fraction -> config name.
+LONG_CONFIG = os.path.join(CONFIGS, 'long', 'elastic_128.yaml')
+LONG_TWINS = {0.5625: 'tokenformer_token_lr_quarter', 0.75: 'tokenformer_num_tokens_96',
+              1.0: 'tokenformer_num_tokens_128'}
+LONG_RESULTS = os.path.join(ROOT, 'docs', 'comparison', 'long', 'results.csv')
 POINT_COLUMNS = ['method', 'config', 'seed', 'prefix', 'params', 'top1', 'test_top1']
 
 
@@ -167,10 +179,9 @@ def mix_n_match_points(runs: str, seeds) -> list:
     return rows
 
 
-def training_compute(name: str, seed: int, runs: str) -> float:
-    """Training FLOPs of one run of config ``name`` (counted forward + backward per image, times the
+def training_compute(cfg: dict) -> float:
+    """Training FLOPs of a run of ``cfg`` (a resolved config; counted forward + backward per image, times the
     training images and epochs), with an elastic run's expected mix of prefixes per step."""
-    cfg = _config(name, seed, runs)
     images = dataset_size(build_dataset(section(cfg, 'data'), 'train', cfg['seed'])) * cfg['epochs']
     fractions = sorted(set(cfg['elastic_fractions']), reverse=True)
     if not fractions:
@@ -214,21 +225,20 @@ def _means(points: list) -> list:
     return rows
 
 
-def speed_rows(runs: str, seed: int, batch_size: int = 256, repeats: int = 5) -> list:
-    """Inference img/s of the exported sub-models' architectures (the ``elastic`` run's uniform prefixes
-    and its Mix'n'Match choices) against the independently trained twins', timed interleaved in one run."""
-    cfg = _config('elastic', seed, runs)
-    model = _model('elastic', seed, runs)
+def speed_rows(cfg: dict, model: torch.nn.Module, fractions=FRACTIONS, batch_size: int = 256,
+               repeats: int = 5) -> list:
+    """Inference img/s of the architectures of ``model``'s exported prefixes (:func:`extract_prefix`, then
+    timm's builder: the twins' shapes) at ``fractions``, against the whole model's, timed interleaved in one
+    run; ``cfg`` is the run's resolved config (model name and keyword arguments, threads)."""
     base = cfg['model'] + ''.join(f'@{k}={v}' for k, v in cfg['model_kwargs'].items() if not k.startswith('num_'))
     specs = {}
-    for fraction in FRACTIONS:
+    for fraction in fractions:
         sub = elastic.extract_prefix(model, fraction)
-        spec = base + ''.join(f'@{k}={v}' for k, v in elastic.prefix_model_kwargs(sub).items())
-        specs[spec] = dict(prefix=fraction, twin=TWINS[fraction])
+        specs[base + ''.join(f'@{k}={v}' for k, v in elastic.prefix_model_kwargs(sub).items())] = fraction
     torch.set_num_threads(cfg['threads'] or torch.get_num_threads())
     rows = benchmark_models(list(specs), modes=('infer',), batch_size=batch_size, repeats=repeats, memory=False,
                             reference=list(specs)[-1])
-    return [dict(prefix=specs[r['model']]['prefix'], model=r['model'], img_per_s=round(r['img_per_s']),
+    return [dict(prefix=specs[r['model']], model=r['model'], img_per_s=round(r['img_per_s']),
                  vs_whole_model=round(r['ratio'], 3), machine=machine_info(torch.device('cpu'))) for r in rows]
 
 
@@ -279,17 +289,89 @@ def report(runs: str, seeds, out: str, speed: bool = True) -> list:
     _write_csv(points, os.path.join(out, 'points.csv'), POINT_COLUMNS)
     finished = {p['config'] for p in points}
     seed = min(p['seed'] for p in points)
-    compute = {name: training_compute(name, seed, runs) for name in finished}
+    compute = {name: training_compute(_config(name, seed, runs)) for name in finished}
     results = summarize(points, compute)
     _write_csv(results, os.path.join(out, 'results.csv'))
     plot(results, os.path.join(out, 'top1_vs_params.png'))
     if speed and 'elastic' in finished:
-        _write_csv(speed_rows(runs, seed), os.path.join(out, 'speed.csv'))
+        _write_csv(speed_rows(_config('elastic', seed, runs), _model('elastic', seed, runs)),
+                   os.path.join(out, 'speed.csv'))
     meta = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d', time.gmtime()),
                 seeds=sorted({p['seed'] for p in points}),
                 command='python -m studies.elastic.elastic_study ' + portable_command(sys.argv[1:]))
     atomic_write(os.path.join(out, 'meta.json'), lambda f: json.dump(meta, f, indent=1), text=True)
     return results
+
+
+def _read_long_twins(path: str) -> dict:
+    """The rows of the long-recipe comparison's ``results.csv`` for :data:`LONG_TWINS`, by config name.
+
+    Raises:
+        UsageError: the file is missing, or lacks a twin's row (the file and the config named).
+    """
+    if not os.path.isfile(path):
+        raise UsageError(f'--twins {path}: no such file; it is the long comparison\'s results.csv '
+                         '(python -m studies.comparison.comparison, see docs/comparison.md)')
+    with open(path) as f:
+        rows = {r['config']: r for r in csv.DictReader(f)}
+    missing = [name for name in LONG_TWINS.values() if name not in rows]
+    if missing:
+        raise UsageError(f'--twins {path} has no row for {", ".join(missing)}: the long runs of those sizes '
+                         'must be on file before the elastic run is set against them')
+    return rows
+
+
+def long_rows(run_dir: str, cfg: dict, model: torch.nn.Module, twins: dict) -> list:
+    """``long.csv`` rows: the finished long-recipe elastic run at each of its prefixes (validation top-1 of
+    the last epoch, test top-1 read once, both of the raw weights as the twins' are) against the independent
+    long run of that size (``twins``: :func:`_read_long_twins`): parameters, training compute as a ratio to
+    the whole-size run alone (both counted by :func:`train_flops_per_image` over the same images and epochs,
+    the elastic run's expected mix of prefixes included), and the gaps (elastic minus the twins' seed mean).
+    A last row, ``independent`` at prefix ``all``, is the three sizes trained separately."""
+    last = _last_row(run_dir)
+    largest = float(twins[LONG_TWINS[1.0]]['train_tflops'])
+    compute = training_compute(cfg) / 1e12 / largest
+    rows = []
+    for fraction, name in LONG_TWINS.items():
+        key, twin = '' if fraction == 1 else f'@{fraction:g}', twins[name]
+        top1, test = float(last[f'top1{key}']), float(last[f'test_top1{key}'])
+        rows.append(dict(method='elastic', prefix=fraction, tokens=min(elastic.prefix_counts(model, fraction).values()),
+                         params=elastic.prefix_parameters(model, fraction), top1=top1, test_top1=test,
+                         compute_vs_largest=round(compute, 3), twin=name, twin_params=int(twin['params']),
+                         twin_seeds=int(twin['seeds']), twin_top1_mean=float(twin['top1_mean']),
+                         twin_test_top1_mean=float(twin['test_top1_mean']),
+                         twin_compute_vs_largest=round(float(twin['train_tflops']) / largest, 3),
+                         gap_to_twin=round(top1 - float(twin['top1_mean']), 2),
+                         test_gap_to_twin=round(test - float(twin['test_top1_mean']), 2)))
+    rows.append(dict(method='independent', prefix='all', compute_vs_largest=round(
+        sum(float(twins[name]['train_tflops']) for name in LONG_TWINS.values()) / largest, 3)))
+    return rows
+
+
+def report_long(runs: str, seed: int, twins_path: str, out: str, speed: bool = True) -> list:
+    """Write ``long.csv`` (:func:`long_rows`), ``long_speed.csv`` (:func:`speed_rows` at the long prefixes)
+    and ``long_meta.json`` into ``out``; returns the ``long.csv`` rows.
+
+    Raises:
+        UsageError: the long run of ``seed`` under ``runs`` has not finished, or ``twins_path`` lacks a twin.
+    """
+    twins = _read_long_twins(twins_path)
+    run_dir = point_dir(runs, LONG_CONFIG, seed)
+    if _last_row(run_dir) is None:
+        raise UsageError(f'--runs {runs}: the long elastic run of seed {seed} has not finished ({run_dir} has no '
+                         'result.json); continue it with the command in the header of '
+                         f'{os.path.relpath(LONG_CONFIG)}')
+    cfg = resolve_run_config(load_config(LONG_CONFIG, {'seed': seed, 'output': run_dir}))
+    model = model_for_checkpoint(cfg, os.path.join(run_dir, LAST_WEIGHTS))[0]
+    os.makedirs(out, exist_ok=True)
+    rows = long_rows(run_dir, cfg, model, twins)
+    _write_csv(rows, os.path.join(out, 'long.csv'), list(rows[0]))
+    if speed:
+        _write_csv(speed_rows(cfg, model, tuple(LONG_TWINS)), os.path.join(out, 'long_speed.csv'))
+    meta = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d', time.gmtime()),
+                seeds=[seed], command='python -m studies.elastic.elastic_study ' + portable_command(sys.argv[1:]))
+    atomic_write(os.path.join(out, 'long_meta.json'), lambda f: json.dump(meta, f, indent=1), text=True)
+    return rows
 
 
 def main(argv=None) -> int:
@@ -305,11 +387,20 @@ def main(argv=None) -> int:
     r.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     r.add_argument('--report-dir', default='docs/elastic')
     r.add_argument('--no-speed', action='store_true', help='skip timing the exported sub-models')
+    g = sub.add_parser('report-long', help='write docs/elastic/long*.{csv,json} from the finished long run')
+    g.add_argument('--runs', default='runs/elastic_long')
+    g.add_argument('--seed', type=int, default=0)
+    g.add_argument('--twins', default=LONG_RESULTS, help="the long comparison's results.csv")
+    g.add_argument('--report-dir', default='docs/elastic')
+    g.add_argument('--no-speed', action='store_true', help='skip timing the exported sub-models')
     args = parser.parse_args(argv)
     if args.command == 'train':
         train(expand_configs(args.configs), args.seeds, args.out)
-    else:
+    elif args.command == 'report':
         for row in report(args.runs, args.seeds, args.report_dir, speed=not args.no_speed):
+            print(row)
+    else:
+        for row in report_long(args.runs, args.seed, args.twins, args.report_dir, speed=not args.no_speed):
             print(row)
     return 0
 
