@@ -4,7 +4,7 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long r
 
     python -m studies.elastic.elastic_study train --seeds 0 1 2     # the runs (finished ones skipped)
     python -m studies.elastic.elastic_study report                  # docs/elastic/*.csv and the plot
-    python -m studies.elastic.elastic_study report-long             # docs/elastic/long*.{csv,json}
+    python -m studies.elastic.elastic_study report-long             # docs/elastic/long*
 
 ``train`` runs the points in this process through tkvision's sweep
 (:func:`tkvision.experiments.sweep.run_sweep`), with the MatFormer ViT of ``matformer_vit.py`` registered.
@@ -32,7 +32,7 @@ Points a rerun has not finished yet are left out (the report says how many seeds
 ``report-long`` reads the long-recipe elastic run (``configs/long/elastic_128.yaml``, trained with ``train
 --configs studies/elastic/configs/long/elastic_128.yaml --seeds 0 --out runs/elastic_long``) and sets each
 of its prefixes against the long run of that size in docs/comparison/long/results.csv: ``long.csv``
-(:func:`long_rows`), ``long_speed.csv`` and ``long_meta.json``.
+(:func:`long_rows`, with the exported prefixes' img/s), ``long_top1_vs_params.png`` and ``long_meta.json``.
 """
 import argparse
 import csv
@@ -349,8 +349,9 @@ def long_rows(run_dir: str, cfg: dict, model: torch.nn.Module, twins: dict) -> l
 
 
 def report_long(runs: str, seed: int, twins_path: str, out: str, speed: bool = True) -> list:
-    """Write ``long.csv`` (:func:`long_rows`), ``long_speed.csv`` (:func:`speed_rows` at the long prefixes)
-    and ``long_meta.json`` into ``out``; returns the ``long.csv`` rows.
+    """Write ``long.csv`` (:func:`long_rows`, with each prefix's exported img/s from :func:`speed_rows` unless
+    ``speed`` is False), ``long_top1_vs_params.png`` (:func:`plot_long`) and ``long_meta.json`` into ``out``;
+    returns the ``long.csv`` rows.
 
     Raises:
         UsageError: the long run of ``seed`` under ``runs`` has not finished, or ``twins_path`` lacks a twin.
@@ -365,13 +366,34 @@ def report_long(runs: str, seed: int, twins_path: str, out: str, speed: bool = T
     model = model_for_checkpoint(cfg, os.path.join(run_dir, LAST_WEIGHTS))[0]
     os.makedirs(out, exist_ok=True)
     rows = long_rows(run_dir, cfg, model, twins)
+    timed = {r['prefix']: r for r in speed_rows(cfg, model, tuple(LONG_TWINS))} if speed else {}
+    for row in rows:
+        row.update(img_per_s=timed.get(row['prefix'], {}).get('img_per_s'),
+                   img_per_s_vs_whole_model=timed.get(row['prefix'], {}).get('vs_whole_model'))
     _write_csv(rows, os.path.join(out, 'long.csv'), list(rows[0]))
-    if speed:
-        _write_csv(speed_rows(cfg, model, tuple(LONG_TWINS)), os.path.join(out, 'long_speed.csv'))
+    plot_long(rows, twins, os.path.join(out, 'long_top1_vs_params.png'))
     meta = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d', time.gmtime()),
                 seeds=[seed], command='python -m studies.elastic.elastic_study ' + portable_command(sys.argv[1:]))
     atomic_write(os.path.join(out, 'long_meta.json'), lambda f: json.dump(meta, f, indent=1), text=True)
     return rows
+
+
+def plot_long(rows: list, twins: dict, path: str):
+    """Validation top-1 against parameters at the long recipe: the elastic run's prefixes (one seed) and the
+    independent long runs (mean ± sample std over their seeds)."""
+    sized = [r for r in rows if r['method'] == 'elastic']
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    ax.plot([r['params'] / 1e6 for r in sized], [r['top1'] for r in sized], marker='o', label='elastic (one run)')
+    ax.errorbar([r['twin_params'] / 1e6 for r in sized], [r['twin_top1_mean'] for r in sized],
+                yerr=[float(twins[r['twin']]['top1_std'] or 0) for r in sized], marker='s', capsize=3,
+                label='independent long runs (mean ± std of seeds)')
+    ax.set(xlabel='parameters (millions)', ylabel='validation top-1 (%)',
+           title='Fashion-MNIST, long recipe: one elastic model\nagainst a model trained per size')
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
 
 def main(argv=None) -> int:
@@ -387,7 +409,7 @@ def main(argv=None) -> int:
     r.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     r.add_argument('--report-dir', default='docs/elastic')
     r.add_argument('--no-speed', action='store_true', help='skip timing the exported sub-models')
-    g = sub.add_parser('report-long', help='write docs/elastic/long*.{csv,json} from the finished long run')
+    g = sub.add_parser('report-long', help='write docs/elastic/long* from the finished long run')
     g.add_argument('--runs', default='runs/elastic_long')
     g.add_argument('--seed', type=int, default=0)
     g.add_argument('--twins', default=LONG_RESULTS, help="the long comparison's results.csv")
