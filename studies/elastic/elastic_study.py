@@ -84,9 +84,13 @@ def train(configs, seeds, out):
         run_sweep(configs, [seed], out)
 
 
-def _config(name: str, seed: int, runs: str) -> dict:
-    path = os.path.join(CONFIGS, f'{name}.yaml')
+def _run_config(path: str, seed: int, runs: str) -> dict:
+    """The resolved config of the point (``path``, ``seed``) as the sweep trains it under ``runs``."""
     return resolve_run_config(load_config(path, {'seed': seed, 'output': point_dir(runs, path, seed)}))
+
+
+def _config(name: str, seed: int, runs: str) -> dict:
+    return _run_config(os.path.join(CONFIGS, f'{name}.yaml'), seed, runs)
 
 
 def _last_row(run_dir: str):
@@ -123,8 +127,11 @@ def elastic_points(runs: str, seeds) -> list:
 
 
 def _model(name: str, seed: int, runs: str) -> torch.nn.Module:
+    return _last_weights(_config(name, seed, runs))
+
+
+def _last_weights(cfg: dict) -> torch.nn.Module:
     """The finished run's last weights in its model (:func:`tkvision.engine.checkpoint.model_for_checkpoint`)."""
-    cfg = _config(name, seed, runs)
     return model_for_checkpoint(cfg, os.path.join(cfg['output'], LAST_WEIGHTS))[0]
 
 
@@ -362,8 +369,8 @@ def report_long(runs: str, seed: int, twins_path: str, out: str, speed: bool = T
         raise UsageError(f'--runs {runs}: the long elastic run of seed {seed} has not finished ({run_dir} has no '
                          'result.json); continue it with the command in the header of '
                          f'{os.path.relpath(LONG_CONFIG)}')
-    cfg = resolve_run_config(load_config(LONG_CONFIG, {'seed': seed, 'output': run_dir}))
-    model = model_for_checkpoint(cfg, os.path.join(run_dir, LAST_WEIGHTS))[0]
+    cfg = _run_config(LONG_CONFIG, seed, runs)
+    model = _last_weights(cfg)
     os.makedirs(out, exist_ok=True)
     rows = long_rows(run_dir, cfg, model, twins)
     timed = {r['prefix']: r for r in speed_rows(cfg, model, tuple(LONG_TWINS))} if speed else {}
