@@ -124,6 +124,7 @@ def test_tau_scale_multiplies_every_pattentions_default_tau_stem_included():
         assert layer.tau.item() == pytest.approx(2.0 * math.sqrt(layer.num_tokens), rel=1e-6), name
     ffn = m.blocks[0].ffn
     x = torch.randn(5, 32, dtype=torch.float64)
+    x = x - x.mean(-1, keepdim=True)  # what the block's LayerNorm hands its FFN (folded: it centres the keys)
     a = x @ ffn.key_param_tokens.T
     want = F.gelu(a * 2.0 * math.sqrt(24) / a.norm(dim=-1, keepdim=True)) @ ffn.value_param_tokens
     torch.testing.assert_close(ffn(x), want)

@@ -2,6 +2,7 @@
 are Pattentions, and an FFN that is one Pattention. Used by ``tokenformer_vit_*``, the NaFlex family,
 the Ring x Token family's shared block and the MAE decoder.
 """
+import math
 from functools import partial
 from typing import Optional
 
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from timm.layers import DropPath, LayerScale
 from torch import nn
 
-from .pattention import Pattention
+from .pattention import Pattention, score_norm_entry
 
 __all__ = ['Attention', 'Block']
 
@@ -64,13 +65,25 @@ class Attention(nn.Module):
         self.proj = pattention(num_tokens_proj, kind='proj')
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """``x [B, N, dim]`` -> ``[B, N, dim]``; ``attn_mask`` as ``F.scaled_dot_product_attention`` takes it
-        (bool, True = attend, or float added to the scores; broadcast to ``[B, heads, N, N]``)."""
+    def forward(
+            self,
+            x: torch.Tensor,
+            attn_mask: Optional[torch.Tensor] = None,
+            key_scale: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """``x [B, N, dim]`` -> ``[B, N, dim]``.
+
+        Args:
+            x: input tokens ``[B, N, dim]``.
+            attn_mask: as ``F.scaled_dot_product_attention`` takes it (bool, True = attend, or float added
+                to the scores; broadcast to ``[B, heads, N, N]``), or None.
+            key_scale: ``[dim]`` or None: a folded LayerNorm's weight, passed to the Q, K and V
+                Pattentions (``tkvision.layers.Pattention.score_keys``).
+        """
         B, N, C = x.shape
-        q = self.q_norm(self.q(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k(x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        v = self.v(x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
+        q = self.q_norm(self.q(x, key_scale).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k(x, key_scale).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
+        v = self.v(x, key_scale).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
         dropout = self.attn_drop if self.training else 0.
         x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
         x = x.transpose(1, 2).reshape(B, N, C)
@@ -83,6 +96,22 @@ class Block(nn.Module):
     The FFN is a single Pattention with ``num_tokens_ffn`` tokens: its GELU-normalised scores are
     the only nonlinearity.
 
+    **The LayerNorm fold** (``norm_fold``, on by default where it is exact). With a scale-invariant Θ
+    (``SCORE_NORMS[score_norm].scale_invariant``: the default ``l2_norm_gelu``, and ``l1_norm_gelu``) a
+    Pattention's output does not change when its input token is scaled, so a LayerNorm without bias
+    reduces to its mean subtraction, which is linear and moves into the keys:
+    ``LN(x) · Kᵀ = ((x − mean(x)) / σ(x)) · Kᵀ = (x · K_cᵀ) / σ(x)`` with ``K_c`` each key token (times the
+    LayerNorm's weight, if any) centred over its ``dim`` entries, and Θ removes the 1/σ(x). Θ's floor ε
+    on ‖A‖ is scaled by √(LayerNorm ε), the smallest σ(x), so that a token whose variance is far below the
+    LayerNorm's ε (a freshly initialised class token) is treated as before. The block then runs no
+    LayerNorm: Q, K, V and the FFN read the residual stream with centred keys (``Pattention.centre_keys``).
+    Outputs and every gradient equal the explicit LayerNorm's up to rounding, and the parameters are the
+    same, so a checkpoint loads either way (``tests/test_norm_fold.py``). A LayerNorm bias, or the
+    ``gelu_l2_norm`` and ``softmax`` Θ, break the invariance: the block then keeps the explicit LayerNorm
+    whatever ``norm_fold`` says. In low precision the fold multiplies the uncentred residual stream, whose
+    rounding is relative to its own size rather than to its spread: set ``norm_fold=False`` if a bf16 run
+    loses accuracy.
+
     Args:
         dim / num_heads / num_tokens_qkv / num_tokens_proj / score_norm / qk_norm: the
             :class:`Attention`'s.
@@ -90,6 +119,8 @@ class Block(nn.Module):
         value_std / key_std: initial std of every Pattention's value / key parameter tokens.
         norm_weight / norm_bias: learnable LayerNorm weight / bias (paper Table 5; non-parametric by
             default, as the public TokenFormer code).
+        norm_fold: fold the LayerNorms into the keys where that is exact (above); False keeps them
+            explicit (the reference).
         init_values: LayerScale (Touvron et al. 2021, timm's ``LayerScale``): each branch multiplied by a
             learned per-channel ``gamma`` initialised to it; None: off.
         proj_drop / attn_drop: dropouts. drop_path: stochastic depth of both branches.
@@ -110,6 +141,7 @@ class Block(nn.Module):
             key_std: float = 0.02,
             norm_weight: bool = False,
             norm_bias: bool = False,
+            norm_fold: bool = True,
             qk_norm: bool = False,
             init_values: Optional[float] = None,
             proj_drop: float = 0.,
@@ -141,8 +173,17 @@ class Block(nn.Module):
         self.ffn_drop = nn.Dropout(proj_drop)
         self.ls2 = LayerScale(dim, init_values) if init_values else nn.Identity()
         self.drop_path2 = DropPath(drop_path) if drop_path > 0. else nn.Identity()
+        self.norm_fold = bool(norm_fold) and not norm_bias and score_norm_entry(score_norm).scale_invariant
+        if self.norm_fold:
+            for layer in (self.attn.q, self.attn.k, self.attn.v, self.ffn):
+                layer.centre_keys = True
+                # Θ's floor on ‖A‖ now applies to σ(x)·‖A‖: scale it by the smallest σ(x), √(LayerNorm ε)
+                layer.eps = layer.eps * math.sqrt(self.norm1.eps)
 
     def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Pre-norm residual block, ``x [B, N, dim] -> [B, N, dim]``; ``attn_mask`` as the attention's."""
+        if self.norm_fold:  # the LayerNorms live in the keys (class docstring)
+            x = x + self.drop_path1(self.ls1(self.attn(x, attn_mask, self.norm1.weight)))
+            return x + self.drop_path2(self.ls2(self.ffn_drop(self.ffn(x, self.norm2.weight))))
         x = x + self.drop_path1(self.ls1(self.attn(self.norm1(x), attn_mask)))
         return x + self.drop_path2(self.ls2(self.ffn_drop(self.ffn(self.norm2(x)))))

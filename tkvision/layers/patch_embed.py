@@ -6,7 +6,7 @@ Design choice where the paper is silent (``docs/reference/background.md``, "The 
 embedding is a Pattention over flattened ``p x p`` patches with ``num_tokens`` tokens.
 """
 import math
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -38,9 +38,13 @@ class PatchPattention(Pattention):
         self.patch_size = patch_size
         self.weight = nn.Parameter(self.weight.detach().view(num_tokens, in_chans, patch_size, patch_size))
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """A for every patch over the active key tokens: ``[B, C, H, W] -> [B, H/p * W/p, k]``."""
-        return F.conv2d(x, self.active(self.weight), stride=self.patch_size).flatten(2).transpose(1, 2)
+    def scores(self, x: torch.Tensor, key_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """A for every patch over the active key tokens: ``[B, C, H, W] -> [B, H/p * W/p, k]``
+        (``key_scale`` over the flattened ``C x p x p`` entries, as ``Pattention.fold_keys``)."""
+        weight = self.active(self.weight)
+        if key_scale is not None or self.centre_keys:
+            weight = self.fold_keys(weight.flatten(1), key_scale).view_as(weight)
+        return F.conv2d(x, weight, stride=self.patch_size).flatten(2).transpose(1, 2)
 
 
 class FlexPatchPattention(Pattention):
@@ -80,9 +84,10 @@ class FlexPatchPattention(Pattention):
         kernel = weight.reshape(n, p, p, self.in_chans).permute(0, 3, 1, 2)  # channels-last rows -> [n, C, p, p]
         return self.resampler(kernel, [q, q]).permute(0, 2, 3, 1).reshape(n, patch_length)
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """A for every patch over the active key tokens: ``[B, N, q * q * C] -> [B, N, k]``."""
-        return F.linear(x, self.keys_for(x.shape[-1]))
+    def scores(self, x: torch.Tensor, key_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """A for every patch over the active key tokens: ``[B, N, q * q * C] -> [B, N, k]`` (``key_scale``
+        as ``Pattention.fold_keys``)."""
+        return F.linear(x, self.fold_keys(self.keys_for(x.shape[-1]), key_scale))
 
 
 class PatchEmbed(nn.Module):

@@ -14,17 +14,18 @@ token over the n = ``num_tokens`` parameter tokens (last axis). No bias anywhere
 TokenFormer code, ``docs/reference/background.md``, "Pattention, as the public TokenFormer code
 computes it"). The table below is the registry's (``tests/test_pattention.py`` holds them equal):
 
-=================  ==================================  ===============  ======================
-``score_norm``     computes                            default τ        zero new keys exact?
-=================  ==================================  ===============  ======================
-``l2_norm_gelu``   GELU(A · τ / ‖A‖₂)   (Eq. 5)         √n              yes
-``l1_norm_gelu``   GELU(A · τ / ‖A‖₁)   (Table 4)       n               yes
-``gelu_l2_norm``   τ · GELU(A) / ‖GELU(A)‖₂            √n              yes
-``softmax``        τ · softmax(A)       (Table 4, e^x)  n               no
-=================  ==================================  ===============  ======================
+=================  ==================================  ===============  ======================  ==============
+``score_norm``     computes                            default τ        zero new keys exact?    scale-invariant?
+=================  ==================================  ===============  ======================  ==============
+``l2_norm_gelu``   GELU(A · τ / ‖A‖₂)   (Eq. 5)         √n              yes                     yes
+``l1_norm_gelu``   GELU(A · τ / ‖A‖₁)   (Table 4)       n               yes                     yes
+``gelu_l2_norm``   τ · GELU(A) / ‖GELU(A)‖₂            √n              yes                     no
+``softmax``        τ · softmax(A)       (Table 4, e^x)  n               no                      no
+=================  ==================================  ===============  ======================  ==============
 
 A new normalisation is one :func:`register_score_norm` call in this file (its function, default τ,
-and whether zero-initialised new keys leave the output unchanged) plus its row above: validation,
+whether zero-initialised new keys leave the output unchanged, and whether scaling the scores leaves Θ
+unchanged) plus its row above: validation,
 error messages, growth's exactness warning and every test that loops over normalisations follow
 the registry.
 
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
-from .pattention_autograd import l2_norm_gelu, l2_norm_gelu_attend
+from .pattention_autograd import l2_norm_gelu, l2_norm_gelu_attend, l2_norm_gelu_compiled
 
 __all__ = ['Pattention', 'ScoreNorm', 'SCORE_NORMS', 'register_score_norm', 'default_tau', 'normalize_scores',
            'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS', 'BACKWARD_MODES', 'set_backward_mode']
@@ -59,7 +60,7 @@ DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 
 #: Every kind a Pattention can have.
 PATTENTION_KINDS = ENCODER_KINDS + DECODER_KINDS
 #: How a training forward of ``l2_norm_gelu`` is differentiated (:class:`Pattention`'s ``backward_mode``).
-BACKWARD_MODES = ('closed_form', 'lean', 'autograd')
+BACKWARD_MODES = ('closed_form', 'compiled', 'lean', 'autograd')
 
 
 @dataclass(frozen=True)
@@ -72,19 +73,26 @@ class ScoreNorm:
             over the last axis of ``scores [..., n]`` (a :class:`Normalize` subclass).
         default_tau: ``default_tau(n) -> τ`` for ``n`` parameter tokens.
         zero_key_exact: appending zero-initialised key tokens leaves the output unchanged.
+        scale_invariant: Θ(c·A) = Θ(A) for every c > 0 (up to ``eps``), so a Pattention's output does not
+            change when its input token is scaled, and a LayerNorm without bias in front of it folds into
+            its keys (``tkvision.layers.Block``'s ``norm_fold``).
     """
     name: str
     module: type
     default_tau: Callable[[int], float]
     zero_key_exact: bool
+    scale_invariant: bool
 
 
 #: The registry: ``{name: ScoreNorm}``; iterate it for every normalisation's name.
 SCORE_NORMS = {}
 
 
-def register_score_norm(name: str, default_tau: Callable[[int], float], zero_key_exact: bool):
-    """Class decorator adding a :class:`Normalize` subclass to :data:`SCORE_NORMS` under ``name``.
+def register_score_norm(name: str, default_tau: Callable[[int], float], zero_key_exact: bool,
+                        scale_invariant: bool = False):
+    """Class decorator adding a ``Normalize`` subclass to ``SCORE_NORMS`` under ``name``
+    (the fields of ``ScoreNorm``; ``scale_invariant`` defaults to False, which keeps a block's
+    LayerNorm explicit in front of the new normalisation).
 
     Raises:
         ValueError: ``name`` is already registered.
@@ -92,7 +100,7 @@ def register_score_norm(name: str, default_tau: Callable[[int], float], zero_key
     def add(cls):
         if name in SCORE_NORMS:
             raise ValueError(f'score_norm {name!r} is already registered')
-        SCORE_NORMS[name] = ScoreNorm(name, cls, default_tau, zero_key_exact)
+        SCORE_NORMS[name] = ScoreNorm(name, cls, default_tau, zero_key_exact, scale_invariant)
         return cls
     return add
 
@@ -115,7 +123,7 @@ def _l2(x: torch.Tensor, eps: float) -> torch.Tensor:
     return torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(eps)
 
 
-@register_score_norm('l2_norm_gelu', default_tau=math.sqrt, zero_key_exact=True)
+@register_score_norm('l2_norm_gelu', default_tau=math.sqrt, zero_key_exact=True, scale_invariant=True)
 class L2NormGELU(Normalize):
     """GELU(A · τ / ‖A‖₂), paper Eq. 5 (the public code's default)."""
 
@@ -123,7 +131,7 @@ class L2NormGELU(Normalize):
         return F.gelu(a * (tau / _l2(a, eps)))
 
 
-@register_score_norm('l1_norm_gelu', default_tau=float, zero_key_exact=True)
+@register_score_norm('l1_norm_gelu', default_tau=float, zero_key_exact=True, scale_invariant=True)
 class L1NormGELU(Normalize):
     """GELU(A · τ / ‖A‖₁), Table 4's "GELU + L1"; τ = n, the L1 analogue of √n (the paper gives none)."""
 
@@ -131,7 +139,7 @@ class L1NormGELU(Normalize):
         return F.gelu(a * (tau / torch.linalg.vector_norm(a, ord=1, dim=-1, keepdim=True).clamp_min(eps)))
 
 
-@register_score_norm('gelu_l2_norm', default_tau=math.sqrt, zero_key_exact=True)
+@register_score_norm('gelu_l2_norm', default_tau=math.sqrt, zero_key_exact=True, scale_invariant=False)
 class GELUL2Norm(Normalize):
     """τ · GELU(A) / ‖GELU(A)‖₂: GELU first, then the L2 normalisation (public code)."""
 
@@ -140,7 +148,7 @@ class GELUL2Norm(Normalize):
         return g * (tau / _l2(g, eps))
 
 
-@register_score_norm('softmax', default_tau=float, zero_key_exact=False)
+@register_score_norm('softmax', default_tau=float, zero_key_exact=False, scale_invariant=False)
 class Softmax(Normalize):
     """τ · softmax(A), τ = n: the public code's ×n "balances the variance" (Table 4's exp + L1 row).
     Zero keys still get weight exp(0) = 1, so growth with zero keys is not exact."""
@@ -209,6 +217,9 @@ class Pattention(nn.Module):
             - ``'closed_form'`` (default): Θ's closed-form gradient in one autograd function
               (``pattention_autograd.py``); the fastest training step measured, on the CPU (1.035-1.08x
               autograd's) and on a GPU eager (1.58x the lean one's img/s), ``docs/performance.md``.
+            - ``'compiled'``: the same closed form compiled by ``torch.compile`` into one pass over the
+              scores each way (``pattention_autograd.py``), in an otherwise eager model; compiled once per
+              process (seconds), falling back to ``'closed_form'`` with a warning where it cannot compile.
             - ``'lean'``: the same math saving one ``[..., n]`` tensor per layer instead of three and
               recomputing the rest in backward; use it when activation memory limits the batch (B/16:
               0.87x ViT-B's saved activations instead of 1.6x).
@@ -227,6 +238,10 @@ class Pattention(nn.Module):
         prefix_tokens: ``None`` (all n tokens), or k: the layer runs as the sub-layer of its first k
             key/value tokens (slices of the parameters, no copy; :mod:`tkvision.growth.elastic`), with
             τ as :meth:`active_tau` says.
+        centre_keys: ``False``, or ``True`` when the LayerNorm in front of the layer is folded into its keys
+            (set by ``tkvision.layers.Block``, ``norm_fold``): the scores use each key token centred
+            over its ``in_features`` entries, ``K_c = K − mean(K)``, so ``x · K_cᵀ = (x − mean(x)) · Kᵀ``;
+            with a scale-invariant Θ the 1/σ(x) of the LayerNorm cancels. The stored keys are unchanged.
         tau_tokens: the n that τ belongs to: the construction n, kept by :meth:`grow` (τ is kept), n after
             growth with a recomputed τ or after :meth:`truncate`. A prefix whose τ follows k scales τ by
             ``default_tau(k) / default_tau(tau_tokens)``, so the first k tokens of a grown layer keep
@@ -277,6 +292,7 @@ class Pattention(nn.Module):
         self.backward_mode = backward_mode
         self.prefix_tokens: Optional[int] = None
         self.prefix_tau_scale: float = 1.0
+        self.centre_keys = False
         self.tau_tokens = num_tokens
         factory = dict(device=device, dtype=dtype)
         setattr(self, self.key_name, nn.Parameter(torch.empty(num_tokens, in_features, **factory)))  # K_P
@@ -319,13 +335,29 @@ class Pattention(nn.Module):
             return self.tau
         return self.tau * self.prefix_tau_scale
 
-    def scores(self, x: torch.Tensor) -> torch.Tensor:
-        """A = X K_Pᵀ over the active key tokens, ``[..., k]``."""
-        return F.linear(x, self.active(self.key_param_tokens))
+    def fold_keys(self, keys: torch.Tensor, key_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Key tokens ``[k, in_features]`` as the scores use them: times ``key_scale`` (``[in_features]``, a
+        folded LayerNorm's weight) when given, then each row centred when ``centre_keys``; unchanged
+        otherwise."""
+        if key_scale is not None:
+            keys = keys * key_scale
+        if self.centre_keys:
+            keys = keys - keys.mean(-1, keepdim=True)
+        return keys
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]`` over the active tokens."""
-        scores = self.scores(x)
+    def scores(self, x: torch.Tensor, key_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """A = X K_Pᵀ over the active key tokens (as ``fold_keys`` gives them), ``[..., k]``."""
+        return F.linear(x, self.fold_keys(self.active(self.key_param_tokens), key_scale))
+
+    def forward(self, x: torch.Tensor, key_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``x [..., in_features]`` → ``Θ(x K_Pᵀ) V_P`` ``[..., out_features]`` over the active tokens.
+
+        Args:
+            x: input tokens ``[..., in_features]``.
+            key_scale: ``[in_features]`` or None: the weight of a LayerNorm folded into the keys
+                (``tkvision.layers.Block``), multiplied into each key token before centring.
+        """
+        scores = self.scores(x, key_scale)
         values = self.active(self.value_param_tokens)
         tau = self.active_tau()
         if not torch.jit.is_scripting():
@@ -334,6 +366,8 @@ class Pattention(nn.Module):
                 return l2_norm_gelu_attend(scores, values, tau, self.eps)
             if mode == 'closed_form':
                 return l2_norm_gelu(scores, tau, self.eps) @ values
+            if mode == 'compiled':
+                return l2_norm_gelu_compiled(scores, tau, self.eps) @ values
         return self.score_normalization(scores, tau, self.eps) @ values
 
     @torch.jit.unused

@@ -69,7 +69,8 @@ class NaFlexTokenFormer(NaFlexVit):
             output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
             ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each (the block kinds take one
             count or one per block, as the fixed-grid family).
-        score_norm / key_std / value_std / block_norm_weight / block_norm_bias: the fixed-grid family's.
+        score_norm / key_std / value_std / block_norm_weight / block_norm_bias / block_norm_fold: the
+            fixed-grid family's.
 
     Shapes: ``forward(dict(patches [B, N, p*p*C], patch_coord [B, N, 2], patch_valid [B, N]))`` or
     ``forward([B, C, H, W])`` -> ``[B, num_classes]``; ``forward_features`` returns NaFlexVit's
@@ -97,6 +98,7 @@ class NaFlexTokenFormer(NaFlexVit):
             value_std: Optional[float] = None,
             block_norm_weight: bool = False,
             block_norm_bias: bool = False,
+            block_norm_fold: bool = True,
             device=None,
             dtype=None,
             **kwargs,
@@ -118,6 +120,7 @@ class NaFlexTokenFormer(NaFlexVit):
             key_std=key_std,
             norm_weight=block_norm_weight,
             norm_bias=block_norm_bias,
+            norm_fold=block_norm_fold,
         )
         # our layers take no device argument: build them under the device, as timm's factory does
         with torch.device(device) if device is not None else contextlib.nullcontext():
@@ -150,7 +153,12 @@ class NaFlexTokenFormer(NaFlexVit):
                 ``patch_coord`` shorter than ``patches`` included, which timm's NaFlexViT accepts), an empty
                 sequence, patches without their coordinates, or an image whose size is not a multiple of the
                 patch size, or of other channels; each named with the shapes and what is expected.
+            TypeError: neither a tensor nor a dictionary (a list of images, say).
         """
+        if not isinstance(x, (dict, torch.Tensor)):
+            raise TypeError(f'the NaFlex TokenFormer takes images [batch, channels, height, width] or the NaFlex '
+                            f"loader's dictionary (patches, patch_coord, patch_valid), not a {type(x).__name__}: "
+                            'stack a list of images with torch.stack, or batch patches with timm\'s NaFlexCollator')
         if isinstance(x, dict):
             if 'patches' not in x:
                 raise ValueError(f"a NaFlex input dictionary needs 'patches' (keys given: {', '.join(x) or 'none'})")

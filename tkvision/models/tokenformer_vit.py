@@ -109,6 +109,10 @@ class TokenFormerViT(ViTContract, nn.Module):
             (:meth:`~tkvision.layers.Pattention.make_tau_learnable`; same checkpoint keys, so a fixed-τ
             checkpoint loads). Such layers train through plain autograd, not the closed-form backward.
         block_norm_weight / block_norm_bias: learnable LayerNorm weight / bias in blocks (Table 5).
+        block_norm_fold: fold each block's LayerNorms into the keys of the Pattentions they feed where that
+            is exact (a scale-invariant ``score_norm`` and no LayerNorm bias; ``tkvision.layers.Block``):
+            the same function and gradients with two fewer passes over the activations per block. False:
+            the explicit LayerNorms (the reference). Checkpoints load either way (same parameters).
         fc_norm: LayerNorm after pooling instead of before (default: True for ``'avg'``, as in
             timm and MAE fine-tuning).
         class_token: prepend a learned class token (``False`` needs ``global_pool='avg'`` or ``''``).
@@ -156,6 +160,7 @@ class TokenFormerViT(ViTContract, nn.Module):
             learn_tau: bool = False,
             block_norm_weight: bool = False,
             block_norm_bias: bool = False,
+            block_norm_fold: bool = True,
             fc_norm: Optional[bool] = None,
             class_token: bool = True,
             reg_tokens: int = 0,
@@ -222,6 +227,7 @@ class TokenFormerViT(ViTContract, nn.Module):
             key_std=key_std,
             norm_weight=block_norm_weight,
             norm_bias=block_norm_bias,
+            norm_fold=block_norm_fold,
             qk_norm=qk_norm,
             init_values=init_values,
             proj_drop=proj_drop_rate,
