@@ -184,25 +184,30 @@ def test_score_norm_benchmark_times_eq5_and_gelu():
     assert [r['variant'] for r in rows] == list(variants)
 
 
-def test_the_loader_comparison_feeds_both_loaders_the_same_images_and_pairs_the_rounds(tmp_path, monkeypatch):
-    """``--parts loader``: our loader and timm's ``create_loader`` read the same JPEG folder with the ImageNet
-    recipe's 224 px crops, one pass each (every image once, ours uint8, timm's normalised floats), and the
-    reported ratio is the median of the per-round ratios of the rates each round measured."""
+def test_the_loader_comparison_is_like_for_like_and_pairs_the_rounds(tmp_path, monkeypatch):
+    """``--parts loader``: our loader and timm's ``create_loader`` (with its default prefetcher, and without)
+    read the same JPEG folder with the ImageNet recipe's 224 px crops, one pass each (every image once), and
+    all three deliver normalised float32 batches: ours and timm's prefetching loader normalise uint8 batches on
+    the device, timm's without the prefetcher in its workers. The reported ratio is the median of the per-round
+    ratios against timm's prefetching loader."""
     import statistics
 
     from studies.performance import data_benchmark as bench
     root = bench.make_jpeg_folder(str(tmp_path / 'jpeg'), n_images=24, classes=2, size=(250, 188))
     cfg = bench.resolve_run_config(bench.load_config(
         bench._RECIPE, dict(data_dir=root, batch_size=8, model='tokenformer_vit_b16')))
-    for build, dtype in ((bench._ours_loader, torch.uint8), (bench._timm_loader, torch.float32)):
+    for name, build in bench.LOADERS.items():
         batches = list(build(root, cfg, 0))
-        assert sum(len(b[0]) for b in batches) == 24
-        assert all(b[0].shape[1:] == (3, 224, 224) and b[0].dtype == dtype for b in batches)
-    rates = iter([300.0, 100.0, 200.0, 100.0, 500.0, 100.0])  # ours, timm per round: ratios 3, 2, 5
+        assert sum(len(b[0]) for b in batches) == 24, name
+        assert all(b[0].shape[1:] == (3, 224, 224) and b[0].dtype == torch.float32 for b in batches), name
+        assert -3 < float(batches[0][0].mean()) < 3, name  # normalised, not 0..255
+    rates = iter([300.0, 100.0, 150.0, 200.0, 100.0, 50.0, 500.0, 100.0, 250.0])  # ours, timm, timm (no prefetcher)
     monkeypatch.setattr(bench, '_epoch_rate', lambda loader, warm_batches: next(rates))
-    ours, timm = bench.benchmark_loaders(root, workers=(1,), repeats=3, log=lambda *a: None)
+    ours, timm, unprefetched = bench.benchmark_loaders(root, workers=(1,), repeats=3, log=lambda *a: None)
     assert ours['loader'] == 'tkvision' and ours['vs_timm'] == statistics.median([3.0, 2.0, 5.0]) == 3.0
+    assert ours['vs_timm_no_prefetcher'] == statistics.median([2.0, 4.0, 2.0]) == 2.0
     assert ours['img_per_s'] == 300.0 and timm['img_per_s'] == 100.0 and ours['ratio_runs'] == '3.000 2.000 5.000'
+    assert unprefetched['loader'] == 'timm (no prefetcher)' and 'Pillow' in timm['resize'] and 'OpenCV' in ours['resize']
 
 
 @pytest.mark.parametrize('module, call', [
@@ -231,3 +236,56 @@ def test_the_timm_comparisons_run_their_commands_from_the_repository_root(module
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Started):
         call(study, tmp_path)
+
+
+def test_profile_categories_follow_the_backward_node_and_the_optimizer_scope():
+    """Θ's closed-form backward runs plain elementwise operators (``aten::mul``, ``aten::sum``...), and AdamW
+    too: each counts by what ran it (the backward node; the optimizer's step), a compiled model's fused kernels
+    by the operations they fuse, the fold's key centring as layer norm."""
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    from tkvision.experiments.benchmark import category_ms
+
+    def event(key, parent=None, us=1000):
+        return SimpleNamespace(key=key, name=key, cpu_parent=parent, device_type=DeviceType.CPU,
+                               self_cpu_time_total=us, self_device_time_total=0)
+    theta = event('autograd::engine::evaluate_function: _L2NormGELUBackward', us=0)
+    gemm = event('autograd::engine::evaluate_function: MmBackward0', us=0)
+    step = event('Optimizer.step#AdamW.step', us=0)
+    events = [event('aten::mul', theta), event('aten::sum', theta), event('aten::mm', gemm), event('aten::mul_', step),
+              event('aten::addcmul_', event('aten::lerp_', step)), event('aten::mean'), event('aten::sub'),
+              event('cpp_fused_gelu_linalg_vector_norm_mul_0'), event('cpp_fused_native_layer_norm_1'),
+              event('aten::mul', event('autograd::engine::evaluate_function: SubBackward0', us=0)),
+              event('aten::copy_'), theta, gemm, step]
+    assert category_ms(events, on_gpu=False, steps=1) == {
+        'score normalisation / GELU': 3.0, 'matmul': 1.0, 'optimizer (AdamW)': 2.0, 'layer norm (or its fold)': 4.0,
+        'other': 1.0}
+
+
+def test_the_models_part_divides_achieved_flops_by_the_measured_peak(monkeypatch):
+    """``--parts peak models``: the peak (float32 on a CPU) is measured first and each model row gains its MFU,
+    achieved TFLOP/s over that peak."""
+    from types import SimpleNamespace
+
+    from tkvision.experiments import benchmark_parts
+
+    monkeypatch.setattr(benchmark_parts, 'matmul_peak_tflops', lambda device, dtype, size: 0.2)
+    monkeypatch.setattr(benchmark_parts, 'benchmark_models', lambda *a, **k: [
+        dict(model='tokenformer_vit_ti16', mode='train', ratio=0.9, mem_ratio=1.0, saved_ratio=1.0, tflops_per_s=0.05)])
+    args = SimpleNamespace(device='cpu', models=['tokenformer_vit_ti16'], mode=['train'], batch_size=2, amp=None,
+                           compile=False, steps=1, repeats=1, no_memory=True, reference=None)
+    peak, _ = benchmark_parts.PARTS['peak'](args)
+    rows, _ = benchmark_parts.PARTS['models'](args)
+    assert peak[0]['dtype'] == 'float32' and peak[0]['peak_gflops'] == pytest.approx(200.0)
+    assert rows[0]['mfu'] == pytest.approx(0.25)
+    assert list(benchmark_parts.PARTS)[:2] == ['peak', 'models']
+
+
+def test_the_matmul_peak_is_the_rate_of_products_of_the_given_size():
+    """A real measurement on this CPU, against the FLOP count of one product: positive and below what two
+    cores could do at 100 GHz each."""
+    from tkvision.experiments.benchmark import matmul_peak_tflops
+    rate = matmul_peak_tflops(torch.device('cpu'), torch.float32, 256, products=2, repeats=3)
+    assert 0 < rate < 2 * 100e9 * 64 / 1e12

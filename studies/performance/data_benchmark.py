@@ -18,12 +18,13 @@ from PIL import Image
 from timm.data import create_transform
 
 from studies import ROOT
-from tkvision.data import build_dataset, build_loader, build_transform, load_fashion_mnist, set_loader_epoch
+from tkvision.data import (BatchPreprocessor, build_dataset, build_loader, build_transform, load_fashion_mnist,
+                           set_loader_epoch)
 from tkvision.data.shards import make_shards
 from tkvision.engine.config import load_config, section
 from tkvision.engine.trainer import resolve_run_config
 
-__all__ = ['benchmark_data', 'benchmark_loaders', 'make_jpeg_folder']
+__all__ = ['LOADERS', 'benchmark_data', 'benchmark_loaders', 'make_jpeg_folder']
 
 _RECIPE = 'tkvision/configs/imagenet/_base_mae_supervised.yaml'
 
@@ -123,26 +124,40 @@ def benchmark_data(root=None, n_images=256, workers=(1, 2), batch_size=32, repea
     return tables
 
 
-def _timm_loader(root: str, cfg: dict, workers: int):
+def _timm_loader(root: str, cfg: dict, workers: int, prefetch: bool):
     """timm's ``create_loader`` over ``root/train`` with the ImageNet recipe's training transforms (as
-    ``cfg``'s data section gives them): RandomResizedCrop 224 bicubic, flip, RandAugment; random erasing is
-    left out of both loaders (ours applies it on the device, after the loader). timm's RandAugment gets a
-    magnitude cap of 9 (``-mmax9``; its string takes an integer, ours is 9.99,
-    :data:`tkvision.data.transforms.RAND_AUGMENT_MAGNITUDE_MAX`): uncapped, its Posterize at magnitude 10
-    keeps 0 bits, which Pillow >= 11 refuses."""
+    ``cfg``'s data section gives them): RandomResizedCrop 224 bicubic (Pillow's, on PIL images), flip,
+    RandAugment; random erasing is left out of every loader (ours applies it on the device, after the loader).
+    ``prefetch``: timm's default ``use_prefetcher=True`` on the CPU, whose workers hand uint8 batches and whose
+    ``PrefetchLoader`` normalises them to float32 on the device, as ours does; False: its workers normalise
+    and ship float32. timm's RandAugment gets a magnitude cap of 9 (``-mmax9``; its string takes an integer,
+    ours is 9.99, ``tkvision.data.transforms.RAND_AUGMENT_MAGNITUDE_MAX``): uncapped, its Posterize at
+    magnitude 10 keeps 0 bits, which Pillow >= 11 refuses."""
     from timm.data import create_dataset, create_loader
     dataset = create_dataset('', root=os.path.join(root, 'train'), is_training=True)
     return create_loader(dataset, input_size=(3, cfg['img_size'], cfg['img_size']), batch_size=cfg['batch_size'],
-                         is_training=True, use_prefetcher=False, scale=tuple(cfg['rrc_scale']),
-                         interpolation=cfg['interpolation'], auto_augment=cfg['auto_augment'] + '-mmax9', re_prob=0.,
-                         mean=tuple(cfg['mean']), std=tuple(cfg['std']), num_workers=workers, persistent_workers=False)
+                         is_training=True, use_prefetcher=prefetch, device=torch.device('cpu'),
+                         scale=tuple(cfg['rrc_scale']), interpolation=cfg['interpolation'],
+                         auto_augment=cfg['auto_augment'] + '-mmax9', re_prob=0., mean=tuple(cfg['mean']),
+                         std=tuple(cfg['std']), num_workers=workers, persistent_workers=False)
 
 
 def _ours_loader(root: str, cfg: dict, workers: int):
+    """Our training loader (OpenCV's bicubic resize through albumentations) and the float32 normalisation on
+    the device that the trainer applies to its uint8 batches (``tkvision.data.BatchPreprocessor``), so
+    that it delivers what timm's prefetching loader delivers."""
     data = section(dict(cfg, num_workers=workers, data_dir=root, dataset='folder'), 'data')
     loader = build_loader(build_dataset(data, 'train', cfg['seed']), data, train=True, seed=cfg['seed'])
     set_loader_epoch(loader, 0)
-    return loader
+    preprocess = BatchPreprocessor(cfg['mean'], cfg['std'], torch.device('cpu'))
+    return ((preprocess(images, train=True), targets) for images, targets, _ in loader)
+
+
+#: The loaders compared: ours, timm's with its default prefetching (the like-for-like figure), and timm's
+#: without it (workers normalise and ship float32).
+LOADERS = {'tkvision': _ours_loader,
+           'timm': lambda root, cfg, workers: _timm_loader(root, cfg, workers, prefetch=True),
+           'timm (no prefetcher)': lambda root, cfg, workers: _timm_loader(root, cfg, workers, prefetch=False)}
 
 
 def _epoch_rate(loader, warm_batches: int) -> float:
@@ -159,14 +174,18 @@ def _epoch_rate(loader, warm_batches: int) -> float:
 
 
 def benchmark_loaders(root=None, n_images=1024, workers=(1, 2), batch_size=32, repeats=3, log=print) -> list:
-    """Our training loader (:func:`tkvision.data.build_loader`: simplejpeg decoding, albumentations, uint8
-    batches) against timm's ``create_loader`` (PIL decoding, torchvision ops, float batches) with the ImageNet
-    recipe's augmentations, on ImageNet-like JPEGs (Fashion-MNIST upscaled to 500 x 375, quality 90, unless
-    ``root`` is given), for each worker count; the two interleaved over ``repeats`` rounds of one pass each.
+    """Our training loader (``tkvision.data.build_loader``: simplejpeg decoding, albumentations with
+    OpenCV's bicubic resize, uint8 batches normalised to float32 on the device) against timm's
+    ``create_loader`` (PIL decoding, torchvision transforms with Pillow's bicubic resize) with its default
+    prefetcher (uint8 batches normalised on the device: like for like) and without it (``LOADERS``), with
+    the ImageNet recipe's augmentations, on ImageNet-like JPEGs (Fashion-MNIST upscaled to 500 x 375,
+    quality 90, unless ``root`` is given), for each worker count; the loaders interleaved over ``repeats``
+    rounds of one pass each, on the CPU.
 
     Returns:
-        rows ``loader, workers, img_per_s, img_per_s_per_worker`` (medians over the rounds) and, on our rows,
-        ``vs_timm`` (the median over rounds of our img/s over timm's in the same round) and ``ratio_runs``.
+        rows ``loader, workers, resize, img_per_s, img_per_s_per_worker`` (medians over the rounds) and, on our
+        rows, ``vs_timm`` (the median over rounds of our img/s over timm's prefetching loader's in the same
+        round), ``vs_timm_no_prefetcher`` and ``ratio_runs``.
     """
     import statistics
     torch.set_num_threads(1)
@@ -174,18 +193,22 @@ def benchmark_loaders(root=None, n_images=1024, workers=(1, 2), batch_size=32, r
         root = make_jpeg_folder(os.path.join(tempfile.mkdtemp(prefix='tkvision-loader-bench-'), 'jpeg'), n_images)
     cfg = resolve_run_config(load_config(os.path.join(ROOT, _RECIPE),
                                          dict(data_dir=root, batch_size=batch_size, model='tokenformer_vit_b16')))
+    resize = {'tkvision': 'OpenCV bicubic (albumentations)', 'timm': 'Pillow bicubic (torchvision)',
+              'timm (no prefetcher)': 'Pillow bicubic (torchvision)'}
     rows = []
     for w in workers:
-        rates = dict(tkvision=[], timm=[])
+        rates = {name: [] for name in LOADERS}
         for _ in range(repeats):
-            for name, build in (('tkvision', _ours_loader), ('timm', _timm_loader)):
+            for name, build in LOADERS.items():
                 rates[name].append(_epoch_rate(build(root, cfg, w), warm_batches=max(w, 1)))
-        paired = [a / b for a, b in zip(rates['tkvision'], rates['timm'])]
-        for name in ('tkvision', 'timm'):
+        for name in LOADERS:
             rate = statistics.median(rates[name])
-            row = dict(loader=name, workers=w, img_per_s=rate, img_per_s_per_worker=rate / w)
+            row = dict(loader=name, workers=w, resize=resize[name], img_per_s=rate, img_per_s_per_worker=rate / w)
             if name == 'tkvision':
-                row.update(vs_timm=statistics.median(paired), ratio_runs=' '.join(f'{r:.3f}' for r in paired))
+                paired = [a / b for a, b in zip(rates['tkvision'], rates['timm'])]
+                unpaired = [a / b for a, b in zip(rates['tkvision'], rates['timm (no prefetcher)'])]
+                row.update(vs_timm=statistics.median(paired), vs_timm_no_prefetcher=statistics.median(unpaired),
+                           ratio_runs=' '.join(f'{r:.3f}' for r in paired))
             rows.append(row)
-            log(f'loader {name:9s} {w} worker(s) {rate:8.1f} img/s ({rate / w:.1f} per worker)')
+            log(f'loader {name:21s} {w} worker(s) {rate:8.1f} img/s ({rate / w:.1f} per worker)')
     return rows

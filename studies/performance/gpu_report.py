@@ -8,7 +8,8 @@ It writes one markdown report (and its JSON) with, in order, each part saved as 
 2. train and inference img/s, peak memory (:func:`tkvision.experiments.benchmark.benchmark_models`: the
    allocator's peak of one step, counting only the model's own tensors) and achieved TFLOP/s (model
    FLOPs) of each TokenFormer of :data:`PAIRS` and its timm ViT, bf16 autocast, eager (with the
-   :data:`VARIANTS`: the lean backward beside the default closed form, the paper's B/16) and
+   ``VARIANTS``: the explicit LayerNorm, Θ compiled and the lean backward beside the defaults, the
+   paper's B/16) and
    ``torch.compile``d, as ratios to the ViT of the same run; B/16† compiled with the lean backward
    beside the default (``compiled_lean``);
 3. whether each figure meets the :data:`TARGETS` (shares of the measured peak);
@@ -39,7 +40,6 @@ reported as skipped with the wheels to carry: ``albumentations>=2.0.8`` and its 
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -52,8 +52,8 @@ import torch.nn.functional as F
 from studies.performance.gpu_end_to_end import end_to_end
 from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import (ModelStep, benchmark_models, machine_info, markdown_table,
-                                            parse_model_spec, profile_breakdown, saved_activation_mib, synchronize,
-                                            time_call)
+                                            matmul_peak_tflops, parse_model_spec, profile_breakdown,
+                                            saved_activation_mib, synchronize, time_call)
 from tkvision.layers import set_backward_mode
 from tkvision.models import input_shape
 from tkvision.models.mae import create_mae
@@ -77,7 +77,7 @@ TINY_PAIRS = (('tokenformer_vit_ti16' + _TINY + '@num_tokens=16', 'vit_tiny_patc
 TARGETS = dict(train_ratio=1.0, mem_ratio=1.0, peak_share=0.40)
 #: The TokenFormer options timed beside the default one in eager mode (each compiled model costs a
 #: minute or more of compilation, so only the default one is compiled in the pairs' parts).
-VARIANTS = ('', '@backward_mode=lean')
+VARIANTS = ('', '@block_norm_fold=false', '@backward_mode=compiled', '@backward_mode=lean')
 #: Other models timed in a pair's eager part: beside B/16†, the paper's B/16 (its own token counts).
 _PAIR_EXTRAS = {'tokenformer_vit_b16_matched': ('tokenformer_vit_b16',)}
 #: Seconds each part took, or was expected to take, on the H200s of 2026-11-27/28 (compilation included):
@@ -103,22 +103,9 @@ def card_info(device: torch.device) -> dict:
 
 
 def measured_peak_tflops(device: torch.device, size: int = 8192, products: int = 5, repeats: int = 7) -> float:
-    """The card's bf16 matrix rate now, in TFLOP/s: the median over ``repeats`` timings of ``products``
-    products of two random ``size`` x ``size`` bf16 matrices (``2 size³`` FLOPs each), after three
-    warm-ups. Random, not zero, data: zeros run faster on some cards. The ceiling the target "share of
-    the measured bf16 peak" divides by."""
-    a, b = (torch.randn(size, size, device=device, dtype=torch.bfloat16) for _ in range(2))
-    for _ in range(3):
-        a @ b
-    times = []
-    for _ in range(repeats):
-        synchronize(device)
-        t0 = time.perf_counter()
-        for _ in range(products):
-            a @ b
-        synchronize(device)
-        times.append((time.perf_counter() - t0) / products)
-    return 2 * size ** 3 / statistics.median(times) / 1e12
+    """The card's bf16 matrix rate now, in TFLOP/s (``tkvision.experiments.benchmark.matmul_peak_tflops``
+    in bf16): the ceiling the target "share of the measured bf16 peak" divides by."""
+    return matmul_peak_tflops(device, torch.bfloat16, size, products, repeats)
 
 
 def throughput(pair, device, compiled: bool, modes, steps, repeats, peak_tflops=None, variants=VARIANTS,

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from tkvision.cli import run_cli
+from tkvision.cli.common import non_negative_int, positive_int
 from tkvision.cli.experiments import benchmark_parser, parse_benchmark_args
 from tkvision.experiments.benchmark import flop_counter, markdown_table, time_call, time_rounds
 from tkvision.experiments.benchmark_parts import PARTS as LIBRARY_PARTS
@@ -142,7 +143,8 @@ def _loader_part(args) -> tuple:
     from studies.performance.data_benchmark import benchmark_loaders  # albumentations: only this part needs it
     rows = benchmark_loaders(args.data_root, args.data_images, tuple(args.workers), repeats=args.repeats)
     return rows, ['### Our training loader against timm\'s create_loader (ImageNet recipe augmentations)',
-                  markdown_table(rows, ['loader', 'workers', 'img_per_s', 'img_per_s_per_worker', 'vs_timm',
+                  markdown_table(rows, ['loader', 'workers', 'resize', 'img_per_s', 'img_per_s_per_worker', 'vs_timm',
+                                        'vs_timm_no_prefetcher',
                                         'ratio_runs']), '']
 
 
@@ -159,11 +161,12 @@ def main(argv=None) -> int:
 
 def _main(argv) -> int:
     ap = benchmark_parser(PARTS)
-    ap.add_argument('--score-shape', type=int, nargs=2, metavar=('TOKENS', 'NUM_TOKENS'),
+    ap.add_argument('--score-shape', type=positive_int, nargs=2, metavar=('TOKENS', 'NUM_TOKENS'),
                     help="--parts score_norm: the scores Θ normalises (default: the quick recipe's)")
     ap.add_argument('--data-root', help='--parts data: an ImageNet-layout folder (default: Fashion-MNIST JPEGs)')
-    ap.add_argument('--data-images', type=int, default=256, help='--parts data: images decoded per round')
-    ap.add_argument('--workers', type=int, nargs='+', default=[1, 2], help='--parts data: loader worker counts')
+    ap.add_argument('--data-images', type=positive_int, default=256, help='--parts data: images decoded per round')
+    ap.add_argument('--workers', type=non_negative_int, nargs='+', default=[1, 2],
+                    help='--parts data: loader worker counts')
     args = parse_benchmark_args(ap, argv)
     command = 'python -m studies.performance.layer_benchmark ' + ' '.join(argv)
     run_benchmark(args, command, PARTS)

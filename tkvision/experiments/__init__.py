@@ -1,4 +1,4 @@
-"""Experiment drivers and analysis tools, apart from the library (which never imports them):
-ablation sweeps (:mod:`.sweep`), the growth-chain experiment (:mod:`.growth_experiment`), the
-benchmarks (:mod:`.benchmark`, :mod:`.data_benchmark`) and the mean attention distance
-(:mod:`.attention_distance`). Their command lines are in :mod:`tkvision.cli`."""
+"""What users run on their own sweeps and models, apart from the library (which never imports it): ablation
+sweeps (``sweep``), model benchmarks against timm's ViT (``benchmark``) and the parts of ``tkvision-benchmark``
+(``benchmark_parts``). Their command lines are in ``tkvision.cli``; the studies behind the results pages live
+in ``studies/`` of the repository, not in the package."""

@@ -32,6 +32,7 @@ from ..utils.errors import UsageError
 from ..utils.memory import available_memory_bytes
 
 __all__ = ['COUNTERPARTS', 'ModelStep', 'parse_model_spec', 'available_memory_mib', 'check_train_memory',
+           'matmul_peak_tflops',
            'flop_counter', 'train_flops_per_image', 'saved_activation_mib', 'benchmark_models', 'category_ms',
            'profile_breakdown', 'machine_info', 'synchronize', 'time_rounds', 'time_call', 'markdown_table']
 
@@ -90,6 +91,41 @@ def synchronize(device: torch.device):
     """Wait for the device's queued work (CUDA); nothing on a CPU."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
+
+
+def matmul_peak_tflops(
+        device: torch.device,
+        dtype: torch.dtype,
+        size: int,
+        products: int = 3,
+        repeats: int = 5,
+) -> float:
+    """The machine's matrix-multiply rate now, in TFLOP/s: the median over ``repeats`` timings of
+    ``products`` products of two random ``size`` x ``size`` matrices of ``dtype`` (``2 size³`` FLOPs each),
+    after two warm-ups, with the threads ``torch`` has. Random, not zero, data: zeros run faster on some
+    hardware. The ceiling a model's achieved FLOP/s is divided by for its model FLOP utilisation (MFU):
+    on a CPU float32, on a GPU bf16.
+
+    Args:
+        device: where to multiply.
+        dtype: the matrices' dtype (``torch.float32`` on a CPU, ``torch.bfloat16`` on a GPU).
+        size: the matrices' side, large enough that the product is compute-bound (2048 on a CPU, 8192 on a
+            GPU).
+        products: products per timing.
+        repeats: timings; the median is reported.
+    """
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    for _ in range(2):
+        a @ b
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        t0 = time.perf_counter()
+        for _ in range(products):
+            a @ b
+        synchronize(device)
+        times.append((time.perf_counter() - t0) / products)
+    return 2 * size ** 3 / statistics.median(times) / 1e12
 
 
 def parse_model_spec(spec: str):
@@ -322,39 +358,77 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
 
 #: Profiler op-name categories for :func:`profile_breakdown` (first match wins; the rest is 'other').
 PROFILE_CATEGORIES = (
-    ('matmul', ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::linear', 'aten::matmul')),
+    ('matmul', ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::linear', 'aten::matmul', 'mkl_linear')),
     ('attention (SDPA)', ('scaled_dot_product',)),
-    ('optimizer (AdamW)', ('aten::_foreach', 'aten::lerp', 'aten::addcdiv', 'aten::addcmul', 'aten::sqrt',
-                           'aten::mul_', 'aten::add_', 'aten::div_')),
+    ('layer norm (or its fold)', ('layer_norm', 'aten::mean', 'aten::sub')),
     ('score normalisation / GELU', ('aten::gelu', 'aten::linalg_vector_norm', 'aten::norm', 'aten::clamp',
                                     'aten::masked_fill', 'aten::div', 'aten::mul', 'aten::erf', 'aten::exp',
-                                    'aten::where', 'aten::sum', 'aten::reciprocal')),
-    ('layer norm', ('layer_norm',)),
+                                    'aten::where', 'aten::sum', 'aten::reciprocal', 'aten::linalg_vecdot',
+                                    'aten::addcmul', 'L2NormGELU', 'gelu')),
 )
+"""``(category, fragments of an operator's name)``, first match wins; the rest is ``other``. Kernels of a
+``torch.compile``'d model (``cpp_fused_...`` on a CPU) are named after the operations they fuse, so a fused
+layer norm counts as layer norm and a fused score normalisation or GELU as that. The fold's key centring
+(``aten::mean`` / ``aten::sub``) counts as layer norm, the work it replaces."""
+
+#: ``(category, fragments of a backward node's name)``: an operator run by the autograd engine for that node
+#: (``autograd::engine::evaluate_function: <node>``) counts in the node's category, so the products and sums
+#: of Θ's closed-form backward count as Θ, not as the elementwise operators they are.
+BACKWARD_CATEGORIES = (
+    ('matmul', ('MmBackward', 'AddmmBackward', 'BmmBackward', 'LinearBackward', 'MatmulBackward')),
+    ('attention (SDPA)', ('ScaledDotProduct',)),
+    ('layer norm (or its fold)', ('LayerNormBackward', 'MeanBackward', 'SubBackward')),
+    ('score normalisation / GELU', ('GeluBackward', 'L2NormGELU', 'LinalgVectorNormBackward', 'ClampMinBackward',
+                                    'DivBackward', 'WhereBackward')),
+)
+
+#: Every operator under this scope is the optimizer's (``torch.optim`` names its step so).
+OPTIMIZER_SCOPE = 'Optimizer.step'
+
+
+def _category(ev) -> str:
+    """The category of one profiler event (``PROFILE_CATEGORIES``): the optimizer's for anything under
+    its step; else matrix products, attention and layer norm by the operator's own name; else the backward
+    node that ran it (``BACKWARD_CATEGORIES``); else the operator's name; else ``other``."""
+    node, parent = None, getattr(ev, 'cpu_parent', None)
+    while parent is not None:
+        if OPTIMIZER_SCOPE in parent.name:
+            return 'optimizer (AdamW)'
+        if node is None and parent.name.startswith('autograd::engine::evaluate_function: '):
+            node = parent.name
+        parent = parent.cpu_parent
+    if OPTIMIZER_SCOPE in ev.key:
+        return 'optimizer (AdamW)'
+    own = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
+    if own in ('matmul', 'attention (SDPA)') or node is None:
+        return own
+    return next((c for c, keys in BACKWARD_CATEGORIES if any(k in node for k in keys)), own)
 
 
 def category_ms(events, on_gpu: bool, steps: int) -> dict:
-    """``{category: ms per step}`` of profiler ``events`` (``key_averages()``) by :data:`PROFILE_CATEGORIES`.
+    """``{category: ms per step}`` of profiler ``events`` (``prof.events()``, whose parents say what ran an
+    operator; ``key_averages()`` rows work too, by name alone) by ``_category``.
 
     On a GPU each operator's ``self_device_time_total`` already holds the kernels it launched, and
     the kernels also appear as events of their own (device type CUDA, named after the kernel): only
-    operator events are counted, or every kernel would count twice (the H200 report of 2026-11-27 did,
-    its 'other' holding the kernels). On a CPU: ``self_cpu_time_total`` of every event."""
+    operator events are counted, or every kernel would count twice ('other' would hold the kernels). On a CPU:
+    ``self_cpu_time_total`` of every event."""
     from torch.autograd import DeviceType
     totals = {}
     for ev in events:
         if on_gpu and ev.device_type != DeviceType.CPU:
             continue
-        cat = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
+        cat = _category(ev)
         us = ev.self_device_time_total if on_gpu else ev.self_cpu_time_total
         totals[cat] = totals.get(cat, 0.0) + us / 1000 / steps
     return totals
 
 
-def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, amp=None) -> list:
+def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, amp=None, compile_=False) -> list:
     """Self time of a training step per op category (``PROFILE_CATEGORIES``), per model, summed over
-    ``steps`` profiled steps after one warm-up step (several steps smooth out OS noise); ``amp``:
-    ``'bf16'`` / ``'fp16'`` autocast or None.
+    ``steps`` profiled steps after two warm-up steps (several steps smooth out OS noise); ``amp``:
+    ``'bf16'`` / ``'fp16'`` autocast or None; ``compile_``: the model ``torch.compile``'d (its fused kernels
+    counted by what they fuse).
 
     Returns rows ``model, category, ms, share`` (``ms``: per step; share of the steps' total self time).
     """
@@ -362,14 +436,15 @@ def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, am
     device = torch.device(device)
     rows = []
     for name in models:
-        step = ModelStep(name, 'train', batch_size, device, amp, False)
+        step = ModelStep(name, 'train', batch_size, device, amp, compile_)
+        step()
         step()
         acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
         with profile(activities=acts) as prof:
             for _ in range(steps):
                 step()
             synchronize(device)
-        totals = category_ms(prof.key_averages(), device.type == 'cuda', steps)
+        totals = category_ms(prof.events(), device.type == 'cuda', steps)
         total = sum(totals.values())
         for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
             rows.append(dict(model=name, category=cat, ms=ms, share=ms / total))
