@@ -103,7 +103,21 @@ def test_bad_prefixes_are_refused_by_name():
         elastic.set_prefix(model, {'blocks.0.ffn': 65})
     with pytest.raises(ValueError, match="unknown prefix tau 'half'"):
         elastic.set_prefix(model, 0.5, 'half')
+    with pytest.raises(ValueError, match=r"got the string '0.5': pass float\('0.5'\)"):  # as a command line hands it
+        elastic.set_prefix(model, '0.5')
     assert all(layer.prefix_tokens is None for layer in elastic.elastic_layers(model).values())  # nothing changed
+
+
+def test_a_model_without_parameter_tokens_is_refused_not_run_whole():
+    """A timm ViT has nothing to run at a prefix: ``prefix`` and ``extract_prefix`` used to run or copy the
+    whole model without a word."""
+    vit = timm.create_model('vit_tiny_patch16_224', img_size=28, patch_size=7, in_chans=1, depth=1, num_classes=10)
+    for call in (lambda: elastic.prefix(vit, 0.5).__enter__(), lambda: elastic.extract_prefix(vit, 0.5),
+                 lambda: elastic.extract_prefix(vit)):
+        with pytest.raises(ValueError, match='VisionTransformer has no parameter tokens .*only a TokenFormer'):
+            call()
+    with elastic.prefix(vit, None):  # every token: nothing to refuse
+        pass
 
 
 def test_step_fractions_follow_the_sampling_rule():
@@ -150,6 +164,16 @@ def test_elastic_training_reports_every_prefix_and_resumes_bit_identically(tmp_p
     assert all(0 <= float(last[k]) <= 100 for k in ('top1@0.25', 'test_top1@0.5'))
     train_crash_resume(monkeypatch, fmnist_cfg(tmp_path, output=str(tmp_path / 'crashed'), **keys), saves=2)
     assert_same_training_state(tmp_path / 'full' / 'last.pth', tmp_path / 'crashed' / 'last.pth')
+
+
+def test_elastic_mae_training_reports_each_prefixes_reconstruction_loss(tmp_path):
+    """``task: mae`` with ``elastic_fractions`` trained at the prefixes and reported nothing per prefix; each
+    evaluation now gives each prefix's reconstruction loss, and a smaller prefix is a different model."""
+    run = train_mod.train(fmnist_cfg(tmp_path, task='mae', decoder=dict(embed_dim=16, depth=1, num_heads=2),
+                                     elastic_fractions=[0.25, 1.0], epochs=1, train_subset=256, val_subset=128))
+    last = run['history'][-1]
+    assert {'val_loss', 'val_loss@0.25'} <= set(last) and 'top1@0.25' not in last
+    assert 0 < float(last['val_loss@0.25']) < 10 and float(last['val_loss@0.25']) != float(last['val_loss'])
 
 
 def test_elastic_training_after_growth_trains_the_grown_models_prefixes(tmp_path):

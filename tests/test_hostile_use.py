@@ -67,6 +67,20 @@ def test_export_force_never_removes_a_run_or_a_live_runs_files(runs, tmp_path, c
     assert sorted(os.listdir(out)) == ['config.json', 'model.safetensors']
 
 
+def test_export_force_onto_a_link_to_an_earlier_export_replaces_it_through_the_link(runs, tmp_path):
+    """``--force`` onto a symbolic link to an earlier export failed with "Is a directory ... .old" and left an
+    empty ``.old`` folder. Now the export the link points to is replaced, the link stays, nothing is left over."""
+    first = tmp_path / 'export_v1'
+    assert export_main(['--checkpoint', str(runs / 'run' / 'last.pth'), '--out', str(first)]) == 0
+    (first / 'model.safetensors').write_bytes(b'stale')  # so that the replacement can be told from the original
+    link = tmp_path / 'latest'
+    link.symlink_to(first, target_is_directory=True)
+    assert export_main(['--checkpoint', str(runs / 'run' / 'last.pth'), '--out', str(link), '--force']) == 0
+    assert link.is_symlink() and os.path.realpath(link) == str(first)
+    assert (first / 'model.safetensors').stat().st_size > 1000 and (first / 'config.json').exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['export_v1', 'latest']  # no .old, no .tmp
+
+
 @pytest.mark.parametrize('key, value, words', [
     ('--naflex_max_seq_len', '1000000', ['naflex_max_seq_len', 'GiB', 'lower naflex_max_seq_len or batch_size']),
     ('--naflex_train_seq_lens', '[100000]', ['naflex_train_seq_lens', 'at 100000 patches', 'GiB']),
@@ -105,6 +119,9 @@ def test_naflex_loader_skips_and_counts_unreadable_images_in_training_and_evalua
      ['embed_dim must be a number > 0']),
     (['--model', 'ringformer_vit_small_patch16_224', '--model_kwargs', '{rank: 0, img_size: 28, in_chans: 1}'],
      ['rank must be an integer >= 1']),
+    (['--lr', '[1'], ["--lr: the value '[1' is not YAML this config reads", "expected ',' or ']'"]),  # yaml traceback
+    (['--lr', '!!python/object/apply:os.system ["touch pwned"]'], ['--lr: the value', 'could not determine a constructor',
+                                                                  "no '!!' tags"]),
 ])
 def test_values_that_could_only_fail_later_are_refused_naming_the_key(tmp_path, capsys, override, words):
     code = train_main(['--output', str(tmp_path / 'r'), *COMMON, *override])
@@ -176,15 +193,27 @@ def test_a_nan_loss_is_one_line_naming_the_updates_and_what_to_try(tmp_path, cap
 def test_a_refused_pickle_is_one_line_in_every_command_that_reads_it(runs, tmp_path, capsys):
     """A ``.pth`` holding code is never unpickled: before, 27-33 lines of traceback; now one line naming the
     file and how to convert one the user trusts."""
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, ('echo pwned',))
     evil = tmp_path / 'evil' / 'last.pth'
     evil.parent.mkdir()
     torch.save({'model': {}, 'config': {}, 'hook': os.system}, evil)
-    commands = [(train_main, ['--output', str(evil.parent), '--resume', str(evil)]),
-                (validate_main, ['--checkpoint', str(evil)]),
-                (export_main, ['--checkpoint', str(evil), '--out', str(tmp_path / 'e')]),
-                (mae_visualize_main, ['--checkpoint', str(evil), '--out', str(tmp_path / 'x.png')])]
-    for main, argv in commands:
-        _one_line_error(capsys, main(argv), str(evil), 'was not loaded', 'weights_only=False')
+    raw = tmp_path / 'raw' / 'last.pth'  # a plain pickle, not torch's zip format: it read as "truncated" before
+    raw.parent.mkdir()
+    raw.write_bytes(pickle.dumps({'model': Evil(), 'config': {}}))
+    for path in (evil, raw):
+        commands = [(train_main, ['--output', str(path.parent), '--resume', str(path)]),
+                    (validate_main, ['--checkpoint', str(path)]),
+                    (export_main, ['--checkpoint', str(path), '--out', str(tmp_path / 'e')]),
+                    (mae_visualize_main, ['--checkpoint', str(path), '--out', str(tmp_path / 'x.png')]),
+                    (grow_main, ['--checkpoint', str(path), '--model', 'tokenformer_vit_ti16', '--to',
+                                 'tokenformer_vit_s16', '--out', str(tmp_path / 'g.safetensors')])]
+        for main, argv in commands:  # one wording everywhere (timm's loader words its refusal otherwise)
+            _one_line_error(capsys, main(argv), str(path), 'holds pickled Python objects', 'was not loaded',
+                            'weights_only=False')
 
 
 @pytest.mark.parametrize('args, words', [
@@ -215,6 +244,13 @@ def test_the_studies_and_developer_tools_answer_bad_input_in_one_line(tmp_path):
     bad.write_text('a,b\n1,2\n')
     assert f'{bad} is not a points file' in run('-m', 'studies.comparison.comparison', configs, '--from-points',
                                                 str(bad), '--report-dir', str(tmp_path / 'rep'))
+    # each was a traceback: a negative score shape, a twins file that is not UTF-8, an empty metrics file
+    assert "--score-shape: expected an integer >= 1, got -4" in run('-m', 'studies.performance.layer_benchmark',
+                                                                    '--parts', 'score_norm', '--score-shape', '-4', '0')
+    latin = tmp_path / 'twins.csv'
+    latin.write_bytes('config,top1\nn\xe9e,1\n'.encode('latin-1'))
+    assert f'--twins {latin} is not a UTF-8 CSV file' in run('-m', 'studies.elastic.elastic_study', 'report-long',
+                                                              '--twins', str(latin), '--no-speed')
 
 
 
@@ -239,6 +275,27 @@ def test_every_study_answers_a_user_error_in_one_line(tmp_path):
                  if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)}
         assert not entry or 'run_cli' in calls, f'{path}: its command does not go through tkvision.cli.run_cli'
 
+def test_the_elastic_study_names_a_cut_metrics_file_and_fails_when_every_point_failed(tmp_path):
+    """``report`` on a finished run whose ``metrics.csv`` is empty was an IndexError; ``train`` whose every point
+    failed exited 0."""
+    runs = tmp_path / 'runs'
+    point = runs / 'elastic' / 'seed0'
+    point.mkdir(parents=True)
+    (point / 'result.json').write_text('{}')
+    (point / 'metrics.csv').write_text('')
+    res = subprocess.run([sys.executable, '-m', 'studies.elastic.elastic_study', 'report', '--runs', str(runs),
+                          '--seeds', '0', '--report-dir', str(tmp_path / 'rep'), '--no-speed'], cwd=ROOT,
+                         capture_output=True, text=True)
+    assert res.returncode == 2 and 'Traceback' not in res.stderr, res.stderr
+    assert f"{point / 'metrics.csv'} holds no epoch" in res.stderr and 'rerun the point' in res.stderr
+    bad = tmp_path / 'bad.yaml'
+    bad.write_text('model: no_such_model\nepochs: 1\n')
+    res = subprocess.run([sys.executable, '-m', 'studies.elastic.elastic_study', 'train', '--configs', str(bad),
+                          '--seeds', '0', '--out', str(tmp_path / 'out')], cwd=ROOT, capture_output=True, text=True)
+    last = res.stderr.strip().splitlines()[-1]  # the sweep logs each failed point's traceback, then this line
+    assert res.returncode == 2 and last.startswith('error: every point failed (1): bad seed 0'), res.stderr
+
+
 def test_the_docs_renderer_names_a_corrupt_results_file(tmp_path):
     import importlib.util
     spec = importlib.util.spec_from_file_location('render_docs', f'{ROOT}/tools/render_docs.py')
@@ -248,6 +305,12 @@ def test_the_docs_renderer_names_a_corrupt_results_file(tmp_path):
     corrupt.write_text('{"rows": [')
     with pytest.raises(render_docs.SpecError, match=f'{corrupt} is not readable'):
         render_docs.update(f'<!-- table {corrupt}#rows | a={{a}} -->\n<!-- end table -->\n', 'page.md')
+    wrong = tmp_path / 'wrong.json'  # a field of the wrong type: a traceback before
+    for content, found in (('{"models": "notalist"}', 'str'), ('{"models": [1, {"a": 2}]}', 'a list holding int')):
+        wrong.write_text(content)
+        with pytest.raises(render_docs.SpecError, match=f'page.md:1: {wrong}#models holds {found} where the table needs '
+                                                        'a list of rows'):
+            render_docs.update(f'<!-- table {wrong}#models | a={{a}} -->\n<!-- end table -->\n', 'page.md')
 
 
 def test_a_hugging_face_split_with_a_class_train_lacks_is_named(tmp_path, capsys):
@@ -282,9 +345,10 @@ def test_a_truncated_config_json_of_a_local_dir_export_is_named(runs, tmp_path):
     out = tmp_path / 'export'
     assert export_main(['--checkpoint', str(runs / 'run' / 'last.pth'), '--out', str(out)]) == 0
     text = (out / 'config.json').read_text()
-    (out / 'config.json').write_text(text[:len(text) // 2])
-    with pytest.raises(ConfigError, match=f"{out}/config.json is not valid JSON .*export the model again"):
-        create_model(f'local-dir:{out}', pretrained=True)
+    for cut in (text[:len(text) // 2], ''):  # truncated, and empty
+        (out / 'config.json').write_text(cut)
+        with pytest.raises(ConfigError, match=f"{out}/config.json is not valid JSON .*export the model again"):
+            create_model(f'local-dir:{out}', pretrained=True)
 
 
 @pytest.mark.parametrize('mask, file_mode, folder_mode', [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
@@ -300,3 +364,56 @@ def test_every_file_a_run_and_an_export_write_follows_the_umask(runs, tmp_path, 
     modes = {p.name: p.stat().st_mode & 0o777 for p in [*(tmp_path / 'run').iterdir(), *(tmp_path / 'e').iterdir()]}
     assert set(modes.values()) == {file_mode}, {k: oct(v) for k, v in modes.items()}
     assert {(tmp_path / 'run').stat().st_mode & 0o777, (tmp_path / 'e').stat().st_mode & 0o777} == {folder_mode}
+
+
+def test_the_last_line_gives_the_test_top1_of_the_file_it_names_first(tmp_path, capsys):
+    """With EMA on, the trainer printed the raw weights' test top-1 and then named ``best.safetensors``, which
+    held the EMA weights: validating the named file gave a figure never on screen. Now the figure printed
+    beside ``best.safetensors`` is the one ``tkvision-validate --split test`` reproduces from it."""
+    import re
+    out = tmp_path / 'ema'
+    args = ['--output', str(out), *COMMON, '--epochs', '2', '--model_ema', 'true', '--model_ema_decay', '0.9']
+    assert train_main(args) == 0
+    printed = capsys.readouterr().out
+    match = re.search(r'test top-1 (\d+\.\d\d)% of best\.safetensors \((EMA|raw) weights of epoch (\d)', printed)
+    assert match and 'last raw weights' in printed and 'last EMA weights' in printed, printed
+    assert validate_main(['--checkpoint', str(out / 'best.safetensors'), '--config', str(out / 'config.yaml'),
+                          '--split', 'test', '--no-ema']) == 0
+    validated = re.search(r'top-1 (\d+\.\d\d)%', capsys.readouterr().out)
+    assert validated.group(1) == match.group(1)
+
+
+def test_naflex_lengths_are_checked_counting_the_mask_and_the_scores_a_cpu_keeps(tmp_path, capsys):
+    """At ``naflex_max_seq_len 5000`` the check passed (it counted one copy of the attention scores and no mask)
+    and the run died seconds later in an allocator traceback; on this 24 GiB machine it is refused up front."""
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, '--model', 'naflexvit_tokenformer_ti16',
+                       '--naflex_loader', 'true', '--naflex_max_seq_len', '5000'])
+    _one_line_error(capsys, code, 'naflex_max_seq_len', 'attention mask', 'scores and probabilities',
+                    'lower naflex_max_seq_len or batch_size')
+
+
+def test_the_memory_a_process_may_use_is_what_its_limits_leave(tmp_path):
+    """``ulimit -v`` (an address-space limit, as a cluster's job limits set) bounds what the NaFlex check and the
+    benchmark count as available, not only the machine's free memory."""
+    code = ('import resource; from tkvision.utils.memory import available_memory_bytes\n'
+            'vm = next(int(l.split()[1]) for l in open("/proc/self/status") if l.startswith("VmSize")) * 1024\n'
+            'resource.setrlimit(resource.RLIMIT_AS, (vm + 2 ** 30, resource.RLIM_INFINITY))\n'
+            'print(available_memory_bytes("cpu") / 2 ** 30)')
+    res = subprocess.run([sys.executable, '-c', code], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0 and 0 < float(res.stdout) <= 1.0, res.stderr
+
+
+def test_a_batch_that_does_not_fit_is_one_line_naming_batch_size(tmp_path, capsys, monkeypatch):
+    """A ``batch_size`` too large for the machine ended in a raw allocator traceback at the first step; now one
+    line names the key to lower, and a failure of another kind still propagates as it is."""
+    from tkvision.engine import loop
+
+    def no_memory(*args, **kwargs):
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory: you "
+                           'tried to allocate 94371840000 bytes. Error code 12 (Cannot allocate memory)')
+    monkeypatch.setattr(loop, '_forward_backward', no_memory)
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON])
+    _one_line_error(capsys, code, 'batch_size 64 ran out of memory on cpu', "can't allocate memory", 'lower batch_size')
+    monkeypatch.setattr(loop, '_forward_backward', lambda *a, **k: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        train_main(['--output', str(tmp_path / 'r2'), *COMMON])

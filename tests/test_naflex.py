@@ -94,6 +94,8 @@ def test_bad_patches_and_options_that_would_be_ignored_are_refused():
                patch_valid=torch.ones(1, 4, dtype=torch.bool))
     with pytest.raises(ValueError, match=r'patches of 50 values are not q x q x 1 \(in_chans\)'):
         flex(bad)
+    with pytest.raises(TypeError, match=r'not a list: stack a list of images with torch.stack'):  # was AttributeError
+        flex([torch.randn(1, 28, 28)])
     with pytest.raises(ValueError, match=r'mlp_ratio=2.0: a NaFlex TokenFormer has no Linear'):
         NaFlexTokenFormer(**KW, mlp_ratio=2.0)
     with pytest.raises(ValueError, match=r"qkv_bias=True"):

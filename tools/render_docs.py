@@ -54,6 +54,7 @@ def load_rows(source: str) -> list:
 
     Raises:
         FileNotFoundError: the file does not exist. KeyError: the JSON key does not.
+        SpecError: the key holds something other than a list of rows (objects).
     """
     path, *filters = source.split('?')
     path, _, key = path.partition('#')
@@ -64,6 +65,11 @@ def load_rows(source: str) -> list:
                 rows = rows[part]
         else:
             rows = [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
+        found = type(rows).__name__ if not isinstance(rows, list) else 'a list holding ' + ', '.join(
+            sorted({type(r).__name__ for r in rows if not isinstance(r, dict)}))
+        raise SpecError(f'{source} holds {found} where the table needs a list of rows (objects of column: value); '
+                        'regenerate the file with the command that wrote it')
     for flt in filters:
         column, _, value = flt.partition('=')
         rows = [r for r in rows if str(r.get(column)) == value]

@@ -56,7 +56,7 @@ from tkvision.engine.trainer import resolve_run_config
 from tkvision.experiments.benchmark import benchmark_models, machine_info, train_flops_per_image
 from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
 from tkvision.growth import elastic
-from tkvision.utils.errors import UsageError
+from tkvision.utils.errors import RunError, UsageError
 from tkvision.utils.files import atomic_write
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -78,10 +78,24 @@ LONG_RESULTS = os.path.join(ROOT, 'docs', 'comparison', 'long', 'results.csv')
 POINT_COLUMNS = ['method', 'config', 'seed', 'prefix', 'params', 'top1', 'test_top1']
 
 
-def train(configs, seeds, out):
-    """Train every (config, seed) not yet finished, seed by seed (so each seed's points land together)."""
+def train(configs, seeds, out) -> list:
+    """Train every (config, seed) not yet finished, seed by seed (so each seed's points land together).
+
+    Returns:
+        every record of the sweeps (``tkvision.experiments.sweep.run_sweep``).
+
+    Raises:
+        RunError: every point failed (each point's error named), so that a run of nothing exits non-zero.
+    """
+    records = []
     for seed in seeds:
-        run_sweep(configs, [seed], out)
+        records += run_sweep(configs, [seed], out)
+    failed = [r for r in records if r.get('status') != 'ok']
+    if records and len(failed) == len(records):
+        raise RunError(f'every point failed ({len(failed)}): ' + '; '.join(
+            f"{os.path.basename(r['config'])} seed {r['seed']}: {r.get('error', '?')}" for r in failed[:3])
+            + ('; ...' if len(failed) > 3 else '') + f' (records under {out})')
+    return records
 
 
 def _run_config(path: str, seed: int, runs: str) -> dict:
@@ -97,8 +111,13 @@ def _last_row(run_dir: str):
     """The last epoch's metrics of a finished run (its ``result.json`` written), else None."""
     if not os.path.isfile(os.path.join(run_dir, 'result.json')):
         return None
-    with open(os.path.join(run_dir, METRICS_FILE)) as f:
-        return list(csv.DictReader(f))[-1]
+    path = os.path.join(run_dir, METRICS_FILE)
+    with open(path, encoding='utf-8', errors='strict') as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        raise UsageError(f'{path} holds no epoch though the run is marked finished (result.json): the file was '
+                         'cut short; rerun the point (delete its folder, then train again)')
+    return rows[-1]
 
 
 def elastic_points(runs: str, seeds) -> list:
@@ -319,8 +338,12 @@ def _read_long_twins(path: str) -> dict:
     if not os.path.isfile(path):
         raise UsageError(f'--twins {path}: no such file; it is the long comparison\'s results.csv '
                          '(python -m studies.comparison.comparison, see docs/comparison.md)')
-    with open(path) as f:
-        rows = {r['config']: r for r in csv.DictReader(f)}
+    try:
+        with open(path, encoding='utf-8') as f:
+            rows = {r.get('config'): r for r in csv.DictReader(f)}
+    except UnicodeDecodeError as error:
+        raise UsageError(f'--twins {path} is not a UTF-8 CSV file ({error.reason} at byte {error.start}): give the '
+                         "long comparison's results.csv") from None
     missing = [name for name in LONG_TWINS.values() if name not in rows]
     if missing:
         raise UsageError(f'--twins {path} has no row for {", ".join(missing)}: the long runs of those sizes '

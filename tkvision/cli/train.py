@@ -66,11 +66,20 @@ def _done_message(res: dict, minutes: float) -> str:
                 f"{os.path.join(out, LAST_WEIGHTS)})\n  reconstructions: {os.path.join(out, RECONSTRUCTION_FILE)}\n"
                 f"  curves:  {os.path.join(out, CURVES_FILE)}")
     last = os.path.join(out, LAST_WEIGHTS) + (' (EMA weights)' if res.get('ema') else '')
-    test = (f", test top-1 {res['test_top1']:.2f}% (the test split, evaluated once)" if res.get('test_top1') is not None
-            else '')
+    best = (f"{'EMA' if res.get('best_source') == 'ema' else 'raw'} weights of epoch {res['best_epoch'] + 1}"
+            if res.get('best_epoch') is not None else 'the best validated weights')
+    test = ''
+    if res.get('test_top1') is not None:  # the figure of the file named first, then the other weights'
+        others = [f"last raw weights {res['test_top1']:.2f}%"] + (
+            [f"last EMA weights {res['ema_test_top1']:.2f}%"] if res.get('ema_test_top1') is not None else [])
+        if res.get('best_test_top1') is not None:
+            test = (f"\n  test top-1 {res['best_test_top1']:.2f}% of {BEST_WEIGHTS} ({best}; "
+                    f"{', '.join(others)}; the test split, evaluated once)")
+        else:  # the best weights are another run folder's (resumed from its checkpoint)
+            test = f"\n  test top-1 (the test split, evaluated once): {', '.join(others)}"
     return (f"done in {minutes:.1f} min: final validation top-1 {res['top1']:.2f}% (best "
             f"{res['best_top1']:.2f}%){test}\n"
-            f"  weights: {os.path.join(out, BEST_WEIGHTS)} (last: {last}, "
+            f"  weights: {os.path.join(out, BEST_WEIGHTS)} ({best}; last: {last}, "
             f"state: {os.path.join(out, LAST_CHECKPOINT)})\n  curves:  {os.path.join(out, CURVES_FILE)}\n"
             f"  metrics: {os.path.join(out, METRICS_FILE)}")
 

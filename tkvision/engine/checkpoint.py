@@ -94,7 +94,12 @@ def load_training_checkpoint(path: str, map_location='cpu', mmap: bool = False) 
     if not os.path.isfile(path):
         raise FileNotFoundError(f'checkpoint not found: {path}')
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        try:
+            ckpt = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        except RuntimeError as e:  # not a zip file: mmap cannot read it, the unpickler can tell what it is
+            if not (mmap and 'mmap can only be used' in str(e)):
+                raise
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:  # weights_only refused code in the file: never run it
         raise refused_pickle(path, e) from None
     except (RuntimeError, EOFError, ValueError) as e:

@@ -51,6 +51,7 @@ SECTIONS = {
         'checkpoint_every_minutes': None,  # also write last.pth when this much time passed since the last one
         'tensorboard': False,
         'log_interval': 50,          # optimizer updates between progress updates, loss checks and signal checks
+        'dist_timeout_minutes': 10,  # a collective that waits this long for a rank fails the job (a rank that died)
         'progress': True,
     },
     'model': {
@@ -63,8 +64,9 @@ SECTIONS = {
         'compile': 'auto',           # torch.compile the model: true, false, or 'auto' (on for CUDA, where a TokenFormer
                                      # trains at 0.85x ViT-B compiled against 0.37x eager; off on a CPU, where
                                      # compiling costs what it saves over the quick recipe: docs/performance.md)
-        'backward_mode': 'closed_form',  # Pattention's backward (tkvision.layers.BACKWARD_MODES): 'closed_form' (the
-                                         # fastest measured), 'lean' (least activation memory), 'autograd' (reference)
+        'backward_mode': 'closed_form',  # Pattention's Θ (tkvision.layers.BACKWARD_MODES): 'closed_form', 'compiled'
+                                         # (the closed form through torch.compile, one pass each way), 'lean'
+                                         # (least activation memory), 'autograd' (reference)
     },
     'mae': {                         # MAE pretraining (task: mae; tkvision.models.mae)
         'mask_ratio': 0.75,          # fraction of patches masked per image
@@ -183,6 +185,7 @@ RESUME_MUTABLE = frozenset({
     'epochs', 'lr', 'blr', 'min_lr', 'sched', 'warmup_epochs', 'warmup_lr', 'decay_epochs', 'decay_milestones',
     'decay_rate', 'clip_grad', 'clip_mode', 'eval_every', 'save_every', 'checkpoint_every_steps',
     'checkpoint_every_minutes', 'log_interval', 'progress', 'tensorboard', 'num_workers', 'threads', 'device',
+    'dist_timeout_minutes',
     'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from',
     'recon_images', 'backward_mode'})
 
@@ -276,7 +279,8 @@ def parse_overrides(args) -> dict:
     Also accepts ``--key=value``. Values are parsed as YAML.
 
     Raises:
-        ConfigError: an argument that is not ``--key`` or a key without a value.
+        ConfigError: an argument that is not ``--key``, a key without a value, or a value YAML cannot read (a
+            ``!!python`` tag included: nothing is constructed), named.
     """
     out, i = {}, 0
     while i < len(args):
@@ -296,7 +300,13 @@ def parse_overrides(args) -> dict:
         *parents, leaf = key.split('.')
         for p in parents:
             node = node.setdefault(p, {})
-        node[leaf] = _coerce(yaml.safe_load(raw))
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as error:  # a value YAML cannot read, or a tag safe_load refuses to construct
+            problem = getattr(error, 'problem', None) or str(error).splitlines()[0]
+            raise ConfigError(f'--{key}: the value {raw!r} is not YAML this config reads ({problem}); quote a string, '
+                              "write a list as '[1, 2]', and no '!!' tags") from None
+        node[leaf] = _coerce(value)
     return out
 
 

@@ -162,6 +162,7 @@ RULES = {
     'checkpoint_every_minutes': _rule('num', 0, lo_open=True, null=True),
     'tensorboard': _rule('bool'),
     'log_interval': _rule('int', 1),
+    'dist_timeout_minutes': _rule('num', 0, lo_open=True),
     'progress': _rule('bool'),
 }
 

@@ -9,12 +9,13 @@
 """
 import os
 import warnings
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 from timm.utils.distributed import init_distributed_device_so
 
-__all__ = ['init_distributed', 'setup_threads', 'available_cores', 'all_ranks_agree']
+__all__ = ['init_distributed', 'setup_threads', 'available_cores', 'all_ranks_agree', 'is_peer_failure']
 
 
 def available_cores() -> int:
@@ -47,12 +48,17 @@ def init_distributed(run: dict):
         available, else CPU.
     TF32 matmuls and cuDNN convolutions follow ``run['tf32']`` (on by default: float32 work on
     Ampere and later GPUs runs on the tensor cores at ~10 mantissa bits).
+    A collective that waits longer than ``run['dist_timeout_minutes']`` for another rank fails
+    (``torch.distributed.set_timeout``), so a rank whose peer died ends instead of waiting for ever; within one
+    torchrun the agent ends the job sooner, as soon as it sees a worker die (``docs/reliability.md``).
 
     Returns:
         ``(rank, world_size, device)``.
     """
     device = run['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
     info = init_distributed_device_so(device=device)
+    if dist.is_available() and dist.is_initialized():
+        dist.set_timeout(timedelta(minutes=run['dist_timeout_minutes']))
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = run['tf32']
         torch.backends.cudnn.allow_tf32 = run['tf32']
@@ -66,3 +72,18 @@ def all_ranks_agree(ok: bool, device) -> bool:
     flag = torch.tensor([0.0 if ok else 1.0], device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag.item() == 0
+
+
+#: What gloo and NCCL say when a collective's peer process is gone or silent.
+_PEER_FAILURES = ('Connection reset by peer', 'Connection closed by peer', 'Broken pipe', 'timed out', 'Timed out',
+                  'NCCL communicator was aborted', 'remote process exited')
+
+
+def is_peer_failure(error: BaseException) -> bool:
+    """Whether ``error``, raised by a collective, says that another rank of the job died or stopped answering
+    (``torch.distributed.DistBackendError``, or gloo's and NCCL's wording of it), rather than a fault of this
+    rank's own work."""
+    if isinstance(error, getattr(dist, 'DistBackendError', ())):
+        return True
+    text = str(error)
+    return any(fragment in text for fragment in _PEER_FAILURES)

@@ -30,7 +30,7 @@ from ..data import (BatchPreprocessor, batches_per_epoch, build_dataset, build_l
 from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
 from ..growth import elastic
 from ..utils.errors import ConfigError, NonFiniteLossError, Preempted
-from ..utils.memory import available_memory_bytes
+from ..utils.memory import available_memory_bytes, is_out_of_memory
 from ..utils.seeding import derive_seed
 from .build import build_model
 from .checkpoint import LAST_CHECKPOINT, save_training_checkpoint
@@ -237,24 +237,30 @@ def naflex_patch_size(model: dict, data: dict, device='cpu') -> int:
 def check_naflex_memory(data: dict, net: torch.nn.Module, device):
     """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in ``device``'s memory: the
     longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
-    each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: one block's attention
-    scores (``heads x L²`` per image) and the tokens' activations over the blocks (``16 x L x embed_dim`` per
-    image and block), in float32.
+    each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: the attention mask
+    (``L²`` per image), on a CPU one block's attention scores and probabilities (``2 x heads x L²``: the CPU
+    runs masked attention unfused), and the tokens' activations over the blocks (``16 x L x embed_dim`` per
+    image and block), in float32, against what the process may allocate
+    (``tkvision.utils.memory.available_memory_bytes``: free memory, ``ulimit -v``, a cgroup's limit).
 
     Raises:
         ConfigError: naming the key, the length, the memory it needs at least and what is available.
     """
     blocks = len(net.blocks)
     heads = getattr(net.blocks[0].attn, 'num_heads', 1)
+    # on a CPU attention runs unfused with a mask: scores and probabilities, heads x L² each, exist at once
+    score_copies = 0 if torch.device(device).type == 'cuda' else 2 * heads
     have = available_memory_bytes(device)
     for key, length in (('naflex_train_seq_lens', max(data['naflex_train_seq_lens'])),
                         ('naflex_max_seq_len', data['naflex_max_seq_len'])):
-        need = data['batch_size'] * (heads * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
+        need = data['batch_size'] * ((1 + score_copies) * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
         if need > have:
             raise ConfigError(f"{key}: a batch of {data['batch_size']} images at {length} patches needs at least "
-                              f'{need / 2 ** 30:,.0f} GiB ({heads} heads x {length}² attention scores an image, and '
-                              f'its activations); {have / 2 ** 30:,.1f} GiB is available on {torch.device(device)}: '
-                              f'lower {key} or batch_size')
+                              f'{need / 2 ** 30:,.1f} GiB (an image\'s {length}² attention mask, '
+                              + (f'{heads} heads x {length}² attention scores and probabilities, ' if score_copies
+                                 else '') +
+                              f'and its activations); {have / 2 ** 30:,.1f} GiB is available to this process on '
+                              f'{torch.device(device)}: lower {key} or batch_size')
 
 
 def naflex_loss_scale(mode: str, images: int, batch_size: int) -> float:
@@ -316,8 +322,13 @@ def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
         meter['skipped'] += len(bad)
         update = (i + 1) % accum == 0 or i + 1 == n
         if images is not None:
-            _forward_backward(run, state, images, labels, scale=1.0 / _window(i, n, accum), sync_grads=update,
-                              prefixes=run.step_prefixes(epoch, i))
+            try:
+                _forward_backward(run, state, images, labels, scale=1.0 / _window(i, n, accum), sync_grads=update,
+                                  prefixes=run.step_prefixes(epoch, i))
+            except Exception as error:  # an allocation failure is the config's: say which key, in one line
+                if not is_out_of_memory(error):
+                    raise
+                raise _out_of_memory(run, error) from None
         bar.update(1)
         if not update:
             continue
@@ -331,6 +342,16 @@ def _run_batches(run: RunContext, state: TrainState, epoch: int, bar):
             bar.set_postfix(loss=f"{meter['loss_sum'].item() / max(meter['seen'], 1):.3f}",
                             lr=f"{state.optimizer.param_groups[0]['lr']:.2e}",
                             img_s=f"{meter['seen'] * run.world / max(meter['seconds'], 1e-9):.0f}")
+
+
+def _out_of_memory(run: RunContext, error: BaseException) -> ConfigError:
+    """The one-line error for a training step that could not allocate its memory: the keys that set it."""
+    keys = 'batch_size' + (', naflex_train_seq_lens' if run.data['naflex_loader'] else '')
+    accum = ('; keep the global batch with global_batch_size (the steps accumulate)'
+             if not run.optim['global_batch_size'] else '')
+    reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
+    return ConfigError(f"a training step of batch_size {run.data['batch_size']} ran out of memory on {run.device} "
+                       f'({reason}): lower {keys}{accum}, or set grad_checkpointing: true')
 
 
 def _epoch_stats(run: RunContext, state: TrainState) -> dict:

@@ -15,26 +15,92 @@ a killed run can be resumed at once, while a second run started on the same dire
 immediately, naming the holder. POSIX locks are honoured across machines on NFS (through its lock
 manager), Lustre and GPFS; where they are not, the emptiness check still stops a second run that
 starts after the first wrote anything.
+
+A checkpoint is written to a temporary file beside it (``.last.pth.<random>.tmp``,
+``tkvision.utils.files.atomic_write``) and renamed when complete, so a kill during the write leaves the
+previous checkpoint intact and that temporary behind (up to a checkpoint's size). Whoever next claims the
+directory removes them: holding the lock, it knows that no other run writes there, and the temporaries
+are not a run's work (``run_files`` leaves them out).
+
+A job whose launcher restarts its workers after a failure (``torchrun --max-restarts``; a requeued SLURM job)
+continues by itself: the lock file also names the job (``job_identity``), and a restarted process
+(``RESTART_COUNTS``) whose job wrote the directory's checkpoint resumes it without ``--resume``
+(``restarts_this_run``). A first start still starts fresh, and a directory another job wrote is still
+refused.
 """
 import fcntl
 import os
+import re
 import socket
 
 from ..utils.errors import RunError
 from ..utils.files import FILE_MODE
 
-__all__ = ['LOCK_NAME', 'RunDirLock', 'claim_output_dir', 'run_files']
+__all__ = ['LOCK_NAME', 'RESTART_COUNTS', 'RunDirLock', 'claim_output_dir', 'run_files', 'remove_stale_temporaries',
+           'job_identity', 'restarts_this_run']
 
 LOCK_NAME = '.lock'
 #: What a run writes before its first checkpoint (``config.yaml``; TensorBoard's folder).
 _BEFORE_FIRST_CHECKPOINT = (LOCK_NAME, 'config.yaml', 'tb')
 
 
+#: Environment variables by which a launcher tells a worker it was restarted (a count above 0): torchrun's
+#: elastic agent (``--max-restarts``) and SLURM (a requeued job).
+RESTART_COUNTS = ('TORCHELASTIC_RESTART_COUNT', 'SLURM_RESTART_COUNT')
+
+#: A temporary file of an interrupted atomic write (``tkvision.utils.files.atomic_write``).
+_TEMPORARY = re.compile(r'^\..+\.tmp$')
+
+
 def run_files(out: str) -> list:
-    """The files of ``out`` that hold a run's work (all but the lock, ``config.yaml`` and ``tb/``), sorted."""
+    """The files of ``out`` that hold a run's work (all but the lock, ``config.yaml``, ``tb/`` and the
+    temporaries of interrupted writes), sorted."""
     if not os.path.isdir(out):
         return []
-    return sorted(f for f in os.listdir(out) if f not in _BEFORE_FIRST_CHECKPOINT)
+    return sorted(f for f in os.listdir(out) if f not in _BEFORE_FIRST_CHECKPOINT and not _TEMPORARY.match(f))
+
+
+def remove_stale_temporaries(out: str) -> list:
+    """Remove the temporary files that interrupted writes left in ``out`` (module docstring); call it only
+    while holding ``out``'s lock, when no other writer can be at work there. Returns the names removed."""
+    removed = []
+    for name in sorted(os.listdir(out)):
+        path = os.path.join(out, name)
+        if _TEMPORARY.match(name) and os.path.isfile(path) and not os.path.islink(path):
+            os.remove(path)
+            removed.append(name)
+    return removed
+
+
+def job_identity() -> str:
+    """What stays the same when a launcher restarts this job's workers and differs between jobs: the SLURM
+    job id; else torchrun's rendezvous id (``--rdzv-id``, or ``--standalone``'s); else, under torchrun's
+    default static rendezvous (id ``none``), its agent process (the workers' parent, which restarts them);
+    else this process."""
+    if os.environ.get('SLURM_JOB_ID'):
+        return f"slurm {os.environ['SLURM_JOB_ID']}"
+    run_id = os.environ.get('TORCHELASTIC_RUN_ID', 'none')
+    if run_id != 'none':
+        return f'torchrun {run_id}'
+    if 'TORCHELASTIC_RESTART_COUNT' in os.environ:
+        return f'torchrun agent {socket.gethostname()}:{os.getppid()}'
+    return f'process {socket.gethostname()}:{os.getpid()}'
+
+
+def _restarted() -> bool:
+    return any(os.environ.get(name, '0').isdigit() and int(os.environ.get(name, '0')) > 0 for name in RESTART_COUNTS)
+
+
+def restarts_this_run(out: str, checkpoint: str) -> bool:
+    """True when this process is a launcher's restart (``RESTART_COUNTS``) of the job that last held
+    ``out`` (its lock file names ``job_identity``) and that job left ``checkpoint`` (a file name in
+    ``out``): the run then resumes by itself. False for a first start, or a directory another job wrote."""
+    lock, path = os.path.join(out, LOCK_NAME), os.path.join(out, checkpoint)
+    if not (_restarted() and os.path.isfile(path) and os.path.isfile(lock)):
+        return False
+    with open(lock, errors='replace') as f:
+        holder = f.read()
+    return f' job {job_identity()}\n' in holder
 
 
 class RunDirLock:
@@ -61,6 +127,9 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     Raises:
         RunError: another process holds the lock (its host and pid are named), or ``out`` already
             holds a run's files (:func:`run_files`) and ``resume`` is false.
+
+    The temporaries of interrupted writes in ``out`` are removed once the lock is held
+    (``remove_stale_temporaries``).
     """
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, LOCK_NAME)
@@ -82,5 +151,6 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
                        f'{", ..." if len(others) > 4 else ""}); continue it with --resume, or pass another --output'
                        + through_make)
     os.ftruncate(fd, 0)
-    os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()}\n'.encode(), 0)
+    os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()} job {job_identity()}\n'.encode(), 0)
+    remove_stale_temporaries(out)
     return RunDirLock(path, fd)

@@ -35,16 +35,17 @@ from ..models import input_shape
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.seeding import derive_seed
 from .build import create_model, default_num_classes
-from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_WEIGHTS, METRICS_FILE, RECONSTRUCTION_FILE,
-                         keep_best, load_training_checkpoint, save_rows, save_weights, save_yaml)
+from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
+                         RECONSTRUCTION_FILE, keep_best, load_training_checkpoint, model_for_checkpoint, save_rows,
+                         save_weights, save_yaml)
 from .config import SECTIONS, config_changes, resolve_lr, section
 from .config_rules import validate_config
-from .distributed import all_ranks_agree, init_distributed, setup_threads
+from .distributed import all_ranks_agree, init_distributed, is_peer_failure, setup_threads
 from .evaluate import evaluate, evaluate_mae
 from .loop import STOP_SIGNALS, NonFiniteLossError, Preempted, RunContext, train_one_epoch
 from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
-from .rundir import claim_output_dir, run_files
+from .rundir import claim_output_dir, restarts_this_run, run_files
 from .state import TrainState
 
 __all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'evaluate_prefixes',
@@ -115,27 +116,33 @@ def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> di
 
 
 def evaluate_prefixes(run: RunContext, state: TrainState, loader, split: str = '') -> dict:
-    """Top-1 of an elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader``
-    (:func:`tkvision.growth.elastic.prefix`): ``{'top1@0.25': ..., ...}``, keys prefixed by ``split``
-    (``'test_'``); ``{}`` for a run that is not elastic or for ``task: mae``."""
-    if run.task == 'mae':
-        return {}
+    """An elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader``
+    (``tkvision.growth.elastic.prefix``): top-1, ``{'top1@0.25': ..., ...}``, or for ``task: mae`` the
+    reconstruction loss (the same masks every time), ``{'val_loss@0.25': ...}``; keys prefixed by ``split``
+    (``'test_'``); ``{}`` for a run that is not elastic."""
     out = {}
     for fraction in sorted(set(run.elastic['elastic_fractions'])):
         if fraction < 1:
             with elastic.prefix(state.model, fraction, run.elastic['elastic_tau']):
-                result = evaluate(state.net, loader, run.device, run.preprocess, run.amp)
-            out[f'{split}top1@{fraction:g}'] = result['top1']
+                if run.task == 'mae':
+                    loss = evaluate_mae(state.net, loader, run.device, run.preprocess, run.amp, run.seed)['loss']
+                    out[f'{split}val_loss@{fraction:g}'] = loss
+                else:
+                    result = evaluate(state.net, loader, run.device, run.preprocess, run.amp)
+                    out[f'{split}top1@{fraction:g}'] = result['top1']
     return out
 
 
-def evaluate_test(run: RunContext, state: TrainState) -> dict:
+def evaluate_test(run: RunContext, state: TrainState, epoch: int) -> dict:
     """The test split's top-1 / top-5 of the model (and the EMA model), evaluated once, after the last
-    epoch, when the validation split is carved from train (``val_split_fraction`` > 0; nothing was
-    chosen on these images). Returns ``{}`` without a test split, or for ``task: mae``.
+    epoch ``epoch``, when the validation split is carved from train (``val_split_fraction`` > 0; nothing was
+    chosen on these images), and the test top-1 of the weights saved as ``best.safetensors`` (the model's or
+    the EMA's, of whichever epoch validated best), so that the figure printed beside that file is its own.
+    Returns ``{}`` without a test split, or for ``task: mae``.
 
     Returns:
-        ``dict(test_top1, test_top5[, ema_test_top1])`` in percent.
+        ``dict(test_top1, test_top5[, ema_test_top1][, best_test_top1])`` in percent (no ``best_test_top1`` when
+        ``best.safetensors`` is another folder's: a run resumed from another run's checkpoint).
     """
     if run.task == 'mae' or not has_test_split(run.data):
         return {}
@@ -144,6 +151,12 @@ def evaluate_test(run: RunContext, state: TrainState) -> dict:
     out = dict(test_top1=main['top1'], test_top5=main['top5'])
     if state.ema:
         out['ema_test_top1'] = evaluate(state.ema.module, loader, run.device, run.preprocess, run.amp)['top1']
+    best_path = os.path.join(run.out, BEST_WEIGHTS)
+    if state.best.get('epoch') == epoch:  # the best weights are this epoch's: one of the figures above
+        out['best_test_top1'] = out['ema_test_top1' if state.best.get('source') == 'ema' else 'test_top1']
+    elif os.path.isfile(best_path):  # (a run resumed into a new folder keeps its best weights in the old one)
+        best, _ = model_for_checkpoint(dict(state.config_record), best_path)
+        out['best_test_top1'] = evaluate(best.to(run.device), loader, run.device, run.preprocess, run.amp)['top1']
     return {**out, **evaluate_prefixes(run, state, loader, 'test_')}
 
 
@@ -177,6 +190,7 @@ def log_epoch(run: RunContext, history: list, row: dict):
                + (f"val loss {row['val_loss']:.4f}  " if 'top1' not in row and 'val_loss' in row else '')
                + (f"ema top-1 {row['ema_top1']:.2f}%  " if 'ema_top1' in row else '')
                + ''.join(f"{k} {v:.2f}%  " for k, v in row.items() if k.startswith('top1@'))
+               + ''.join(f"{k} {v:.4f}  " for k, v in row.items() if k.startswith('val_loss@'))
                + (f"test top-1 {row['test_top1']:.2f}% (once, at the end)  " if 'test_top1' in row else '')
                + f"{row['img_per_s']:.0f} img/s  {row['epoch_time']:.1f}s (data wait {row['data_wait']:.0%})"
                + (f'  skipped {skipped} unreadable images' if skipped else '')
@@ -211,9 +225,9 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
 
 def _check_head(model: torch.nn.Module, weights: dict, path: str):
     """Refuse, naming the key to set, a checkpoint whose classifier ``head.weight`` (``[classes, embed_dim]``)
-    has another number of classes than ``model`` (built from the config). A run on a class folder without
-    ``model_kwargs.num_classes`` written before the default became the folder's classes holds timm's
-    1000-way head; PyTorch's own size-mismatch error does not say what to do.
+    has another number of classes than ``model`` (built from the config), such as a checkpoint with timm's
+    1000-way head resumed on a class folder of fewer classes; PyTorch's own size-mismatch error does not say
+    what to do.
 
     Raises:
         RunError: naming ``path``, both class counts and ``model_kwargs: {num_classes: N}``.
@@ -223,13 +237,23 @@ def _check_head(model: torch.nn.Module, weights: dict, path: str):
         return
     raise RunError(f'{path} holds a classifier of {head.shape[0]} classes; the model of this config has {classes} '
                    f'(model_kwargs.num_classes, else the dataset\'s classes): to continue this run set '
-                   f'model_kwargs: {{num_classes: {head.shape[0]}}} (runs on a class folder without num_classes '
-                   'written before the default became its classes have 1000)')
+                   f'model_kwargs: {{num_classes: {head.shape[0]}}}')
 
 
 def _claim_output(output: str, rank: int, device, resume):
     """Rank 0 locks the ``output`` directory; every rank fails if it could not. A run resumed from
-    another directory's checkpoint writes into ``output`` as a new run does: it must hold no other run."""
+    another directory's checkpoint writes into ``output`` as a new run does: it must hold no other run.
+    A launcher's restart of the job that wrote ``output``'s checkpoint resumes it without being told
+    (``tkvision.engine.rundir.restarts_this_run``; rank 0 decides, every rank follows).
+
+    Returns:
+        ``(lock, resume)``: the lock (rank 0; None elsewhere) and ``resume``, True where the restart decided it.
+    """
+    restarted = rank == 0 and not resume and restarts_this_run(output, LAST_CHECKPOINT)
+    if not all_ranks_agree(not restarted, device):  # rank 0 found its own job's checkpoint: every rank resumes
+        resume = True
+        if rank == 0:
+            print(f'restarted by the launcher: resuming {os.path.join(output, LAST_CHECKPOINT)} (no --resume needed)')
     in_place = resume is True or (bool(resume) and os.path.abspath(os.path.dirname(resume)) ==
                                   os.path.abspath(output))
     lock, error = None, None
@@ -240,7 +264,7 @@ def _claim_output(output: str, rank: int, device, resume):
             error = e
     if not all_ranks_agree(error is None, device):
         raise error or RunError('rank 0 could not claim the output directory (see its message)')
-    return lock
+    return lock, resume
 
 
 def build_state(cfg: dict, device: torch.device, world: int, updates_per_epoch: int,
@@ -272,7 +296,7 @@ def _start(cfg: dict, resume):
     check_model_input(parts['model'], parts['data'])
     setup_threads(parts['run'])
     rank, world, device = init_distributed(parts['run'])
-    lock = _claim_output(cfg['output'], rank, device, resume)
+    lock, resume = _claim_output(cfg['output'], rank, device, resume)
     try:
         random_seed(cfg['seed'])  # the same initial weights on every rank
         run = RunContext(parts['run'], parts['data'], parts['optim'], parts['elastic'], parts['model'], rank, world,
@@ -319,7 +343,7 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
             row.update(evaluate_and_keep_best(run, state, epoch))
             row.update(evaluate_prefixes(run, state, run.val_loader))
         if last_epoch:
-            row.update(evaluate_test(run, state))
+            row.update(evaluate_test(run, state, epoch))
         row['tokens'] = sum(growth.model_size(state.model).values())
         row['elapsed_minutes'] = state.elapsed_seconds() / 60  # the whole run's, across resumes
         row.update(_grow_if_due(run, state, epoch))
@@ -368,10 +392,13 @@ def _finish(run: RunContext, state: TrainState, history: list, mae: dict):
 
 
 def train(cfg: dict, resume=None) -> dict:
-    """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, test_top1, epochs, output, model,
-    history, ema)``: ``top1`` / ``top5`` / ``best_top1`` on the validation split, ``test_top1`` on the test
-    split (None without one: :func:`tkvision.data.has_test_split`); ``ema``: whether ``last.safetensors``
-    holds EMA weights (``top1`` is the raw model's).
+    """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, test_top1, ema_test_top1,
+    best_test_top1, best_source, best_epoch, epochs, output, model, history, ema)``: ``top1`` / ``top5`` /
+    ``best_top1`` on the validation split; ``test_top1`` / ``ema_test_top1`` / ``best_test_top1`` on the test
+    split (None without one: ``tkvision.data.has_test_split``) of the last raw weights, the last EMA
+    weights and the weights saved as ``best.safetensors`` (``best_source``: ``'model'`` or ``'ema'``, of epoch
+    ``best_epoch``, counted from 0); ``ema``: whether ``last.safetensors`` holds EMA weights (``top1`` is the
+    raw model's).
 
     Args:
         cfg: a config from :func:`tkvision.engine.config.load_config` (checked again here).
@@ -393,7 +420,15 @@ def train(cfg: dict, resume=None) -> dict:
         if state.epochs_done >= run.epochs and run.main:
             print(f"nothing to train: {run.checkpoint_path} has finished all {run.epochs} epochs "
                   f"(best {_best_words(state.best)}); pass --epochs N with N > {run.epochs} to continue")
-        _train_epochs(run, state, history)
+        try:
+            _train_epochs(run, state, history)
+        except RuntimeError as error:  # a peer that died mid-collective: one line, not gloo's or NCCL's traceback
+            if run.world > 1 and is_peer_failure(error):
+                raise RunError(f'rank {run.rank}: another process of this job ended or stopped answering during a '
+                               f'collective ({str(error).splitlines()[0][:160]}); the job stops here (torchrun names '
+                               f'the process that failed); continue it with --resume from {run.checkpoint_path}'
+                               ) from None
+            raise
         _finish(run, state, history, mae)
     finally:
         for s, h in previous.items():
@@ -406,6 +441,8 @@ def train(cfg: dict, resume=None) -> dict:
     last = history[-1] if history else {}
     return dict(top1=_number(last.get('top1')), top5=_number(last.get('top5')), best_top1=state.best.get('top1'),
                 val_loss=_number(last.get('val_loss')), test_top1=_number(last.get('test_top1')),
+                ema_test_top1=_number(last.get('ema_test_top1')), best_test_top1=_number(last.get('best_test_top1')),
+                best_source=state.best.get('source'), best_epoch=state.best.get('epoch'),
                 epochs=run.epochs, output=run.out, model=state.model,
                 history=history, ema=state.ema is not None)
 

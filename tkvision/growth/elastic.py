@@ -81,12 +81,20 @@ def prefix_counts(model: nn.Module, prefix: Prefix) -> Dict[str, int]:
     """``{layer name: tokens}`` of ``prefix`` (module docstring) for every elastic layer of ``model``.
 
     Raises:
-        ValueError: a fraction outside (0, 1]; a per-block list whose length is not the model's number of
-            blocks; a mapping naming a layer the model does not have, or a count outside 1..n (named).
+        ValueError: a fraction outside (0, 1], or a string (a command line's ``'0.5'``: convert it first); a
+            per-block list whose length is not the model's number of blocks; a mapping naming a layer the
+            model does not have, or a count outside 1..n (named); a prefix of a model without parameter
+            tokens (a timm ViT), which has nothing to run at a prefix.
     """
     layers = elastic_layers(model)
     if prefix is None:
         return {name: layer.num_tokens for name, layer in layers.items()}
+    if isinstance(prefix, (str, bytes)):
+        raise ValueError(f'prefix must be a fraction in (0, 1], one fraction per block, or {{layer name: tokens}}; '
+                         f'got the string {prefix!r}: pass float({prefix!r})')
+    if not layers:
+        raise ValueError(f'{type(unwrap_model(model)).__name__} has no parameter tokens (no elastic layer): only a '
+                         'TokenFormer runs at a prefix of its tokens')
     if isinstance(prefix, Mapping):
         unknown = sorted(set(prefix) - set(layers))
         if unknown:
@@ -163,8 +171,10 @@ def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept') -
     and gives the prefix's outputs. ``model`` is not changed.
 
     Raises:
-        ValueError: as :func:`prefix_counts`.
+        ValueError: as ``prefix_counts``, and for a model without parameter tokens whatever ``prefix``.
     """
+    if not elastic_layers(model):
+        prefix_counts(model, 1.0)  # raises, naming the model
     out = copy.deepcopy(unwrap_model(model))
     if prefix is not None:
         set_prefix(out, prefix, tau)

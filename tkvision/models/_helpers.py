@@ -12,7 +12,7 @@ from safetensors import SafetensorError
 from timm.models import load_state_dict as timm_load_state_dict
 from timm.utils import unwrap_model
 
-from ..utils.errors import UsageError, WeightsMismatchError, refused_pickle
+from ..utils.errors import UsageError, WeightsMismatchError, is_refused_pickle, refused_pickle
 
 __all__ = ['load_state_dict_file', 'file_shapes', 'adapt_state_dict', 'check_fit', 'input_shape', 'check_arguments',
            'check_positive']
@@ -32,9 +32,9 @@ def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
         raise FileNotFoundError(f'weights file not found: {path}')
     try:
         return timm_load_state_dict(path, use_ema=use_ema, weights_only=True)
-    except pickle.UnpicklingError as e:  # weights_only refused code in the file: never run it
-        raise refused_pickle(path, e) from None
-    except (RuntimeError, ValueError, EOFError, OSError, SafetensorError) as e:
+    except (pickle.UnpicklingError, RuntimeError, ValueError, EOFError, OSError, SafetensorError) as e:
+        if is_refused_pickle(e):  # weights_only refused code in the file (as torch or timm says it): never run it
+            raise refused_pickle(path, e) from None
         raise UsageError(f'{path} is not a readable weights file (truncated, or not a .safetensors / torch file): '
                          + str(e).splitlines()[0]) from None
 

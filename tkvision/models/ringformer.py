@@ -137,8 +137,8 @@ class RecurrentAttention(nn.Module):
     """Multi-head self-attention whose Q/K/V/output projections are shared across levels and steered by
     the calling :class:`Level`: ``q = level.project('q', self.q, x)`` and so on. ``q``, ``k``, ``v``,
     ``proj``: Linear layers (RingFormer) or Pattentions (Ring x Token). ``[B, N, d] -> [B, N, d]``.
-    ``q_norm`` / ``k_norm`` (Identity unless ``qk_norm``) are where :mod:`tkvision.attention_distance`
-    reads q and k."""
+    ``q_norm`` / ``k_norm`` (Identity unless ``qk_norm``) are where the mean-attention-distance study
+    (``studies/ringformer/attention_distance.py``) reads q and k."""
 
     def __init__(self, dim, num_heads, q, k, v, proj, qk_norm=False, attn_drop=0., proj_drop=0.):
         super().__init__()

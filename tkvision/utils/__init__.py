@@ -1,4 +1,4 @@
-"""What every room of tkvision shares and that depends on nothing else in it: the exceptions a user
+"""What every part of tkvision shares and that depends on nothing else in it: the exceptions a user
 sees as one-line errors (:mod:`.errors`), the one seed-derivation helper (:mod:`.seeding`) and the one
 atomic file write (:mod:`.files`)."""
 from .errors import USER_ERRORS, ConfigError, RunError, UsageError, WeightsMismatchError

@@ -2,10 +2,12 @@
 tensor and what to do. Command-line tools print them as one line (:mod:`tkvision.cli`, exit 2). And
 :class:`Preempted`, a run stopped by a signal with its state saved (tools exit :data:`EXIT_PREEMPTED`).
 
-A leaf module: every room may import it, it imports nothing of tkvision.
+A leaf module: every part of the package may import it; it imports nothing of tkvision.
 """
+import pickle
+
 __all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'UnsafeFileError', 'NonFiniteLossError',
-           'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'refused_pickle']
+           'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'refused_pickle', 'is_refused_pickle']
 
 
 class ConfigError(ValueError):
@@ -34,10 +36,20 @@ class NonFiniteLossError(RunError):
     checkpoint if one exists, and what to try."""
 
 
+def is_refused_pickle(error: BaseException) -> bool:
+    """Whether ``error`` is ``torch.load(weights_only=True)`` refusing a file's pickled objects, as torch raises
+    it (``pickle.UnpicklingError``) or as timm's checkpoint loader re-raises it (a ``RuntimeError`` saying that
+    ``weights_only=True`` blocked the load)."""
+    text = str(error)
+    return isinstance(error, pickle.UnpicklingError) or ('weights_only' in text and 'blocked' in text)
+
+
 def refused_pickle(path: str, error: Exception) -> UnsafeFileError:
     """The one-line error for a file ``torch.load(weights_only=True)`` refused (``error``), naming ``path``, the
     object it refused and how to convert a file the user trusts."""
-    what = next((line.strip() for line in str(error).splitlines() if 'GLOBAL' in line or 'Unsupported' in line), '')
+    chain = [error, error.__cause__, error.__context__]  # timm re-raises torch's refusal: the cause names it
+    text = '\n'.join(str(e) for e in chain if e is not None)
+    what = next((line.strip() for line in text.splitlines() if 'GLOBAL' in line or 'Unsupported' in line), '')
     return UnsafeFileError(f'{path} holds pickled Python objects, not only tensors ({what or type(error).__name__}); '
                            'it was not loaded, since unpickling could run code. If you trust it, load it with '
                            'torch.load(path, weights_only=False) and save its tensors with safetensors')

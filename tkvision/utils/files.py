@@ -87,7 +87,8 @@ def atomic_folder(path: str, write, replace: bool = False):
     looks complete.
 
     Args:
-        path: the final folder. write: ``write(tmp_folder)``.
+        path: the final folder; a symbolic link is followed, so the folder it points to is written and the link
+            stays. write: ``write(tmp_folder)``.
         replace: replace a ``path`` that already holds files (the old folder goes only after the new one
             is complete); otherwise such a ``path`` is refused.
 
@@ -95,7 +96,7 @@ def atomic_folder(path: str, write, replace: bool = False):
         FileExistsError: ``path`` holds files and not ``replace`` (checked before writing anything).
         whatever ``write`` raises; the temporary folder is removed and ``path`` is left as it was.
     """
-    path = os.path.abspath(path)
+    path = os.path.realpath(path)  # a link to an earlier export: replace the folder it points to, keep the link
     if holds_files(path) and not replace:
         raise FileExistsError(f'{path} already exists and holds files; write to a new folder (or pass --force '
                               'to replace it)')
@@ -111,7 +112,7 @@ def atomic_folder(path: str, write, replace: bool = False):
                 os.chmod(os.path.join(folder, name), FILE_MODE & ~mask)
         old = None
         if os.path.isdir(path) and os.listdir(path):
-            old = tempfile.mkdtemp(dir=parent, prefix='.' + os.path.basename(path) + '.', suffix='.old')
+            old = tmp[:-len('.tmp')] + '.old'  # unique as tmp is; made by the rename itself, so nothing is left over
             os.replace(path, old)
         elif os.path.isdir(path):
             os.rmdir(path)
