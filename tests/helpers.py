@@ -129,12 +129,12 @@ def wait_for_checkpoint(path, p, after=lambda state: True, timeout=300) -> dict:
     raise AssertionError('no such checkpoint before the run ended: ' + (p.stdout.read() if p.poll() is not None else ''))
 
 
-def torchrun_train(args, port: int, extra=(), launcher_args=()) -> subprocess.Popen:
-    """``tools/train.py args extra`` under torchrun (with ``launcher_args``) with 2 CPU ranks (gloo) on ``port``;
-    output piped, as text."""
+def torchrun_train(args, port: int, extra=(), env=None) -> subprocess.Popen:
+    """``tools/train.py args extra`` under torchrun with 2 CPU ranks (gloo) on ``port`` (in ``env``, default this
+    process's); output piped, as text."""
     return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port',
-                             str(port), *launcher_args, os.path.join(ROOT, 'tools/train.py'), *args, *extra],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             str(port), os.path.join(ROOT, 'tools/train.py'), *args, *extra],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
 def assert_torchrun_resumes_exactly(tmp_path, args_for, port: int, stop_when) -> tuple:

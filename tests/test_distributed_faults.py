@@ -1,7 +1,7 @@
 """Faults a cluster job meets, under torchrun with two CPU ranks (gloo), as docs/reliability.md states them: a
 worker killed with SIGKILL ends the job within a bounded time, naming the dead rank, and the run resumes bit for
-bit from its last checkpoint; a launcher that restarts the workers (``--max-restarts``) has them continue by
-themselves; a checkpoint write cut short leaves no temporary file behind once the run goes on."""
+bit from its last checkpoint; a job its launcher starts again (a SLURM requeue) continues by itself; a checkpoint
+write cut short leaves no temporary file behind once the run goes on."""
 import os
 import re
 import signal
@@ -73,14 +73,17 @@ def test_a_killed_worker_ends_the_job_in_bounded_time_naming_it_and_the_run_resu
     _same_weights(uninterrupted, out)
 
 
-def test_a_launcher_restart_resumes_by_itself_and_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
-    """``torchrun --max-restarts 1``: after a worker is killed the agent starts both again; they find the run's
-    checkpoint in their output folder, resume it without ``--resume`` and end bit-identical."""
-    out = str(tmp_path / 'run')  # a restart needs a c10d rendezvous (--standalone on one node): with the static
-    # default the restarted workers wait for ever on the first round's process-group keys
-    p = torchrun_train(_args(out), 29577, launcher_args=['--standalone', '--max-restarts', '1'])
+def test_a_requeued_job_resumes_by_itself_and_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
+    """A SLURM requeue without ``--resume``: the same job (``SLURM_JOB_ID``) started again by its launcher
+    (``SLURM_RESTART_COUNT`` 1) under torchrun with two ranks finds the checkpoint its first start wrote before
+    a worker was killed, resumes it by itself and ends bit-identical to an uninterrupted run."""
+    out = str(tmp_path / 'run')
+    job = dict(os.environ, SLURM_JOB_ID='4242', SLURM_RESTART_COUNT='0')
+    p = torchrun_train(_args(out), 29577, env=job)
     wait_for_checkpoint(os.path.join(out, 'last.pth'), p, lambda s: s['num_updates'] >= 8)
     os.kill(_worker_pid(p, 1), signal.SIGKILL)
+    assert p.wait(timeout=300) != 0
+    p = torchrun_train(_args(out), 29579, env=dict(job, SLURM_RESTART_COUNT='1'))
     log = p.communicate(timeout=600)[0]
     assert p.returncode == 0 and 'restarted by the launcher: resuming' in log, log
     _same_weights(uninterrupted, out)
