@@ -27,7 +27,7 @@ def available_cores() -> int:
 
 def setup_threads(run: dict):
     """``torch.set_num_threads`` for the config's run section: ``threads`` when set, else
-    :func:`available_cores`, so OpenMP threads never outnumber the cores (OpenMP threads that spin
+    ``available_cores``, so OpenMP threads never outnumber the cores (OpenMP threads that spin
     waiting for a busy core slow every update many times over).
 
     Warns (UserWarning) when ``threads`` exceeds :func:`available_cores`: the run goes on as asked,

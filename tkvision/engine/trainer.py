@@ -269,11 +269,11 @@ def _claim_output(output: str, rank: int, device, resume):
 
 def build_state(cfg: dict, device: torch.device, world: int, updates_per_epoch: int,
                 started: float | None = None) -> TrainState:
-    """The :class:`TrainState` (model, optimizer, schedule, EMA, scaler) of a resolved run config
-    (:func:`resolve_run_config`), each part built from its own section.
+    """The ``TrainState`` (model, optimizer, schedule, EMA, scaler) of a resolved run config
+    (``resolve_run_config``), each part built from its own section.
 
     Args:
-        cfg: a config as :func:`resolve_run_config` returns it.
+        cfg: a config as ``resolve_run_config`` returns it.
         device: where the model and optimizer live.
         world: the number of processes (scales the learning rate with the global batch).
         updates_per_epoch: optimizer updates in one epoch (the schedule's unit).
