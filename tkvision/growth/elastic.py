@@ -66,6 +66,13 @@ def elastic_layers(model: nn.Module) -> Dict[str, nn.Module]:
     return {n: m for n, m in unwrap_model(model).named_modules() if hasattr(m, 'prefix_tokens')}
 
 
+def _require_elastic_layers(model: nn.Module, layers: Dict[str, nn.Module]):
+    """Refuse a model without elastic layers (a timm ViT): it has nothing to run at a prefix."""
+    if not layers:
+        raise ValueError(f'{type(unwrap_model(model)).__name__} has no parameter tokens (no elastic layer): only a '
+                         'TokenFormer runs at a prefix of its tokens')
+
+
 def _check_fraction(f, where: str) -> float:
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0 < f <= 1:
         raise ValueError(f'{where} must be a fraction in (0, 1], got {f!r}')
@@ -92,9 +99,7 @@ def prefix_counts(model: nn.Module, prefix: Prefix) -> Dict[str, int]:
     if isinstance(prefix, (str, bytes)):
         raise ValueError(f'prefix must be a fraction in (0, 1], one fraction per block, or {{layer name: tokens}}; '
                          f'got the string {prefix!r}: pass float({prefix!r})')
-    if not layers:
-        raise ValueError(f'{type(unwrap_model(model)).__name__} has no parameter tokens (no elastic layer): only a '
-                         'TokenFormer runs at a prefix of its tokens')
+    _require_elastic_layers(model, layers)
     if isinstance(prefix, Mapping):
         unknown = sorted(set(prefix) - set(layers))
         if unknown:
@@ -173,8 +178,7 @@ def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept') -
     Raises:
         ValueError: as ``prefix_counts``, and for a model without parameter tokens whatever ``prefix``.
     """
-    if not elastic_layers(model):
-        prefix_counts(model, 1.0)  # raises, naming the model
+    _require_elastic_layers(model, elastic_layers(model))
     out = copy.deepcopy(unwrap_model(model))
     if prefix is not None:
         set_prefix(out, prefix, tau)

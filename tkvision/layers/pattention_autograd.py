@@ -43,14 +43,14 @@ _INV_SQRT2 = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
 
 
-def _scale(a: torch.Tensor, tau: torch.Tensor, eps: float):
-    """``(‖A‖₂, r = τ / max(‖A‖₂, ε))`` per row, ``[..., 1]`` each."""
+def _scale(a: torch.Tensor, tau: torch.Tensor, eps):
+    """``(‖A‖₂, r = τ / max(‖A‖₂, ε))`` per row, ``[..., 1]`` each; ``eps`` a float or a 0-d tensor."""
     norm = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
     return norm, tau / norm.clamp_min(eps)
 
 
 def _grad_scores(grad_z: torch.Tensor, z: torch.Tensor, r: torch.Tensor, norm: torch.Tensor, tau: torch.Tensor,
-                 eps: float) -> torch.Tensor:
+                 eps) -> torch.Tensor:
     """dA from dZ (module docstring): the component of dZ along Z is removed (the norm's gradient), then
     scaled by r. ‖Z‖² is τ² where ‖A‖₂ > ε; below ε the norm is a constant and dA = r · dZ (τ = 0 gives
     Z = 0 and dA = 0, not 0/0)."""
@@ -123,20 +123,17 @@ def _theta_forward(scores: torch.Tensor, tau: torch.Tensor, eps: torch.Tensor) -
     """Θ(A) of 2-D scores ``[rows, n]`` in A's dtype, computed in float32 or wider: what
     ``l2_norm_gelu_compiled`` compiles (``eps`` a 0-d tensor, so one compiled function serves every ε)."""
     a = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    r = tau / torch.maximum(torch.linalg.vector_norm(a, dim=-1, keepdim=True), eps)
+    _, r = _scale(a, tau, eps)
     return F.gelu(a * r).to(scores.dtype)
 
 
 def _theta_backward(grad_out: torch.Tensor, scores: torch.Tensor, tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
     """dA from dS and A, both ``[rows, n]`` (the closed form of the module docstring, Z and r recomputed from A)."""
     a = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    norm = torch.linalg.vector_norm(a, dim=-1, keepdim=True)
-    r = tau / torch.maximum(norm, eps)
+    norm, r = _scale(a, tau, eps)
     z = a * r
     grad_z = torch.ops.aten.gelu_backward(grad_out.to(z.dtype), z)
-    coef = (grad_z * z).sum(-1, keepdim=True) / (tau * tau).clamp_min(1e-30)
-    coef = torch.where(norm > eps, coef, torch.zeros_like(coef))
-    return ((grad_z - z * coef) * r).to(grad_out.dtype)
+    return _grad_scores(grad_z, z, r, norm, tau, eps).to(grad_out.dtype)
 
 
 class _Compiled:
