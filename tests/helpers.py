@@ -50,8 +50,8 @@ def train_crash_resume(monkeypatch, cfg, saves: int) -> dict:
     written, resume from it and return the resumed run's result."""
     import pytest
 
-    from tkvision.engine import loop as loop_mod, trainer as train_mod
-    real_save, calls = loop_mod.save_training_checkpoint, []
+    from tkvision.engine import clock as clock_mod, trainer as train_mod
+    real_save, calls = clock_mod.save_training_checkpoint, []
 
     def crash(obj, path):
         real_save(obj, path)
@@ -59,10 +59,10 @@ def train_crash_resume(monkeypatch, cfg, saves: int) -> dict:
         if len(calls) == saves:
             raise KeyboardInterrupt('simulated crash')
 
-    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', crash)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', crash)
     with pytest.raises(KeyboardInterrupt):
         train_mod.train(cfg)
-    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', real_save)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', real_save)
     return train_mod.train(cfg, resume=True)
 
 

@@ -36,7 +36,9 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tkvision.data import BatchPreprocessor
 from tkvision.engine import loop as loop_mod
 from tkvision.engine.config import load_config
-from tkvision.engine.config import SECTIONS, section
+from tkvision.engine.config import section
+from tkvision.engine.distributed import Processes
+from tkvision.engine.loss import RunLoss
 from tkvision.engine.trainer import build_state, resolve_run_config
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT
@@ -80,14 +82,16 @@ def _onto(state, device: str):
     return state
 
 
-def _run(cfg: dict, device: str):
-    """The parts of :class:`tkvision.engine.loop.RunContext` one update reads (no data loader)."""
-    run = SimpleNamespace(**{name: section(cfg, name) for name in SECTIONS}, task=cfg['task'],
-                          device=torch.device(device), world=1, mixup=None,
-                          preprocess=BatchPreprocessor(cfg['mean'], cfg['std'], device),
-                          amp_dtype=torch.bfloat16 if cfg['amp'] == 'bf16' else None)
-    run.criterion = None if cfg['task'] == 'mae' else loop_mod.LabelSmoothingCrossEntropy(cfg['smoothing'])
-    return run
+def _parts(cfg: dict, device: str):
+    """The data and loss one update reads (no data loader): the preprocessing and the process of a
+    ``tkvision.engine.run_data.RunData``, and a ``tkvision.engine.loss.RunLoss`` of the config."""
+    processes = Processes(0, 1, torch.device(device))
+    data = SimpleNamespace(processes=processes, preprocess=BatchPreprocessor(cfg['mean'], cfg['std'], device))
+    loss = RunLoss(cfg['task'], section(cfg, 'optim'), section(cfg, 'elastic'), section(cfg, 'distillation'),
+                   cfg['seed'], 1, processes.device)
+    if cfg['task'] != 'mae':
+        loss.set_classes(10)
+    return data, loss
 
 
 class _RecordingScaler:
@@ -123,21 +127,23 @@ def test_a_training_update_on_fake_cuda_stays_on_the_device_without_a_host_sync(
 
 
 def _one_update(cfg: dict, state):
-    run = _run(cfg, "cuda")
+    data, run_loss = _parts(cfg, 'cuda')
     state.scaler = _RecordingScaler(state.scaler)
     layers = [m for m in state.model.modules() if isinstance(m, Pattention)]
     assert bool(layers) == (cfg['model'] != 'ringformer_vit_small_patch16_224')  # RingFormer: linear layers
     assert all(m._training_backward() == 'closed_form' for m in layers)  # the default, on CUDA as on a CPU
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)  # as the loader gives them, on the host
     labels = torch.randint(0, 10, (4,))
-    loop_mod._forward_backward(run, state, images, labels, scale=1.0, sync_grads=True, prefixes=[None])
+    amp_dtype = torch.bfloat16 if cfg['amp'] == 'bf16' else None
+    loop_mod._forward_backward(state, data, run_loss, images, labels, amp_dtype, scale=1.0, sync_grads=True,
+                               prefixes=[None])
     (loss,) = state.scaler.losses
     assert loss.device.type == 'cuda' and loss.dtype == torch.float32 and loss.shape == ()
     assert state.meter['loss_sum'].device.type == 'cuda' and state.meter['nonfinite'].device.type == 'cuda'
     for p in state.model.parameters():  # the autograd engine cannot run here: gradients as a backward leaves them
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
-    loop_mod._optimizer_step(run, state)
+    loop_mod._optimizer_step(state, run_loss.optim)
     state.ema.update(state.model, step=state.num_updates)
     params = list(state.model.parameters()) + list(state.ema.module.parameters())
     assert all(p.device.type == 'cuda' and p.dtype == torch.float32 for p in params)

@@ -11,7 +11,8 @@ import torch
 from PIL import Image
 
 from tkvision.cli.train import train_main
-from tkvision.engine import loop as loop_mod, trainer as train_mod
+from tkvision.engine import clock as clock_mod, trainer as train_mod
+from tkvision.engine.run_data import RunData
 from tkvision.engine.config import load_config
 from tkvision.engine.trainer import resolve_run_config
 from tkvision.cli.train import validate_main
@@ -98,7 +99,7 @@ def test_train_validate_and_resume_mid_epoch_from_shards(tmp_path, shards, monke
     full = train_mod.train(_cfg(tmp_path, 'wds/fmnist', shards, output=str(tmp_path / 'full'), **kw))
     rows = list(csv.DictReader(open(tmp_path / 'full' / 'metrics.csv')))
     assert sum(int(r['skipped']) for r in rows) >= 1 and full['top1'] is not None
-    real, calls = loop_mod.save_training_checkpoint, []
+    real, calls = clock_mod.save_training_checkpoint, []
 
     def crash(obj, path):
         real(obj, path)
@@ -106,10 +107,10 @@ def test_train_validate_and_resume_mid_epoch_from_shards(tmp_path, shards, monke
         if obj.epochs_done == 1 and obj.batches_done == 3:
             raise KeyboardInterrupt('pre-empted')
     cfg = _cfg(tmp_path, 'wds/fmnist', shards, output=str(tmp_path / 'broken'), **kw)
-    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', crash)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', crash)
     with pytest.raises(KeyboardInterrupt):
         train_mod.train(cfg)
-    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', real)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', real)
     resumed = train_mod.train(cfg, resume=True)
     assert 'batch 3' in capsys.readouterr().out
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
@@ -290,8 +291,8 @@ def test_the_trainer_reports_validation_each_epoch_and_the_test_split_once(tmp_p
     """``top1`` is the validation split's every epoch; ``test_top1`` appears in the last row only, and
     the test split is read once (counted)."""
     calls = []
-    real = loop_mod.RunContext.test_loader
-    monkeypatch.setattr(loop_mod.RunContext, 'test_loader', lambda self: calls.append(1) or real(self))
+    real = RunData.test_loader
+    monkeypatch.setattr(RunData, 'test_loader', lambda self: calls.append(1) or real(self))
     res = train_mod.train(load_config(None, dict(model_kwargs={'img_size': 28, 'patch_size': 7, 'in_chans': 1,
                                                                'embed_dim': 16, 'depth': 1, 'num_heads': 1,
                                                                'num_tokens': 8},

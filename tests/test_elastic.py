@@ -203,7 +203,7 @@ def test_the_elastic_study_reports_every_config_it_trains():
 
     from studies.elastic import elastic_study as study
     on_disk = {os.path.basename(p)[:-5] for p in glob.glob(os.path.join(study.CONFIGS, '[!_]*.yaml'))}
-    reported = set(study.TWINS.values()) | set(study.ELASTIC)
+    reported = set(study.TWINS.values()) | set(study.DISTILLED_TWINS.values()) | set(study.ELASTIC)
     assert reported == on_disk
 
 
@@ -230,6 +230,17 @@ def test_the_elastic_report_takes_gaps_to_the_twins_mean_and_compute_to_the_larg
     assert elastic_half['compute_vs_largest'] == 1.5 and rows[('independent', 0.25)]['compute_vs_largest'] == 0.25
     assert rows[('matformer_vit', 0.5)]['gap_to_twin'] is None
     assert rows[('independent', 'all')]['compute_vs_largest'] == 2.5   # (1 + 2 + 3 + 4) / 4
+    # the gap's 95% interval by hand: Welch's se and degrees of freedom from the sample variances, t's quantile
+    var_el, var_twin = 0.125, 0.5  # sample variances of (85.5, 86.0) and (86.5, 87.5)
+    se = (var_el / 2 + var_twin / 2) ** 0.5
+    df = (var_el / 2 + var_twin / 2) ** 2 / ((var_el / 2) ** 2 + (var_twin / 2) ** 2)  # 1.47
+    from scipy import stats
+    half = stats.t.ppf(0.975, df) * se
+    assert (elastic_half['gap_low'], elastic_half['gap_high']) == (round(-1.25 - half, 2), round(-1.25 + half, 2))
+    assert half > 1.0  # two seeds a side cannot place a gap within 0.3
+    one_seed = study.gap_interval([86.0], [86.5, 87.5, 87.0])
+    assert one_seed[0] == -1.0 and one_seed[2] - one_seed[1] == pytest.approx(
+        2 * stats.t.ppf(0.975, 2) * 0.5 * (1 + 1 / 3) ** 0.5, abs=0.011)
 
 
 def test_the_long_elastic_run_is_set_against_long_runs_on_file_of_its_sizes():

@@ -14,7 +14,7 @@ from PIL import Image
 from safetensors.torch import load_file
 
 from tkvision import growth
-from tkvision.engine import loop as loop_mod, trainer as train_mod
+from tkvision.engine import clock as clock_mod, trainer as train_mod
 from tkvision.engine.config import ConfigError, load_config
 from tkvision.engine.evaluate import mask_noise
 from tkvision.models.mae import (create_mae, encoder_weights, linear_probe, patchify, random_masking,
@@ -162,13 +162,13 @@ def test_growth_with_zero_keys_leaves_the_mae_loss_unchanged():
 
 def _stop_at(monkeypatch, update):
     """Make the run receive SIGTERM (as the trainer records it) right after optimizer update ``update``."""
-    real = loop_mod._optimizer_step
+    real = clock_mod.RunClock.check
 
-    def step(run, state):
-        real(run, state)
-        if state.num_updates == update:
-            run.stop_signal = 'SIGTERM'
-    monkeypatch.setattr(loop_mod, '_optimizer_step', step)
+    def check(clock, state, force=False):
+        if state.num_updates == update and not force:
+            clock.stop_signal = 'SIGTERM'
+        return real(clock, state, force)
+    monkeypatch.setattr(clock_mod.RunClock, 'check', check)
 
 
 def test_mae_run_with_growth_resumes_bit_identical_and_finetunes(tmp_path, monkeypatch, capsys):
@@ -265,16 +265,16 @@ def test_visualize_tool_writes_the_grid_and_pastes_visible_patches(tmp_path):
 
 _KILL_AFTER_GROWTH = '''
 import json, os, signal, sys
-from tkvision.engine import loop, trainer
+from tkvision.engine import clock, trainer
 from tkvision.engine.config import load_config
-real = loop.save_training_checkpoint
+real = clock.save_training_checkpoint
 
 def save(state, path):  # the first checkpoint written mid-epoch 2, after the growth step: then SIGKILL
     real(state, path)
     if state.epochs_done == 1 and state.batches_done > 0:
         os.kill(os.getpid(), signal.SIGKILL)
 
-loop.save_training_checkpoint = save
+clock.save_training_checkpoint = save
 trainer.train(load_config(None, json.loads(sys.argv[1])))
 '''
 

@@ -234,20 +234,20 @@ def test_our_trainer_reads_timms_naflex_loader_and_resumes_mid_epoch_exactly(tmp
     drawn per batch from 7 and 14. A run with 2 loader workers that crashes after the 3rd update of its second
     epoch and is resumed ends bit-identical to an uninterrupted run with no workers: the schedule is timm's,
     drawn from seed and epoch, and every sample's augmentation is seeded from (seed, epoch, index)."""
-    from tkvision.engine import loop as loop_mod
+    from tkvision.engine import clock as clock_mod
     from tkvision.engine.trainer import train
     full = train(_naflex_run_cfg(tmp_path, 'full', num_workers=0, naflex_patch_sizes=[7, 14]))
     cfg = _naflex_run_cfg(tmp_path, 'broken', num_workers=2, naflex_patch_sizes=[7, 14])
-    real = loop_mod.save_training_checkpoint
+    real = clock_mod.save_training_checkpoint
 
     def crash(state, path):
         real(state, path)
         if state.epochs_done == 1 and state.batches_done == 3:
             raise KeyboardInterrupt('pre-empted')
-    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', crash)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', crash)
     with pytest.raises(KeyboardInterrupt):
         train(cfg)
-    monkeypatch.setattr(loop_mod, 'save_training_checkpoint', real)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', real)
     resumed = train(cfg, resume=True)
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

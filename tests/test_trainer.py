@@ -15,6 +15,7 @@ from timm.loss import LabelSmoothingCrossEntropy
 from tkvision.engine import checkpoint as ckpt
 from tkvision.engine import loop as loop_mod, trainer as train_mod
 from tkvision.engine.config import ConfigError, load_config
+from tkvision.engine.distributed import Processes
 from tkvision.utils.errors import RunError
 
 from .helpers import ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, loader_of, wait_for_checkpoint
@@ -347,14 +348,16 @@ def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkey
                 yield torch.zeros(1), torch.zeros(1), []
 
     monkeypatch.setattr(loop_mod, '_forward_backward', lambda *args, **kwargs: time.sleep(0.01))
-    monkeypatch.setattr(loop_mod, '_optimizer_step', lambda run, state: None)
+    monkeypatch.setattr(loop_mod, '_optimizer_step', lambda state, optim: None)
     meter = dict(loss_sum=torch.tensor(0.0, dtype=torch.float64), seen=4, skipped=0, seconds=0.0, data_seconds=0.0)
     state = SimpleNamespace(meter=meter, batches_done=0, num_updates=0,
                             optimizer=SimpleNamespace(param_groups=[dict(lr=1.0)]))
-    run = SimpleNamespace(seed=0, run_section=dict(log_interval=1), batches_per_epoch=4, accum=1, train_loader=SlowLoader(),
-                          step_prefixes=lambda epoch, batch: [None],
-                          rank=0, world=1, device=torch.device('cpu'), check=lambda state: False)
-    loop_mod._run_batches(run, state, 0, SimpleNamespace(update=lambda n: None, n=0, disable=True))
+    processes = Processes(0, 1, torch.device('cpu'))
+    data = SimpleNamespace(seed=0, batches_per_epoch=4, accum=1, train_loader=SlowLoader(), processes=processes,
+                           loss_scale=lambda images: 1.0)
+    loss = SimpleNamespace(step_prefixes=lambda epoch, batch: [None], optim={})
+    clock = SimpleNamespace(log_interval=1, check=lambda state: False)
+    loop_mod._run_batches(state, data, loss, clock, 0, None, SimpleNamespace(update=lambda n: None, n=0, disable=True))
     assert 0.2 <= meter['data_seconds'] <= meter['seconds'] and state.batches_done == 4
-    stats = loop_mod._epoch_stats(run, state)
+    stats = loop_mod._epoch_stats(state, processes)
     assert stats['data_wait'] == pytest.approx(meter['data_seconds'] / meter['seconds']) and stats['data_wait'] > 0.6

@@ -53,7 +53,8 @@ from tkvision.engine.config import load_config, section
 from tkvision.engine.evaluate import evaluate
 from tkvision.engine.plotting import plt
 from tkvision.engine.trainer import resolve_run_config
-from tkvision.experiments.benchmark import benchmark_models, machine_info, train_flops_per_image
+from tkvision.experiments.benchmark import (benchmark_models, forward_flops_per_image, machine_info,
+                                            train_flops_per_image)
 from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
 from tkvision.growth import elastic
 from tkvision.utils.errors import RunError, UsageError
@@ -66,9 +67,18 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 #: The independently trained twins: tokens of the Q/K/V/proj/patch Pattentions (the FFN has 4x).
 TWINS = {0.25: 'tokenformer_tokens_18', 0.5: 'tokenformer_tokens_36', 0.75: 'tokenformer_tokens_54',
          1.0: 'tokenformer_tokens_72'}
+#: The twins distilled from the independently trained largest twin of their seed (``distillation: teacher``):
+#: the control for in-place distillation.
+DISTILLED_TWINS = {0.25: 'tokenformer_tokens_18_distilled', 0.5: 'tokenformer_tokens_36_distilled',
+                   0.75: 'tokenformer_tokens_54_distilled'}
 #: Elastic training runs: config name -> method name in the tables.
 ELASTIC = {'elastic': 'elastic', 'elastic_tau_follow': 'elastic_tau_follow', 'elastic_random': 'elastic_random',
-           'elastic_all': 'elastic_all', 'matformer_vit': 'matformer_vit'}
+           'elastic_all': 'elastic_all', 'elastic_distill': 'elastic_distill',
+           'elastic_sandwich_distill': 'elastic_sandwich_distill', 'elastic_ffn': 'elastic_ffn',
+           'matformer_vit': 'matformer_vit'}
+#: Methods whose prefixes have other sizes than the twins' (only the MLPs or FFNs shrink): set against the
+#: others by parameters, not against a twin.
+OTHER_SIZES = ('matformer_vit', 'elastic_ffn')
 #: The long recipe's elastic run (128 tokens) and the independent long runs at its prefixes, whose figures are
 #: read from the long comparison's results (docs/comparison/long/results.csv): fraction -> config name.
 LONG_CONFIG = os.path.join(CONFIGS, 'long', 'elastic_128.yaml')
@@ -78,8 +88,21 @@ LONG_RESULTS = os.path.join(ROOT, 'docs', 'comparison', 'long', 'results.csv')
 POINT_COLUMNS = ['method', 'config', 'seed', 'prefix', 'params', 'top1', 'test_top1']
 
 
-def train(configs, seeds, out) -> list:
-    """Train every (config, seed) not yet finished, seed by seed (so each seed's points land together).
+def teacher_weights(out: str, seed: int) -> str:
+    """The weights a ``distillation: teacher`` config of seed ``seed`` learns from: the independently trained
+    largest twin of the same seed under ``out``."""
+    return os.path.join(point_dir(out, TWINS[1.0], seed), LAST_WEIGHTS)
+
+
+def _distilled_from_teacher(config: str) -> bool:
+    return load_config(config)['distillation'] == 'teacher'
+
+
+def train(configs, seeds, out, threads: int = None) -> list:
+    """Train every (config, seed) not yet finished, seed by seed (so each seed's points land together); the
+    configs distilled from a teacher after the others, from that seed's largest twin
+    (:func:`teacher_weights`, trained first when it is among ``configs``). ``threads``: each run's CPU threads
+    (the configs' when None).
 
     Returns:
         every record of the sweeps (``tkvision.experiments.sweep.run_sweep``).
@@ -87,9 +110,13 @@ def train(configs, seeds, out) -> list:
     Raises:
         RunError: every point failed (each point's error named), so that a run of nothing exits non-zero.
     """
-    records = []
+    records, extra = [], ['--threads', str(threads)] if threads else []
+    distilled = [c for c in configs if _distilled_from_teacher(c)]
+    plain = [c for c in configs if c not in distilled]
     for seed in seeds:
-        records += run_sweep(configs, [seed], out)
+        records += run_sweep(plain, [seed], out, extra=extra)
+        if distilled:
+            records += run_sweep(distilled, [seed], out, extra=extra + ['--teacher', teacher_weights(out, seed)])
     failed = [r for r in records if r.get('status') != 'ok']
     if records and len(failed) == len(records):
         raise RunError(f'every point failed ({len(failed)}): ' + '; '.join(
@@ -125,23 +152,24 @@ def elastic_points(runs: str, seeds) -> list:
     independently trained twins."""
     rows = []
     for seed in seeds:
-        for fraction, name in TWINS.items():
-            last = _last_row(point_dir(runs, name, seed))
-            if last:
-                model = _model(name, seed, runs)
-                rows.append(dict(method='independent', config=name, seed=seed, prefix=fraction,
-                                 params=sum(p.numel() for p in model.parameters()), top1=float(last['top1']),
-                                 test_top1=float(last['test_top1'])))
+        for method, twins in (('independent', TWINS), ('independent_distilled', DISTILLED_TWINS)):
+            for fraction, name in twins.items():
+                last = _last_row(point_dir(runs, name, seed))
+                if last:
+                    model = _model(name, seed, runs)
+                    rows.append(dict(method=method, config=name, seed=seed, prefix=fraction,
+                                     params=sum(p.numel() for p in model.parameters()), top1=float(last['top1']),
+                                     test_top1=float(last['test_top1'])))
         for name, method in ELASTIC.items():
             last = _last_row(point_dir(runs, name, seed))
             if not last:
                 continue
-            model = _model(name, seed, runs)
+            model, nesting = _model(name, seed, runs), _config(name, seed, runs)['elastic_nesting']
             for fraction in FRACTIONS:
                 key = '' if fraction == 1 else f'@{fraction:g}'
                 rows.append(dict(method=method, config=name, seed=seed, prefix=fraction,
-                                 params=elastic.prefix_parameters(model, fraction), top1=float(last[f'top1{key}']),
-                                 test_top1=float(last[f'test_top1{key}'])))
+                                 params=elastic.prefix_parameters(model, fraction, nesting),
+                                 top1=float(last[f'top1{key}']), test_top1=float(last[f'test_top1{key}'])))
     return rows
 
 
@@ -205,38 +233,73 @@ def mix_n_match_points(runs: str, seeds) -> list:
     return rows
 
 
-def training_compute(cfg: dict) -> float:
+def training_compute(cfg: dict, teacher: dict = None) -> float:
     """Training FLOPs of a run of ``cfg`` (a resolved config; counted forward + backward per image, times the
-    training images and epochs), with an elastic run's expected mix of prefixes per step."""
+    training images and epochs), with an elastic run's expected mix of prefixes per step (the whole model alone
+    in its first ``elastic_start`` of the steps) and, for ``distillation: teacher``, the forward of ``teacher``
+    (the teacher's resolved config) on every image. In-place distillation costs nothing more: its teacher is the
+    whole model's forward of the same step."""
     images = dataset_size(build_dataset(section(cfg, 'data'), 'train', cfg['seed'])) * cfg['epochs']
+    extra = forward_flops_per_image(teacher) if cfg['distillation'] == 'teacher' else 0.0
     fractions = sorted(set(cfg['elastic_fractions']), reverse=True)
     if not fractions:
-        return train_flops_per_image(cfg) * images
+        return (train_flops_per_image(cfg) + extra) * images
     flops = {f: train_flops_per_image(cfg, None if f == 1 else f) for f in fractions}
+    between = fractions[1:-1] or fractions[1:]
     per_step = {'all': sum(flops.values()), 'random': statistics.mean(flops.values()),
-                'largest_plus_random': flops[fractions[0]] + statistics.mean(flops[f] for f in fractions[1:])}
-    return per_step[cfg['elastic_sampling']] * images
+                'largest_plus_random': flops[fractions[0]] + statistics.mean(flops[f] for f in fractions[1:]),
+                'sandwich': flops[fractions[0]] + flops[fractions[-1]] * (len(fractions) > 1)
+                + statistics.mean(flops[f] for f in between) * (len(fractions) > 2)}[cfg['elastic_sampling']]
+    start = cfg['elastic_start']
+    return (start * flops[fractions[0]] + (1 - start) * per_step + extra) * images
 
 
 def summarize(points: list, compute: dict) -> list:
     """``results.csv`` rows: per (method, prefix) the mean and std over seeds, the training compute as a ratio
-    to the largest TokenFormer trained alone, and the validation gap to the independently trained TokenFormer
-    of the same prefix (none for the MatFormer ViT, whose prefixes shrink only the MLP and so have other
-    sizes: compare it by parameters). A last row, ``independent`` at prefix ``all``, is the compute of
-    training the four sizes separately."""
+    to the largest TokenFormer trained alone, and the validation gap to the independently trained twin of the
+    same prefix with its 95% interval (:func:`gap_interval`, from the unrounded seeds). No gap for the methods
+    of :data:`OTHER_SIZES`, whose prefixes have other sizes: compare them by parameters. A last row,
+    ``independent`` at prefix ``all``, is the compute of training the four sizes separately."""
     reference = compute.get(TWINS[1.0])
-    twin = {r['prefix']: r['top1_mean'] for r in _means(points) if r['method'] == 'independent'}
+    twins = {p['prefix']: [] for p in points if p['method'] == 'independent'}
+    for p in points:
+        if p['method'] == 'independent':
+            twins[p['prefix']].append(p['top1'])
     out = []
     for row in _means(points):
         config = row['config']
         row['compute_vs_largest'] = round(compute[config] / reference, 3) if reference and config in compute else None
-        gap = None if row['method'] == 'matformer_vit' or isinstance(row['prefix'], str) else twin.get(row['prefix'])
-        row['gap_to_twin'] = None if gap is None else round(row['top1_mean'] - gap, 2)
+        twin = None if row['method'] in OTHER_SIZES or isinstance(row['prefix'], str) else twins.get(row['prefix'])
+        mine = [p['top1'] for p in points if (p['method'], p['config'], p['prefix']) ==
+                (row['method'], row['config'], row['prefix'])]
+        gap, low, high = gap_interval(mine, twin) if twin else (None, None, None)
+        row.update(gap_to_twin=gap, gap_low=low, gap_high=high)
         out.append(row)
     if reference and all(c in compute for c in TWINS.values()):
         out.append(dict(method='independent', config='all four sizes', prefix='all',
                         compute_vs_largest=round(sum(compute[c] for c in TWINS.values()) / reference, 3)))
     return out
+
+
+def gap_interval(values: list, twin_values: list, digits: int = 2) -> tuple:
+    """``(gap, low, high)``: the difference of the means of ``values`` and ``twin_values`` (a method's and its
+    twin's top-1 over seeds), and its 95% interval, rounded to ``digits``: Welch's t interval, or where one side
+    has a single seed, that side's spread taken as the other's (``s · √(1 + 1/n)``, n - 1 degrees of freedom).
+    Low and high are None when neither side has two seeds."""
+    from scipy import stats  # albumentations' dependency: the one t quantile of the report
+    gap = statistics.mean(values) - statistics.mean(twin_values)
+    n1, n2 = len(values), len(twin_values)
+    if n1 < 2 and n2 < 2:
+        return round(gap, digits), None, None
+    if n1 < 2 or n2 < 2:
+        spread, n = (statistics.stdev(twin_values), n2) if n1 < 2 else (statistics.stdev(values), n1)
+        se, df = spread * (1 + 1 / n) ** 0.5, n - 1
+    else:
+        a, b = statistics.variance(values) / n1, statistics.variance(twin_values) / n2
+        se = (a + b) ** 0.5
+        df = (a + b) ** 2 / (a ** 2 / (n1 - 1) + b ** 2 / (n2 - 1)) if a + b > 0 else n1 + n2 - 2
+    half = stats.t.ppf(0.975, df) * se
+    return round(gap, digits), round(gap - half, digits), round(gap + half, digits)
 
 
 def _means(points: list) -> list:
@@ -301,25 +364,49 @@ def _write_csv(rows: list, path: str, columns=None):
     atomic_write(path, write, text=True)
 
 
-def report(runs: str, seeds, out: str, speed: bool = True) -> list:
-    """Write the report files of the module docstring into ``out``; returns the ``results.csv`` rows.
+def read_points(path: str) -> list:
+    """The rows of an earlier ``points.csv`` (``report --keep-points``), numbers parsed.
 
     Raises:
-        UsageError: no run of ``seeds`` under ``runs`` has finished.
+        UsageError: the file is missing or lacks a column of :data:`POINT_COLUMNS`.
+    """
+    if not os.path.isfile(path):
+        raise UsageError(f'--keep-points {path}: no such file; give an earlier report\'s points.csv')
+    with open(path, encoding='utf-8') as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(POINT_COLUMNS) - set(rows[0]):
+        raise UsageError(f'--keep-points {path} lacks the columns {sorted(set(POINT_COLUMNS) - set(rows[0]))}')
+    number = lambda v: float(v) if any(c in v for c in '.e') else int(v)  # noqa: E731
+    return [dict(r, seed=int(r['seed']), prefix=number(r['prefix']) if ' ' not in r['prefix'] else r['prefix'],
+                 params=int(r['params']), top1=float(r['top1']), test_top1=float(r['test_top1'])) for r in rows]
+
+
+def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = None) -> list:
+    """Write the report files of the module docstring into ``out``; returns the ``results.csv`` rows. With
+    ``keep_points`` (an earlier ``points.csv``), its rows of (config, seed) pairs that have no finished run
+    under ``runs`` are kept: a report of new arms set against runs trained earlier, whose folders are gone.
+
+    Raises:
+        UsageError: no run of ``seeds`` under ``runs`` has finished (and nothing is kept).
     """
     os.makedirs(out, exist_ok=True)
     points = elastic_points(runs, seeds) + post_hoc_points(runs, seeds) + mix_n_match_points(runs, seeds)
+    if keep_points:
+        fresh = {(p['config'], p['seed']) for p in points}
+        points = [p for p in read_points(keep_points) if (p['config'], p['seed']) not in fresh
+                  and p['seed'] in seeds] + points
     if not points:
         raise UsageError(f'--runs {runs}: no finished run of seeds {list(seeds)} there; train them first '
                          '(python -m studies.elastic.elastic_study train)')
     _write_csv(points, os.path.join(out, 'points.csv'), POINT_COLUMNS)
     finished = {p['config'] for p in points}
     seed = min(p['seed'] for p in points)
-    compute = {name: training_compute(_config(name, seed, runs)) for name in finished}
+    compute = {name: training_compute(_config(name, seed, runs), _config(TWINS[1.0], seed, runs))
+               for name in finished}
     results = summarize(points, compute)
     _write_csv(results, os.path.join(out, 'results.csv'))
     plot(results, os.path.join(out, 'top1_vs_params.png'))
-    if speed and 'elastic' in finished:
+    if speed and _last_row(point_dir(runs, 'elastic', seed)):
         _write_csv(speed_rows(_config('elastic', seed, runs), _model('elastic', seed, runs)),
                    os.path.join(out, 'speed.csv'))
     meta = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d', time.gmtime()),
@@ -434,11 +521,14 @@ def main(argv=None) -> int:
     t.add_argument('--configs', nargs='+', default=[os.path.join(CONFIGS, '*.yaml')])
     t.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     t.add_argument('--out', default='runs/elastic')
+    t.add_argument('--threads', type=int, default=None, help="each run's CPU threads (default: the configs')")
     r = sub.add_parser('report', help='write docs/elastic/ from the finished runs')
     r.add_argument('--runs', default='runs/elastic')
     r.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
     r.add_argument('--report-dir', default='docs/elastic')
     r.add_argument('--no-speed', action='store_true', help='skip timing the exported sub-models')
+    r.add_argument('--keep-points', default=None,
+                   help="an earlier points.csv whose rows without a finished run under --runs are kept")
     g = sub.add_parser('report-long', help='write docs/elastic/long* from the finished long run')
     g.add_argument('--runs', default='runs/elastic_long')
     g.add_argument('--seed', type=int, default=0)
@@ -447,9 +537,10 @@ def main(argv=None) -> int:
     g.add_argument('--no-speed', action='store_true', help='skip timing the exported sub-models')
     args = parser.parse_args(argv)
     if args.command == 'train':
-        train(expand_configs(args.configs), args.seeds, args.out)
+        train(expand_configs(args.configs), args.seeds, args.out, args.threads)
     elif args.command == 'report':
-        for row in report(args.runs, args.seeds, args.report_dir, speed=not args.no_speed):
+        for row in report(args.runs, args.seeds, args.report_dir, speed=not args.no_speed,
+                          keep_points=args.keep_points):
             print(row)
     else:
         for row in report_long(args.runs, args.seed, args.twins, args.report_dir, speed=not args.no_speed):

@@ -122,7 +122,8 @@ def _validate(argv) -> int:
                          'validate; its validation reconstruction loss is in the run\'s metrics.csv, and '
                          'tkvision-mae-visualize draws its reconstructions')
     setup_threads(section(cfg, 'run'))
-    rank, world, device = init_distributed(section(cfg, 'run'))
+    processes = init_distributed(section(cfg, 'run'))
+    rank, world, device = processes.rank, processes.world, processes.device
     data = section(cfg, 'data')
     ds = build_dataset(data, args.split, cfg['seed'], rank, world, class_to_idx=train_class_map(data))
     # a run that grew during training: its config builds the model it started from, grown to the file's size

@@ -148,6 +148,20 @@ SECTIONS = {
                                      # [0.25, 0.5, 0.75, 1.0]; []: off. Evaluation reports each (top1@0.25, ...)
         'elastic_sampling': 'largest_plus_random',  # 'all', 'random' or 'largest_plus_random' (SAMPLING)
         'elastic_tau': 'kept',       # τ of a prefix of k tokens: 'kept' (the whole layer's) or 'follow' (Eq. 5's √k)
+        'elastic_nesting': 'all',    # the Pattentions a prefix shrinks: 'all', 'ffn' (MatFormer's choice) or
+                                     # 'no_attention' (the patch stem and the FFNs)
+        'elastic_start': 0.0,        # fraction of the training steps in which only the whole model trains (the
+                                     # smaller prefixes start after it)
+    },
+    'distillation': {                # soft targets (tkvision.engine.loss, docs/elastic.md)
+        'distillation': 'none',      # 'none'; 'inplace': an elastic run's smaller prefixes learn from the whole
+                                     # model's detached predictions in the same step; 'teacher': the model learns
+                                     # from the predictions of the trained model in `teacher`
+        'distillation_temperature': 1.0,   # softmax temperature T of both sides; the KL term is scaled by T²
+        'distillation_task_weight': 0.0,   # a distilled loss = w x label loss + (1 - w) x KL (timm's
+                                           # LogitDistillationTask, complementary weights)
+        'teacher': None,             # distillation 'teacher': a finished run's weights file (its folder's
+                                     # config.yaml builds the model)
     },
     'growth': {
         'growth': {                  # growth during training (tkvision.growth)

@@ -139,8 +139,14 @@ RULES = {
     'tf32': _rule('bool'),
     'elastic_fractions': (lambda v: isinstance(v, list) and all(_is_num(f) and 0 < f <= 1 for f in v),
                           'a list of fractions in (0, 1] (empty: off)'),
-    'elastic_sampling': _rule(None, choices=('all', 'random', 'largest_plus_random')),
+    'elastic_sampling': _rule(None, choices=('all', 'random', 'largest_plus_random', 'sandwich')),
     'elastic_tau': _rule(None, choices=('kept', 'follow')),
+    'elastic_nesting': _rule(None, choices=('all', 'ffn', 'no_attention')),
+    'elastic_start': _rule('num', 0, 1, hi_open=True),
+    'distillation': _rule(None, choices=('none', 'inplace', 'teacher')),
+    'distillation_temperature': _rule('num', 0, lo_open=True),
+    'distillation_task_weight': _rule('num', 0, 1),
+    'teacher': _rule('str', null=True),
     'growth.every_epochs': _rule('int', 1, null=True),
     'growth.add_tokens': _rule('map'),
     'growth.until_epoch': _rule('int', 1, null=True),
@@ -202,8 +208,28 @@ def validate_config(cfg: dict) -> dict:
     if cfg['freeze_loaded_tokens'] and not cfg['init_from']:
         raise ConfigError('freeze_loaded_tokens needs init_from (the tokens to freeze are the ones loaded from it)')
     _validate_naflex(cfg)
+    _validate_distillation(cfg)
     resolve_accum_steps(cfg, cfg['batch_size'], 1)  # the flat config holds the optim keys
     return cfg
+
+
+def _validate_distillation(cfg: dict):
+    """Distillation's keys against the task and the elastic keys: each names what it needs."""
+    mode = cfg['distillation']
+    if mode != 'none' and cfg['task'] == 'mae':
+        raise ConfigError(f"distillation {mode!r} needs class predictions; task mae has none: set distillation: none")
+    if mode == 'inplace' and len(set(cfg['elastic_fractions']) - {1, 1.0}) == 0:
+        raise ConfigError("distillation 'inplace' teaches an elastic run's smaller prefixes from its whole model; "
+                          'set elastic_fractions (e.g. [0.25, 0.5, 0.75, 1.0]) or distillation: none')
+    if mode == 'inplace' and (1 not in cfg['elastic_fractions'] or cfg['elastic_sampling'] == 'random'):
+        raise ConfigError("distillation 'inplace' needs the whole model, its teacher, in every step: 1.0 in "
+                          "elastic_fractions and elastic_sampling other than 'random'")
+    if (mode == 'teacher') != (cfg['teacher'] is not None):
+        raise ConfigError("distillation 'teacher' and the key teacher go together: set teacher to a finished run's "
+                          'weights file (e.g. runs/x/last.safetensors) with distillation: teacher, or neither')
+    if cfg['elastic_start'] and not cfg['elastic_fractions']:
+        raise ConfigError('elastic_start delays the smaller prefixes of an elastic run; set elastic_fractions, or '
+                          'elastic_start: 0')
 
 
 #: What the NaFlex loader cannot do (``tkvision.data.naflex``): ``{key: why}`` for keys that must stay off.

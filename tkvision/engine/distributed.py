@@ -6,7 +6,10 @@
 - :func:`all_ranks_agree`: one collective that turns a failure on any rank into a failure on all,
   so no rank waits forever in a collective its peer never reaches.
 - :func:`setup_threads`: the CPU threads of this process.
+- :class:`Processes`: this process's rank, the number of processes and the device, as every stage of a run
+  reads them.
 """
+import dataclasses
 import os
 import warnings
 from datetime import timedelta
@@ -15,7 +18,26 @@ import torch
 import torch.distributed as dist
 from timm.utils.distributed import init_distributed_device_so
 
-__all__ = ['init_distributed', 'setup_threads', 'available_cores', 'all_ranks_agree', 'is_peer_failure']
+__all__ = ['Processes', 'init_distributed', 'setup_threads', 'available_cores', 'all_ranks_agree', 'is_peer_failure']
+
+
+@dataclasses.dataclass(frozen=True)
+class Processes:
+    """Where a run's process stands among its job's processes.
+
+    Attributes:
+        rank: this process's global rank, 0 to ``world - 1``.
+        world: the number of processes of the job.
+        device: this process's device.
+    """
+    rank: int
+    world: int
+    device: torch.device
+
+    @property
+    def main(self) -> bool:
+        """Whether this is rank 0, the process that prints and writes the run's files."""
+        return self.rank == 0
 
 
 def available_cores() -> int:
@@ -53,7 +75,7 @@ def init_distributed(run: dict):
     torchrun the agent ends the job sooner, as soon as it sees a worker die (``docs/reliability.md``).
 
     Returns:
-        ``(rank, world_size, device)``.
+        :class:`Processes`.
     """
     device = run['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
     info = init_distributed_device_so(device=device)
@@ -62,7 +84,7 @@ def init_distributed(run: dict):
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = run['tf32']
         torch.backends.cudnn.allow_tf32 = run['tf32']
-    return info['global_rank'], info['world_size'], torch.device(info['device'])
+    return Processes(info['global_rank'], info['world_size'], torch.device(info['device']))
 
 
 def all_ranks_agree(ok: bool, device) -> bool:

@@ -20,9 +20,11 @@ that is saved. What a pre-empted or killed run does, and which files it writes, 
 draws, so the result is bit-identical to an uninterrupted run for any ``num_workers``.
 """
 import csv
+import dataclasses
 import os
 import signal
 import time
+from typing import Optional
 
 import torch
 from timm.utils import random_seed
@@ -38,19 +40,68 @@ from .build import create_model, default_num_classes
 from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
                          RECONSTRUCTION_FILE, keep_best, load_training_checkpoint, model_for_checkpoint, save_rows,
                          save_weights, save_yaml)
-from .config import SECTIONS, config_changes, resolve_lr, section
+from .clock import STOP_SIGNALS, RunClock
+from .config import SECTIONS, config_changes, resolve_accum_steps, resolve_lr, section
 from .config_rules import validate_config
-from .distributed import all_ranks_agree, init_distributed, is_peer_failure, setup_threads
+from .distributed import Processes, all_ranks_agree, init_distributed, is_peer_failure, setup_threads
 from .evaluate import evaluate, evaluate_mae
-from .loop import STOP_SIGNALS, NonFiniteLossError, Preempted, RunContext, train_one_epoch
+from .loop import NonFiniteLossError, Preempted, train_one_epoch
+from .loss import RunLoss
+from .run_data import RunData
 from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
 from .rundir import claim_output_dir, restarts_this_run, run_files
 from .state import TrainState
 
-__all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'evaluate_prefixes',
+__all__ = ['train', 'RunContext', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'evaluate_prefixes',
            'evaluate_test', 'log_epoch', 'growth_due', 'TrainState', 'NonFiniteLossError', 'Preempted',
            'EXIT_PREEMPTED']
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What a run uses but does not save, by concern: its processes, data, loss and clock, and the run section's
+    few settings the trainer itself reads. Each stage receives the parts it reads (the epoch loop: data, loss,
+    clock; evaluation: data); ``tkvision.engine.state.TrainState`` holds what is saved.
+
+    Attributes:
+        settings: the config's run section (``task``, ``seed``, ``amp``, ``output``, ``eval_every``, ...).
+        processes: this process among the job's. data: datasets, loaders, preprocessing. loss: the step's
+            targets and prefixes. clock: checks, checkpoints, stop signals.
+        model_name: the model's registry name. epochs: the run's epochs.
+        writer: TensorBoard's ``SummaryWriter`` (rank 0 with ``tensorboard: true``), else None.
+    """
+    settings: dict
+    processes: Processes
+    data: RunData
+    loss: RunLoss
+    clock: RunClock
+    model_name: str
+    epochs: int
+    writer: Optional[object] = None
+
+    @property
+    def task(self) -> str:
+        """``'classify'``, ``'mae'`` or ``'linprobe'``."""
+        return self.settings['task']
+
+    @property
+    def out(self) -> str:
+        """The run's output folder."""
+        return self.settings['output']
+
+    @property
+    def main(self) -> bool:
+        """Whether this process is rank 0 (it prints and writes the run's files)."""
+        return self.processes.main
+
+    def evaluate(self, net: torch.nn.Module, loader) -> dict:
+        """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks)
+        of ``net`` on ``loader`` with the run's device, preprocessing and precision."""
+        device, preprocess, amp = self.processes.device, self.data.preprocess, self.settings['amp']
+        if self.task == 'mae':
+            return evaluate_mae(net, loader, device, preprocess, amp, self.settings['seed'])
+        return evaluate(net, loader, device, preprocess, amp)
 
 
 def resolve_run_config(cfg: dict) -> dict:
@@ -95,12 +146,7 @@ def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> di
     """
     mae = run.task == 'mae'
     models = [('model', state.net, state.model)] + ([('ema', state.ema.module, state.ema.module)] if state.ema else [])
-    results = {}
-    for source, net, _ in models:
-        if mae:
-            results[source] = evaluate_mae(net, run.val_loader, run.device, run.preprocess, run.amp, run.seed)
-        else:
-            results[source] = evaluate(net, run.val_loader, run.device, run.preprocess, run.amp)
+    results = {source: run.evaluate(net, run.data.val_loader) for source, net, _ in models}
     metric, mode = ('val_loss', 'min') if mae else ('top1', 'max')
     candidates = [(source, results[source]['loss' if mae else 'top1'], model) for source, _, model in models]
     metadata = dict(model=run.model_name, epoch=epoch, **(dict(task='mae') if mae else {}))
@@ -120,16 +166,15 @@ def evaluate_prefixes(run: RunContext, state: TrainState, loader, split: str = '
     (``tkvision.growth.elastic.prefix``): top-1, ``{'top1@0.25': ..., ...}``, or for ``task: mae`` the
     reconstruction loss (the same masks every time), ``{'val_loss@0.25': ...}``; keys prefixed by ``split``
     (``'test_'``); ``{}`` for a run that is not elastic."""
-    out = {}
-    for fraction in sorted(set(run.elastic['elastic_fractions'])):
+    out, settings = {}, run.loss.elastic
+    for fraction in sorted(set(settings['elastic_fractions'])):
         if fraction < 1:
-            with elastic.prefix(state.model, fraction, run.elastic['elastic_tau']):
-                if run.task == 'mae':
-                    loss = evaluate_mae(state.net, loader, run.device, run.preprocess, run.amp, run.seed)['loss']
-                    out[f'{split}val_loss@{fraction:g}'] = loss
-                else:
-                    result = evaluate(state.net, loader, run.device, run.preprocess, run.amp)
-                    out[f'{split}top1@{fraction:g}'] = result['top1']
+            with elastic.prefix(state.model, fraction, settings['elastic_tau'], settings['elastic_nesting']):
+                result = run.evaluate(state.net, loader)
+            if run.task == 'mae':
+                out[f'{split}val_loss@{fraction:g}'] = result['loss']
+            else:
+                out[f'{split}top1@{fraction:g}'] = result['top1']
     return out
 
 
@@ -144,19 +189,19 @@ def evaluate_test(run: RunContext, state: TrainState, epoch: int) -> dict:
         ``dict(test_top1, test_top5[, ema_test_top1][, best_test_top1])`` in percent (no ``best_test_top1`` when
         ``best.safetensors`` is another folder's: a run resumed from another run's checkpoint).
     """
-    if run.task == 'mae' or not has_test_split(run.data):
+    if run.task == 'mae' or not has_test_split(run.data.data):
         return {}
-    loader = run.test_loader()
-    main = evaluate(state.net, loader, run.device, run.preprocess, run.amp)
+    loader = run.data.test_loader()
+    main = run.evaluate(state.net, loader)
     out = dict(test_top1=main['top1'], test_top5=main['top5'])
     if state.ema:
-        out['ema_test_top1'] = evaluate(state.ema.module, loader, run.device, run.preprocess, run.amp)['top1']
+        out['ema_test_top1'] = run.evaluate(state.ema.module, loader)['top1']
     best_path = os.path.join(run.out, BEST_WEIGHTS)
     if state.best.get('epoch') == epoch:  # the best weights are this epoch's: one of the figures above
         out['best_test_top1'] = out['ema_test_top1' if state.best.get('source') == 'ema' else 'test_top1']
     elif os.path.isfile(best_path):  # (a run resumed into a new folder keeps its best weights in the old one)
         best, _ = model_for_checkpoint(dict(state.config_record), best_path)
-        out['best_test_top1'] = evaluate(best.to(run.device), loader, run.device, run.preprocess, run.amp)['top1']
+        out['best_test_top1'] = run.evaluate(best.to(run.processes.device), loader)['top1']
     return {**out, **evaluate_prefixes(run, state, loader, 'test_')}
 
 
@@ -199,7 +244,7 @@ def log_epoch(run: RunContext, history: list, row: dict):
 
 def _resume(run: RunContext, state: TrainState, resume) -> list:
     """Load the checkpoint into ``state``; check and report config changes; return the metrics history."""
-    path = run.checkpoint_path if resume is True else resume
+    path = run.clock.checkpoint_path if resume is True else resume
     if not os.path.isfile(path):
         if resume is True and not run_files(run.out):  # killed before its first checkpoint, or new: start it
             if run.main:
@@ -288,24 +333,23 @@ def build_state(cfg: dict, device: torch.device, world: int, updates_per_epoch: 
 
 
 def _start(cfg: dict, resume):
-    """Processes, output directory (locked, rank 0), data and state; every rank fails if one does. The whole
-    config is validated here, once, and split into the sections each stage receives."""
+    """Processes, output directory (locked, rank 0), data, loss, clock and state; every rank fails if one does.
+    The whole config is validated here, once, and split into the sections each part receives."""
     started = time.monotonic()  # the run's clock (TrainState.elapsed_seconds) counts the set-up too
     cfg = resolve_run_config(cfg)
     parts = {name: section(cfg, name) for name in SECTIONS}
     check_model_input(parts['model'], parts['data'])
     setup_threads(parts['run'])
-    rank, world, device = init_distributed(parts['run'])
-    lock, resume = _claim_output(cfg['output'], rank, device, resume)
+    processes = init_distributed(parts['run'])
+    lock, resume = _claim_output(cfg['output'], processes.rank, processes.device, resume)
     try:
         random_seed(cfg['seed'])  # the same initial weights on every rank
-        run = RunContext(parts['run'], parts['data'], parts['optim'], parts['elastic'], parts['model'], rank, world,
-                         device)
-        state = build_state(cfg, device, world, run.updates_per_epoch, started)
+        run = _context(parts, processes)
+        state = build_state(cfg, processes.device, processes.world, run.data.updates_per_epoch, started)
         if cfg['task'] != 'mae':
-            run.set_loss(state.model.num_classes)
+            run.loss.set_classes(state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
-        run.checked_update = state.num_updates
+        run.clock.checked_update = state.num_updates
     except BaseException:
         if lock is not None:
             lock.release()
@@ -315,33 +359,47 @@ def _start(cfg: dict, resume):
     return run, state, history, lock, parts['mae']
 
 
+def _context(parts: dict, processes: Processes) -> RunContext:
+    """The run's data, loss and clock, each built from the sections it reads (``parts``: section name ->
+    section)."""
+    run, optim = parts['run'], parts['optim']
+    accum = resolve_accum_steps(optim, parts['data']['batch_size'], processes.world)
+    data = RunData(parts['data'], parts['model'], accum, run['seed'], processes)
+    loss = RunLoss(run['task'], optim, parts['elastic'], parts['distillation'], run['seed'], data.batches_per_epoch,
+                   processes.device)
+    clock = RunClock(run, processes, os.path.join(run['output'], LAST_CHECKPOINT))
+    return RunContext(run, processes, data, loss, clock, parts['model']['model'], optim['epochs'])
+
+
 def _announce(run: RunContext, state: TrainState):
     """Write ``config.yaml``, open TensorBoard, print the run's one-line summary (rank 0)."""
     save_yaml(dict(state.config_record), os.path.join(run.out, CONFIG_FILE))
-    if run.run_section['tensorboard']:
+    if run.settings['tensorboard']:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
         run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
-    warmup = run.optim['warmup_epochs']
+    warmup = run.loss.optim['warmup_epochs']
     if warmup >= run.epochs:  # a smoke test's default warmup: accepted, and said
         print(f'note: warmup_epochs {warmup} >= epochs {run.epochs}: the warmup takes the whole run '
               '(the lr rises to its peak at the last update and never decays)')
     n_params = sum(p.numel() for p in state.model.parameters())
-    print(f"{run.model_name}: {n_params / 1e6:.2f}M params, {dataset_size(run.train_ds)} train / "
-          f"{dataset_size(run.val_ds)} val images, "
-          f"{run.world} process(es) on {run.device}, global batch {run.data['batch_size'] * run.accum * run.world}, "
-          f"{run.updates_per_epoch} updates/epoch, lr {state.lr:.3g}, task {run.task}"
+    data = run.data
+    print(f"{run.model_name}: {n_params / 1e6:.2f}M params, {dataset_size(data.train_ds)} train / "
+          f"{dataset_size(data.val_ds)} val images, "
+          f"{run.processes.world} process(es) on {run.processes.device}, global batch {data.global_batch}, "
+          f"{data.updates_per_epoch} updates/epoch, lr {state.lr:.3g}, task {run.task}"
           + (f'\n{state.init_report}' if state.init_report else ''))
 
 
 def _train_epochs(run: RunContext, state: TrainState, history: list):
     """Every epoch left: train, evaluate, grow, log, checkpoint; stop after a checkpoint on a signal."""
-    every = run.run_section
+    every, clock = run.settings, run.clock
     for epoch in range(state.epochs_done, run.epochs):
-        row = dict(epoch=epoch, **train_one_epoch(run, state, epoch))
+        row = dict(epoch=epoch, **train_one_epoch(state, run.data, run.loss, clock, epoch, epochs=run.epochs,
+                                                  amp=every['amp'], progress=every['progress']))
         last_epoch = epoch + 1 == run.epochs
         if (epoch + 1) % every['eval_every'] == 0 or last_epoch:
             row.update(evaluate_and_keep_best(run, state, epoch))
-            row.update(evaluate_prefixes(run, state, run.val_loader))
+            row.update(evaluate_prefixes(run, state, run.data.val_loader))
         if last_epoch:
             row.update(evaluate_test(run, state, epoch))
         row['tokens'] = sum(growth.model_size(state.model).values())
@@ -350,17 +408,17 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
         state.epochs_done, state.batches_done = epoch + 1, 0
         state.reset_meter()
         log_epoch(run, history, row)
-        stop = run.check(state, force=True)  # all ranks agree on a signal that came during evaluation
+        stop = clock.check(state, force=True)  # all ranks agree on a signal that came during evaluation
         if (epoch + 1) % every['save_every'] == 0 or last_epoch or stop:
-            run.save(state)
+            clock.save(state)
             if run.main:
                 source = 'ema' if state.ema else 'model'
                 save_weights((state.ema.module if state.ema else state.model).state_dict(),
                              os.path.join(run.out, LAST_WEIGHTS), metadata=dict(model=run.model_name, epoch=epoch,
                                                                                 source=source))
         if stop:
-            raise Preempted(f'stopped by {run.stop_signal} after epoch {epoch + 1}; state saved to '
-                            f'{run.checkpoint_path}: continue with --resume')
+            raise Preempted(f'stopped by {clock.stop_signal} after epoch {epoch + 1}; state saved to '
+                            f'{clock.checkpoint_path}: continue with --resume')
 
 
 def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
@@ -370,9 +428,9 @@ def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
     if not due:
         return {}
     # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
-    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.seed, epoch + 1, bits=31))))
+    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.settings['seed'], epoch + 1, bits=31))))
     if state.growth['eval_after_step'] and run.task != 'mae':  # the step's loss jump (tau: recompute)
-        after = evaluate(state.net, run.val_loader, run.device, run.preprocess, run.amp)
+        after = run.evaluate(state.net, run.data.val_loader)
         row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
     return row
 
@@ -384,11 +442,12 @@ def _finish(run: RunContext, state: TrainState, history: list, mae: dict):
         return
     if history:
         plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f'{run.model_name} ({run.task})',
-                    train_label=train_loss_label(run.optim))
+                    train_label=train_loss_label(run.loss.optim))
     if run.task == 'mae' and mae['recon_images']:
-        save_reconstructions(state.ema.module if state.ema else state.model, run.val_ds, run.data['mean'],
-                             run.data['std'], os.path.join(run.out, RECONSTRUCTION_FILE), mae['recon_images'],
-                             mae['mask_ratio'], run.device)
+        data = run.data.data
+        save_reconstructions(state.ema.module if state.ema else state.model, run.data.val_ds, data['mean'],
+                             data['std'], os.path.join(run.out, RECONSTRUCTION_FILE), mae['recon_images'],
+                             mae['mask_ratio'], run.processes.device)
 
 
 def train(cfg: dict, resume=None) -> dict:
@@ -415,25 +474,25 @@ def train(cfg: dict, resume=None) -> dict:
         FileNotFoundError: missing data (naming the path and how to get it).
     """
     run, state, history, lock, mae = _start(cfg, resume)
-    previous = {s: signal.signal(s, run.on_signal) for s in STOP_SIGNALS}
+    previous = {s: signal.signal(s, run.clock.on_signal) for s in STOP_SIGNALS}
     try:
         if state.epochs_done >= run.epochs and run.main:
-            print(f"nothing to train: {run.checkpoint_path} has finished all {run.epochs} epochs "
+            print(f"nothing to train: {run.clock.checkpoint_path} has finished all {run.epochs} epochs "
                   f"(best {_best_words(state.best)}); pass --epochs N with N > {run.epochs} to continue")
         try:
             _train_epochs(run, state, history)
         except RuntimeError as error:  # a peer that died mid-collective: one line, not gloo's or NCCL's traceback
-            if run.world > 1 and is_peer_failure(error):
-                raise RunError(f'rank {run.rank}: another process of this job ended or stopped answering during a '
+            if run.processes.world > 1 and is_peer_failure(error):
+                raise RunError(f'rank {run.processes.rank}: another process of this job ended or stopped answering during a '
                                f'collective ({str(error).splitlines()[0][:160]}); the job stops here (torchrun names '
-                               f'the process that failed); continue it with --resume from {run.checkpoint_path}'
+                               f'the process that failed); continue it with --resume from {run.clock.checkpoint_path}'
                                ) from None
             raise
         _finish(run, state, history, mae)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-        run.close()
+        run.data.close()
         if run.writer is not None:
             run.writer.close()
         if lock is not None:

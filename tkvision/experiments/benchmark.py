@@ -31,7 +31,7 @@ from ..models import input_shape
 from ..utils.errors import UsageError
 from ..utils.memory import available_memory_bytes
 
-__all__ = ['COUNTERPARTS', 'ModelStep', 'parse_model_spec', 'available_memory_mib', 'check_train_memory',
+__all__ = ['COUNTERPARTS', 'ModelStep', 'forward_flops_per_image', 'parse_model_spec', 'available_memory_mib', 'check_train_memory',
            'matmul_peak_tflops',
            'flop_counter', 'train_flops_per_image', 'saved_activation_mib', 'benchmark_models', 'category_ms',
            'profile_breakdown', 'machine_info', 'synchronize', 'time_rounds', 'time_call', 'markdown_table']
@@ -63,14 +63,25 @@ def flop_counter() -> FlopCounterMode:
 
 def train_flops_per_image(cfg: dict, prefix: elastic.Prefix = None) -> float:
     """Forward + backward FLOPs of one training image of ``cfg``'s model, counted by :func:`flop_counter`
-    (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model (:mod:`tkvision.growth.elastic`;
-    None: every token)."""
+    (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model (:mod:`tkvision.growth.elastic`, under the
+    config's ``elastic_nesting``; None: every token)."""
+    return _flops_per_image(cfg, prefix, backward=True)
+
+
+def forward_flops_per_image(cfg: dict) -> float:
+    """Forward FLOPs of one image of ``cfg``'s whole model (what a distillation teacher costs a step)."""
+    return _flops_per_image(cfg, None, backward=False)
+
+
+def _flops_per_image(cfg: dict, prefix: elastic.Prefix, backward: bool) -> float:
     from ..engine.build import model_for_config  # the engine's stack (albumentations, matplotlib) only here:
     model = model_for_config(cfg)                # the model benchmark runs on GPU images that lack it
     size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
     x = torch.randn(2, cfg['model_kwargs'].get('in_chans', 3), size, size)
-    with elastic.prefix(model, prefix), flop_counter() as counter:
-        F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long)).backward()
+    with elastic.prefix(model, prefix, nesting=cfg.get('elastic_nesting', 'all')), flop_counter() as counter:
+        loss = F.cross_entropy(model(x), torch.zeros(2, dtype=torch.long))
+        if backward:
+            loss.backward()
     return counter.get_total_flops() / 2
 
 

@@ -17,6 +17,11 @@ A *prefix* is given as:
 - a mapping ``{layer name: tokens}``;
 - ``None``: every token (the full model).
 
+What a fraction shrinks is the *nesting* (:data:`NESTING`): every Pattention (``'all'``, the default), only
+the FFNs' (``'ffn'``: MatFormer's choice, the like-for-like comparison with its ViT), or every one but the
+attention projections Q, K, V and output (``'no_attention'``: the patch stem and the FFNs). Layers outside
+the nesting keep every token at every prefix.
+
 An *elastic layer* is any module with ``num_tokens``, a settable ``prefix_tokens`` (``None`` or k),
 ``parameters_per_token`` and ``truncate(k)``: every :class:`~tkvision.layers.Pattention` is one (so is
 the nested MLP of the MatFormer-style ViT the elastic study compares against, ``studies/elastic``). Running at a
@@ -42,14 +47,22 @@ from torch import nn
 
 from ..layers.pattention import default_tau
 
-__all__ = ['SAMPLING', 'PREFIX_TAU', 'Prefix', 'elastic_layers', 'prefix_counts', 'set_prefix', 'prefix',
+__all__ = ['SAMPLING', 'PREFIX_TAU', 'NESTING', 'Prefix', 'elastic_layers', 'prefix_counts', 'set_prefix', 'prefix',
            'extract_prefix', 'prefix_model_kwargs', 'prefix_parameters', 'step_fractions', 'mix_n_match',
            'monotone_prefixes']
 
 #: How a training step picks the granularities it trains (the ``elastic_sampling`` config key):
 #: ``'all'``: every fraction, losses summed (MatFormer's joint objective); ``'random'``: one fraction
-#: drawn uniformly; ``'largest_plus_random'``: the largest fraction plus one other drawn uniformly.
-SAMPLING = ('all', 'random', 'largest_plus_random')
+#: drawn uniformly; ``'largest_plus_random'``: the largest fraction plus one other drawn uniformly;
+#: ``'sandwich'``: the largest, the smallest and one drawn from those between (the sandwich rule of Yu and
+#: Huang, "Universally Slimmable Networks", ICCV 2019, §3.2, https://arxiv.org/abs/1903.05134, with one
+#: random size instead of two).
+SAMPLING = ('all', 'random', 'largest_plus_random', 'sandwich')
+
+#: Which Pattentions a prefix shrinks (the ``elastic_nesting`` config key), as token kinds: ``'all'`` every
+#: one; ``'ffn'`` the FFNs' only (what MatFormer nests, https://arxiv.org/abs/2310.07707 §3); ``'no_attention'``
+#: the patch stem and the FFNs (the attention projections keep every token).
+NESTING = {'all': ('patch', 'qkv', 'proj', 'ffn'), 'ffn': ('ffn',), 'no_attention': ('patch', 'ffn')}
 
 #: τ of a prefix of k tokens: ``'kept'`` (the whole layer's, the default) or ``'follow'`` (Eq. 5's n follows k).
 PREFIX_TAU = ('kept', 'follow')
@@ -84,15 +97,29 @@ def _block_index(name: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def prefix_counts(model: nn.Module, prefix: Prefix) -> Dict[str, int]:
-    """``{layer name: tokens}`` of ``prefix`` (module docstring) for every elastic layer of ``model``.
+def _nested(layer: nn.Module, nesting: str) -> bool:
+    """Whether a prefix shrinks ``layer`` under ``nesting`` (:data:`NESTING`; a layer without a ``kind``, such as
+    the MatFormer ViT's nested MLP, is always nested)."""
+    kind = getattr(layer, 'kind', None)
+    return kind is None or kind in NESTING[nesting]
+
+
+def _check_nesting(nesting: str):
+    if nesting not in NESTING:
+        raise ValueError(f'unknown elastic nesting {nesting!r}; choose one of {", ".join(NESTING)}')
+
+
+def prefix_counts(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> Dict[str, int]:
+    """``{layer name: tokens}`` of ``prefix`` (module docstring) for every elastic layer of ``model``; a fraction
+    shrinks only the layers of ``nesting`` (:data:`NESTING`), the others keep every token.
 
     Raises:
         ValueError: a fraction outside (0, 1], or a string (a command line's ``'0.5'``: convert it first); a
             per-block list whose length is not the model's number of blocks; a mapping naming a layer the
             model does not have, or a count outside 1..n (named); a prefix of a model without parameter
-            tokens (a timm ViT), which has nothing to run at a prefix.
+            tokens (a timm ViT), which has nothing to run at a prefix; an unknown ``nesting``.
     """
+    _check_nesting(nesting)
     layers = elastic_layers(model)
     if prefix is None:
         return {name: layer.num_tokens for name, layer in layers.items()}
@@ -122,20 +149,22 @@ def prefix_counts(model: nn.Module, prefix: Prefix) -> Dict[str, int]:
     for name, layer in layers.items():
         block = _block_index(name)
         f = default if per_block is None or block is None else per_block[block]
+        f = f if _nested(layer, nesting) else 1.0
         out[name] = max(1, min(layer.num_tokens, round(f * layer.num_tokens)))
     return out
 
 
-def set_prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept') -> Dict[str, int]:
+def set_prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Dict[str, int]:
     """Run ``model`` at ``prefix`` (module docstring) until the next call; ``None`` restores every token.
-    No weights are copied. ``tau``: τ of a prefix (:data:`PREFIX_TAU`). Returns :func:`prefix_counts`.
+    No weights are copied. ``tau``: τ of a prefix (:data:`PREFIX_TAU`); ``nesting``: the layers a fraction
+    shrinks (:data:`NESTING`). Returns :func:`prefix_counts`.
 
     Raises:
         ValueError: as :func:`prefix_counts`, or an unknown ``tau``; then nothing is changed.
     """
     if tau not in PREFIX_TAU:
         raise ValueError(f'unknown prefix tau {tau!r}; choose one of {", ".join(PREFIX_TAU)}')
-    counts = prefix_counts(model, prefix)
+    counts = prefix_counts(model, prefix, nesting)
     for name, layer in elastic_layers(model).items():
         k = counts[name]
         layer.prefix_tokens = None if k == layer.num_tokens else k
@@ -153,13 +182,13 @@ def _tau_scale(layer: nn.Module, k: int) -> float:
 
 
 @contextlib.contextmanager
-def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept') -> Iterator[Dict[str, int]]:
+def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Iterator[Dict[str, int]]:
     """``with prefix(model, 0.5): logits = model(x)``: :func:`set_prefix` inside the block, the layers'
     previous prefixes restored after it (also on an error). Yields :func:`prefix_counts`."""
     layers = elastic_layers(model)
     before = {name: (layer.prefix_tokens, getattr(layer, 'prefix_tau_scale', 1.0)) for name, layer in layers.items()}
     try:
-        yield set_prefix(model, prefix, tau)
+        yield set_prefix(model, prefix, tau, nesting)
     finally:
         for name, layer in layers.items():
             layer.prefix_tokens, scale = before[name]
@@ -167,8 +196,8 @@ def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept') -> Iterator[Dict
                 layer.prefix_tau_scale = scale
 
 
-def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept') -> nn.Module:
-    """A standalone copy of ``model`` at ``prefix`` (with ``tau`` as :func:`set_prefix`; default: the prefix
+def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept', nesting: str = 'all') -> nn.Module:
+    """A standalone copy of ``model`` at ``prefix`` (with ``tau`` and ``nesting`` as :func:`set_prefix`; default: the prefix
     it runs at now): every elastic layer keeps its first k tokens and the prefix's τ
     (:meth:`~tkvision.layers.Pattention.truncate`), and the model's
     ``num_tokens_*`` say its new counts (one per kind, or one per block after a per-block prefix), so the
@@ -181,7 +210,7 @@ def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept') -
     _require_elastic_layers(model, elastic_layers(model))
     out = copy.deepcopy(unwrap_model(model))
     if prefix is not None:
-        set_prefix(out, prefix, tau)
+        set_prefix(out, prefix, tau, nesting)
     for layer in elastic_layers(out).values():
         layer.truncate(layer.prefix_tokens or layer.num_tokens)
     _sync_count_attributes(out)
@@ -218,11 +247,11 @@ def prefix_model_kwargs(model: nn.Module) -> dict:
             for kind in ('patch', 'qkv', 'proj', 'ffn') if hasattr(inner, f'num_tokens_{kind}')}
 
 
-def prefix_parameters(model: nn.Module, prefix: Prefix) -> int:
-    """Parameters of ``model`` at ``prefix`` (of its :func:`extract_prefix` copy), counted without copying:
-    every parameter, less the rows of the tokens the prefix leaves out."""
+def prefix_parameters(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> int:
+    """Parameters of ``model`` at ``prefix`` under ``nesting`` (:data:`NESTING`; of its :func:`extract_prefix`
+    copy), counted without copying: every parameter, less the rows of the tokens the prefix leaves out."""
     total = sum(p.numel() for p in unwrap_model(model).parameters())
-    counts = prefix_counts(model, prefix)
+    counts = prefix_counts(model, prefix, nesting)
     for name, layer in elastic_layers(model).items():
         total -= (layer.num_tokens - counts[name]) * layer.parameters_per_token
     return total
@@ -244,6 +273,10 @@ def step_fractions(fractions: Sequence[float], sampling: str, generator: torch.G
         return ordered
     if sampling == 'random':
         return [ordered[int(torch.randint(len(ordered), (), generator=generator))]]
+    if sampling == 'sandwich':
+        middle = ordered[1:-1]
+        drawn = [middle[int(torch.randint(len(middle), (), generator=generator))]] if middle else []
+        return [ordered[0]] + drawn + [ordered[-1]]
     rest = ordered[1:]
     return [ordered[0], rest[int(torch.randint(len(rest), (), generator=generator))]]
 
@@ -256,7 +289,8 @@ def monotone_prefixes(depth: int, fractions: Sequence[float]) -> List[List[float
     return [list(c) for c in itertools.combinations_with_replacement(ordered, depth)]
 
 
-def mix_n_match(model: nn.Module, fractions: Sequence[float], max_parameters: int) -> List[float]:
+def mix_n_match(model: nn.Module, fractions: Sequence[float], max_parameters: int, nesting: str = 'all'
+                ) -> List[float]:
     """MatFormer's rule of thumb for Mix'n'Match (§4.1.1): the per-block prefix of most parameters within
     ``max_parameters``, among those whose fraction never decreases with depth; of equal sizes the one
     that changes fraction least often (the flattest).
@@ -268,7 +302,7 @@ def mix_n_match(model: nn.Module, fractions: Sequence[float], max_parameters: in
         ValueError: no prefix built from ``fractions`` fits ``max_parameters`` (the smallest's size named).
     """
     depth = 1 + max((i for i in map(_block_index, elastic_layers(model)) if i is not None), default=-1)
-    candidates = [(prefix_parameters(model, p), p) for p in monotone_prefixes(depth, fractions)]
+    candidates = [(prefix_parameters(model, p, nesting), p) for p in monotone_prefixes(depth, fractions)]
     fitting = [(n, p) for n, p in candidates if n <= max_parameters]
     if not fitting:
         smallest = min(n for n, _ in candidates)

@@ -1,0 +1,100 @@
+"""The run's clock and signals: when a run checks its loss, agrees on a stop signal and writes its checkpoint.
+
+:class:`RunClock` is the part of a run that decides *when*: a stop signal from SLURM or torchrun (the run
+saves and stops at its next check), a checkpoint every ``checkpoint_every_steps`` updates or
+``checkpoint_every_minutes`` minutes, and the host synchronisation that finds a NaN / inf loss. It reads the
+run section's timing keys and nothing else of the config.
+"""
+import os
+import signal
+import time
+
+import torch
+import torch.distributed as dist
+
+from ..utils.errors import NonFiniteLossError
+from .checkpoint import save_training_checkpoint
+from .distributed import Processes
+
+__all__ = ['RunClock', 'STOP_SIGNALS']
+
+#: What SLURM and torchrun send before stopping a job: the run checkpoints and exits.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class RunClock:
+    """When a run checks, saves and stops.
+
+    Args:
+        run: the config's run section (``tkvision.engine.config.section``); read: ``log_interval``,
+            ``checkpoint_every_steps``, ``checkpoint_every_minutes``.
+        processes: this process among the job's (``tkvision.engine.distributed.Processes``).
+        checkpoint_path: the run's ``last.pth``.
+
+    Attributes:
+        stop_signal: the name of the stop signal received (``'SIGTERM'``), or None.
+        checked_update: the update up to which the loss is known finite.
+        last_save: ``time.monotonic()`` of the last checkpoint.
+    """
+
+    def __init__(
+            self,
+            run: dict,
+            processes: Processes,
+            checkpoint_path: str,
+    ):
+        self.log_interval = run['log_interval']
+        self.every_steps, self.every_minutes = run['checkpoint_every_steps'], run['checkpoint_every_minutes']
+        self.processes, self.checkpoint_path = processes, checkpoint_path
+        self.stop_signal = None
+        self.last_save = time.monotonic()
+        self.checked_update = 0
+
+    def on_signal(self, signum, _frame):
+        """Signal handler: remember the signal; the loop saves its state and stops at its next check
+        (every update on one process)."""
+        self.stop_signal = signal.Signals(signum).name
+
+    def save(self, state):
+        """Write ``last.pth`` of ``state`` (a ``tkvision.engine.state.TrainState``; rank 0, atomic) and restart
+        the checkpoint clock."""
+        if self.processes.main:
+            save_training_checkpoint(state, self.checkpoint_path)
+        self.last_save = time.monotonic()
+
+    def check(self, state, force: bool = False) -> bool:
+        """At a sync point (every ``log_interval`` / ``checkpoint_every_steps`` updates, or ``force``):
+        one host synchronisation that checks the loss of the updates since the last check on every
+        rank, agrees on a stop signal and on a time-based checkpoint, and writes it if due.
+
+        Args:
+            state: the run's ``tkvision.engine.state.TrainState`` (its update count and loss meter).
+            force: check now whatever the update count (the end of an epoch); saves nothing by itself.
+
+        Returns:
+            True when the run must stop (a stop signal on any rank); the checkpoint is then written.
+
+        Raises:
+            NonFiniteLossError: a NaN / inf loss since the last check (nothing is saved after it).
+        """
+        u, world = state.num_updates, self.processes.world
+        step_due = bool(self.every_steps) and u % self.every_steps == 0
+        if not (force or step_due or u % self.log_interval == 0 or (world == 1 and self.stop_signal)):
+            return False
+        time_due = bool(self.every_minutes) and time.monotonic() - self.last_save >= 60 * self.every_minutes
+        flags = torch.cat([state.meter['nonfinite'].float().view(1),
+                           torch.tensor([float(bool(self.stop_signal)), float(time_due)],
+                                        device=self.processes.device)])
+        if world > 1:
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        nonfinite, stop, time_due = (bool(v) for v in flags.tolist())
+        if nonfinite:
+            last = (f'the last good checkpoint is {self.checkpoint_path}' if os.path.isfile(self.checkpoint_path)
+                    else 'no checkpoint was written before it')
+            raise NonFiniteLossError(f'the training loss became NaN or infinite between updates '
+                                     f'{self.checked_update + 1} and {u} (epoch {state.epochs_done + 1}); stopping: '
+                                     f'{last}. Try a lower lr, clip_grad: 1.0, or amp: bf16 instead of fp16')
+        self.checked_update = u
+        if (step_due or time_due or stop) and not force:
+            self.save(state)
+        return stop

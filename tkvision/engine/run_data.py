@@ -1,0 +1,176 @@
+"""The data of a run: its datasets, loaders and on-device preprocessing, built from the data section.
+
+:class:`RunData` is what the epoch loop and evaluation read to get batches: the training and validation
+loaders (and the test loader, built once at the end), the preprocessing that turns a loader's uint8 batch
+into normalised float images on the device, and the batch arithmetic (accumulation steps, batches and
+updates per epoch). NaFlex loaders (timm's variable-resolution patch batches) are built here too, with the
+memory check that refuses lengths that cannot fit before any work.
+"""
+import math
+import signal
+
+import cv2
+import torch
+
+from ..data import BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size
+from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
+from ..utils.errors import ConfigError
+from ..utils.memory import available_memory_bytes
+from .build import build_model
+from .clock import STOP_SIGNALS
+from .distributed import Processes
+
+__all__ = ['RunData', 'naflex_patch_size', 'check_naflex_memory', 'naflex_loss_scale']
+
+
+def _ignore_stop_signals(_worker_id):
+    """DataLoader workers leave SIGTERM / SIGUSR1 to the main process, which stops them itself after
+    checkpointing (SLURM signals every process of a job step), and decode with one OpenCV thread
+    (torch already gives them one): workers x threads must not oversubscribe the cores."""
+    for s in STOP_SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+    cv2.setNumThreads(1)
+
+
+class RunData:
+    """A run's datasets, loaders and preprocessing.
+
+    Args:
+        data: the config's data section (``tkvision.engine.config.section``).
+        model: the model section, read only for a NaFlex model's patch size (``naflex_loader``).
+        accum: micro-batches per optimizer update (``tkvision.engine.config.resolve_accum_steps``).
+        seed: the run's seed (sample order and augmentation draws).
+        processes: this process among the job's (``tkvision.engine.distributed.Processes``).
+
+    Attributes:
+        train_ds, val_ds, train_loader, val_loader: the splits and their loaders.
+        preprocess: ``preprocess(images, train)`` to normalised float images on the device.
+        batches_per_epoch, updates_per_epoch: micro-batches and optimizer updates of one epoch per process.
+        global_batch: images per optimizer update over every process.
+
+    Raises:
+        ConfigError: a training set smaller than one global batch, or an epoch without a full batch.
+        FileNotFoundError, UsageError: missing data, splits with different classes (named).
+    """
+
+    def __init__(
+            self,
+            data: dict,
+            model: dict,
+            accum: int,
+            seed: int,
+            processes: Processes,
+    ):
+        self.data, self.accum, self.seed, self.processes = data, accum, seed, processes
+        self.naflex_patch_size = naflex_patch_size(model, data, processes.device) if data['naflex_loader'] else None
+        self.preprocess = (NaFlexPreprocessor(processes.device) if data['naflex_loader'] else
+                           BatchPreprocessor(data['mean'], data['std'], processes.device, reprob=data['reprob']))
+        self._test_loader = None  # built by test_loader(), at the end of a run
+        self.train_ds = build_dataset(data, 'train', seed, processes.rank, processes.world)
+        self.val_ds = build_dataset(data, 'val', seed, processes.rank, processes.world,
+                                    class_to_idx=dataset_classes(self.train_ds))
+        self.global_batch = data['batch_size'] * accum * processes.world
+        if dataset_size(self.train_ds) < self.global_batch:
+            raise ConfigError(f'the training set has {dataset_size(self.train_ds)} images, fewer than one global batch '
+                              f"({self.global_batch} = batch_size {data['batch_size']} x accum_steps {accum} x "
+                              f'{processes.world} processes): lower batch_size or raise train_subset')
+        self.train_loader = self._loader(self.train_ds, train=True)
+        self.train_loader.worker_init_fn = _ignore_stop_signals
+        self.val_loader = self._loader(self.val_ds, train=False)
+        self.batches_per_epoch = batches_per_epoch(self.train_loader)
+        if self.batches_per_epoch < 1:
+            raise ConfigError(f"one epoch holds no full batch of {data['batch_size']} per process and loader worker: "
+                              'lower batch_size or num_workers')
+        self.updates_per_epoch = math.ceil(self.batches_per_epoch / accum)
+
+    def test_loader(self):
+        """A loader of the test split (``tkvision.data.build_dataset`` ``'test'``), built when asked for: the
+        trainer asks once, at the end of a run (kept for :meth:`close`)."""
+        ds = build_dataset(self.data, 'test', self.seed, self.processes.rank, self.processes.world,
+                           class_to_idx=dataset_classes(self.train_ds))
+        self._test_loader = self._loader(ds, train=False)
+        return self._test_loader
+
+    def _loader(self, dataset, train: bool):
+        """Our map-style / shard loader (``tkvision.data.build_loader``), or timm's NaFlex loader
+        (``tkvision.data.naflex.build_naflex_loader``) with ``naflex_loader``."""
+        rank, world = self.processes.rank, self.processes.world
+        if self.naflex_patch_size:
+            return build_naflex_loader(dataset, self.data, train, self.seed, self.naflex_patch_size, rank, world)
+        return build_loader(dataset, self.data, train=train, seed=self.seed, rank=rank, world_size=world)
+
+    def loss_scale(self, images: int) -> float:
+        """The weight of a training batch of ``images`` images: 1, or for a NaFlex batch (whose images vary in
+        number with its sequence length) :func:`naflex_loss_scale` of ``naflex_loss_scale``."""
+        if not self.data['naflex_loader']:
+            return 1.0
+        return naflex_loss_scale(self.data['naflex_loss_scale'], images, self.data['batch_size'])
+
+    def close(self):
+        """Stop the loaders' worker processes, on every way out of a run (an error included).
+
+        Persistent workers live in ``loader._iterator`` until it is dropped; its shutdown sets their
+        done event and joins them. Without this, an error leaves them waiting, and since they ignore
+        SIGTERM (:func:`_ignore_stop_signals`) multiprocessing's exit handler waits for them forever.
+        """
+        for loader in (self.train_loader, self.val_loader, self._test_loader):
+            if loader is None:
+                continue
+            iterator = getattr(loader, '_iterator', None)
+            loader._iterator = None
+            if iterator is not None and hasattr(iterator, '_shutdown_workers'):
+                iterator._shutdown_workers()
+
+
+def naflex_patch_size(model: dict, data: dict, device='cpu') -> int:
+    """The patch size of the model section's model (built on the meta device), which NaFlex evaluation batches
+    use; the data section's sequence lengths checked against ``device``'s memory (:func:`check_naflex_memory`).
+
+    Raises:
+        ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries, or lengths that
+            cannot fit.
+    """
+    with torch.device('meta'):
+        net = build_model(model)
+    patch = getattr(getattr(net, 'embeds', None), 'patch_size', None)
+    if patch is None:
+        raise ConfigError(f"naflex_loader: {model['model']} takes no NaFlex patch dictionaries; use a NaFlex model "
+                          '(naflexvit_tokenformer_ti16, timm naflexvit_*) or set naflex_loader: false')
+    check_naflex_memory(data, net, device)
+    return patch[0]
+
+
+def check_naflex_memory(data: dict, net: torch.nn.Module, device):
+    """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in ``device``'s memory: the
+    longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
+    each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: the attention mask
+    (``L²`` per image), on a CPU one block's attention scores and probabilities (``2 x heads x L²``: the CPU
+    runs masked attention unfused), and the tokens' activations over the blocks (``16 x L x embed_dim`` per
+    image and block), in float32, against what the process may allocate
+    (``tkvision.utils.memory.available_memory_bytes``: free memory, ``ulimit -v``, a cgroup's limit).
+
+    Raises:
+        ConfigError: naming the key, the length, the memory it needs at least and what is available.
+    """
+    blocks = len(net.blocks)
+    heads = getattr(net.blocks[0].attn, 'num_heads', 1)
+    # on a CPU attention runs unfused with a mask: scores and probabilities, heads x L² each, exist at once
+    score_copies = 0 if torch.device(device).type == 'cuda' else 2 * heads
+    have = available_memory_bytes(device)
+    for key, length in (('naflex_train_seq_lens', max(data['naflex_train_seq_lens'])),
+                        ('naflex_max_seq_len', data['naflex_max_seq_len'])):
+        need = data['batch_size'] * ((1 + score_copies) * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
+        if need > have:
+            raise ConfigError(f"{key}: a batch of {data['batch_size']} images at {length} patches needs at least "
+                              f'{need / 2 ** 30:,.1f} GiB (an image\'s {length}² attention mask, '
+                              + (f'{heads} heads x {length}² attention scores and probabilities, ' if score_copies
+                                 else '') +
+                              f'and its activations); {have / 2 ** 30:,.1f} GiB is available to this process on '
+                              f'{torch.device(device)}: lower {key} or batch_size')
+
+
+def naflex_loss_scale(mode: str, images: int, batch_size: int) -> float:
+    """timm ``train.py --naflex-loss-scale``: a NaFlex batch of ``images`` (their number varies with the
+    batch's sequence length) weighs ``images / batch_size`` (``'linear'``), its square root (``'sqrt'``) or 1."""
+    ratio = images / batch_size
+    return {'linear': ratio, 'sqrt': ratio ** 0.5, 'none': 1.0}[mode]
