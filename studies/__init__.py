@@ -2,12 +2,12 @@
 from the repository's root, importing tkvision as any user code does. Not part of the wheel (the package ships
 the library and the users' recipes); CI runs their tests from the repository.
 
-- :mod:`studies.comparison`: TokenFormer against timm's ViT at equal parameters, compute and time;
-- :mod:`studies.growth`: growth chains against training from scratch (paper Fig. 3);
-- :mod:`studies.elastic`: one model at any prefix of its parameter tokens against separately trained ones;
-- :mod:`studies.naflex`: the NaFlex family against timm's NaFlexViT;
-- :mod:`studies.ringformer`: attention distance of the recurrent families;
-- :mod:`studies.performance`: layer, data and loader benchmarks, the trainer against timm's, the GPU report.
+- `studies.comparison`: TokenFormer against timm's ViT at equal parameters, compute and time;
+- `studies.growth`: growth chains against training from scratch (paper Fig. 3);
+- `studies.elastic`: one model at any prefix of its parameter tokens against separately trained ones;
+- `studies.naflex`: the NaFlex family against timm's NaFlexViT;
+- `studies.ringformer`: attention distance of the recurrent families;
+- `studies.performance`: layer, data and loader benchmarks, the trainer against timm's, the GPU report.
 """
 import os
 import tempfile

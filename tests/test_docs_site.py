@@ -47,6 +47,22 @@ def test_the_site_builds_strict_and_its_pages_render_in_a_browser(site, tmp_path
     api = _browse(site / 'reference' / 'api' / 'index.html', tmp_path / 'profile', 'docs_api.png')
     assert '<title>Python API - tkvision</title>' in api and 'Pattention' in api
     assert 'backward_mode' in api and 'prefix_tokens' in api  # from the docstrings
+    _assert_each_parameter_listed_alone(api, 'tkvision.layers.block.Block')
+
+
+def _assert_each_parameter_listed_alone(dom: str, identifier: str):
+    """The rendered Parameters table of ``identifier`` lists each parameter of its signature in a row of its
+    own: a docstring line describing two at once ('value_std / key_std: ...') rendered as one garbled name."""
+    import importlib
+    import inspect
+    import re
+    module, name = identifier.rsplit('.', 1)
+    signature = inspect.signature(getattr(importlib.import_module(module), name))
+    section = dom[dom.index(f'id="{identifier}"'):]
+    table = section[section.index('Parameters'):section.index('</table>')]
+    rows = re.findall(r'<tr class="doc-section-item">\s*<td>\s*<code>([^<]+)</code>', table)
+    expected = [p for p in signature.parameters if p not in ('self', 'kwargs', 'args')]
+    assert sorted(rows) == sorted(expected), (rows, expected)  # each once, none garbled into another
 
 
 def test_every_link_between_the_sites_pages_resolves(site):

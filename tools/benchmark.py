@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark TokenFormer vs timm ViT: ``python tools/benchmark.py --models M1 M2 --mode infer train --batch-size 64``.
 
-Thin wrapper over :func:`tkvision.cli.experiments.benchmark_main` (also installed as ``tkvision-benchmark``).
+Thin wrapper over `tkvision.cli.experiments.benchmark_main` (also installed as ``tkvision-benchmark``).
 """
 import sys
 

@@ -8,7 +8,7 @@ holds the counts under a ceiling (each builder should receive the section it use
 under ``sys.setprofile`` and prints the counts (``--verbose``: every hand-off).
 
 What counts: a call of a tkvision function one of whose arguments is the whole config (a dict holding
-every key of :data:`tkvision.engine.config.DEFAULTS`) or an object that carries it as ``.cfg`` (the run's
+every key of `tkvision.engine.config.DEFAULTS`) or an object that carries it as ``.cfg`` (the run's
 context and state; ``self`` included), made from tkvision code; each call site once. A
 *return*: a hand-off into a module that is already among the modules of the calls that hold the config
 on the stack (the way back to a module the config had left).

@@ -2,7 +2,7 @@
 """Grow a checkpoint: ``python tools/grow.py --checkpoint small.safetensors --model M --to BIGGER
 --out grown.safetensors``.
 
-Thin wrapper over :func:`tkvision.cli.weights.grow_main` (also installed as ``tkvision-grow``).
+Thin wrapper over `tkvision.cli.weights.grow_main` (also installed as ``tkvision-grow``).
 """
 import sys
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """MAE reconstructions: ``python tools/mae_visualize.py --checkpoint RUN/last.pth --out recon.png``.
 
-Thin wrapper over :func:`tkvision.cli.weights.mae_visualize_main` (also installed as ``tkvision-mae-visualize``).
+Thin wrapper over `tkvision.cli.weights.mae_visualize_main` (also installed as ``tkvision-mae-visualize``).
 """
 import sys
 

@@ -2,7 +2,7 @@
 """Write WebDataset tar shards of an ImageNet-layout folder:
 ``python tools/make_shards.py --src /data/imagenet --out /data/imagenet-wds [--max-count 10000]``.
 
-Thin wrapper over :func:`tkvision.cli.data.make_shards_main` (also installed as ``tkvision-make-shards``).
+Thin wrapper over `tkvision.cli.data.make_shards_main` (also installed as ``tkvision-make-shards``).
 """
 import sys
 

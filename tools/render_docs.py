@@ -134,7 +134,7 @@ class SpecError(ValueError):
 
 
 def _render_block(spec: str, where: str, render=render) -> str:
-    """``render(spec)`` (a table or an inline value), its failures as one :class:`SpecError` line naming
+    """``render(spec)`` (a table or an inline value), its failures as one `SpecError` line naming
     ``where`` (file:line of the spec), what is missing and, for a missing column, the columns the results
     file has."""
     try:

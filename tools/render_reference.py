@@ -2,8 +2,8 @@
 """Write the generated reference pages of the documentation site; ``--check`` fails on a stale one.
 
 - ``docs/reference/config.md``: every config key, by section, with its default, what it allows and what it
-  means, read from the config's own tables (:data:`tkvision.engine.config.SECTIONS` and the comments beside
-  each key in ``tkvision/engine/config.py``, :data:`tkvision.engine.config_rules.RULES`);
+  means, read from the config's own tables (`tkvision.engine.config.SECTIONS` and the comments beside
+  each key in ``tkvision/engine/config.py``, `tkvision.engine.config_rules.RULES`);
 - ``docs/reference/commands.md``: each console script's ``--help`` (``setup.cfg``'s ``console_scripts``);
 - ``docs/index.md``: the site's home page, README.md with its links made relative to ``docs/``.
 

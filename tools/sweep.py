@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Ablation sweep: ``python tools/sweep.py configs/ablations/fashion_mnist/*.yaml --seeds 0 1 --out runs/ablations``.
 
-Thin wrapper over :func:`tkvision.cli.experiments.sweep_main` (also installed as ``tkvision-sweep``).
+Thin wrapper over `tkvision.cli.experiments.sweep_main` (also installed as ``tkvision-sweep``).
 """
 import sys
 

@@ -14,7 +14,7 @@ for the two lists timm itself uses to exclude its own models from tests that do 
   level module to their shared block as an argument, which TorchScript cannot script (timm excludes its
   ``hiera_*`` / ``*naflex*`` the same way); ``tests/test_timm_contract.py`` tests ``torch.export`` for them.
 
-A ``conftest.py`` beside the copy imports :mod:`tkvision` (which registers the families). ``--models
+A ``conftest.py`` beside the copy imports `tkvision` (which registers the families). ``--models
 small`` (default) runs the smallest variant of each family (``make test-timm-upstream``, in CI);
 ``all`` every registered variant (B and L sizes: long on a CPU). Exit status: pytest's.
 """

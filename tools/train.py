@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Train a TokenFormer ViT: ``python tools/train.py --config configs/... [--data-dir D] [--resume] [--key value ...]``.
 
-Thin wrapper over :func:`tkvision.cli.train.train_main` (also installed as ``tkvision-train``); run under
+Thin wrapper over `tkvision.cli.train.train_main` (also installed as ``tkvision-train``); run under
 ``torchrun --nproc_per_node N`` for distributed training.
 """
 import sys

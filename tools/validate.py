@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Evaluate weights: ``python tools/validate.py --model M --checkpoint W [--config C] [--data-dir D]``.
 
-Thin wrapper over :func:`tkvision.cli.train.validate_main` (also installed as ``tkvision-validate``).
+Thin wrapper over `tkvision.cli.train.validate_main` (also installed as ``tkvision-validate``).
 """
 import sys
 

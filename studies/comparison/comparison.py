@@ -2,18 +2,18 @@
 run): the results files of ``docs/comparison.md``.
 
 ``python -m studies.comparison.comparison studies/comparison/configs/*.yaml --seeds 0 1 2 --out runs/comparison
---report-dir docs/comparison`` trains every (config, seed) point through :func:`~tkvision.experiments.sweep.run_sweep`
+--report-dir docs/comparison`` trains every (config, seed) point through [`run_sweep`][tkvision.experiments.sweep.run_sweep]
 (finished points are skipped), then writes two files into ``--report-dir``:
 
 - ``points.csv``: one row per finished (config, seed): validation top-1 (what a choice is made on), test
   top-1 (evaluated once, at the end), img/s and the wall minutes of that run (a resumed run's parts summed:
   the sweep's record).
 - ``results.csv``: one row per config: model, parameter tokens, epochs, trainable parameters, training
-  GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: :func:`train_flops_per_image`),
+  GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: `train_flops_per_image`),
   the run's training TFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
   and test top-1 (mean and sample std over seeds; one seed's std is empty), and the img/s, minutes and
   compute of each row as a ratio to the reference row (``--reference``, timm's ViT), and ``changes``: what
-  the config sets otherwise than the reference's (:func:`config_changes_from`), the settings column of the
+  the config sets otherwise than the reference's (`config_changes_from`), the settings column of the
   levers' table.
 
 ``--time`` trains nothing to the end: it times each config's training in our trainer alone (one
@@ -23,13 +23,13 @@ machine with whatever else runs; these runs must not).
 
 ``--report-only`` trains nothing and reports the points finished so far (while others still train).
 A report keeps the points an earlier ``points.csv`` in ``--report-dir`` holds unless they are measured
-again (:func:`merge_points`): ``runs/`` does not travel between machines, the points file does.
+again (`merge_points`): ``runs/`` does not travel between machines, the points file does.
 ``--from-points docs/comparison/points.csv`` re-derives ``results.csv`` from the stored points with the
 current code (``tests/test_docs.py`` does, so the file cannot drift from the points and the configs).
 
 ``--curve-epochs 6 12 ...`` with a report from the runs keeps each point's ``metrics.csv`` in ``--report-dir`` as
-``<config>_seed<k>_metrics.csv`` (:func:`keep_metrics`) and writes ``curves.csv`` from those files
-(:func:`curve_rows`: validation top-1 and training loss at those epochs), with
+``<config>_seed<k>_metrics.csv`` (`keep_metrics`) and writes ``curves.csv`` from those files
+(`curve_rows`: validation top-1 and training loss at those epochs), with
 ``--from-points`` too (from the metrics files beside the points file).
 """
 import argparse
@@ -77,7 +77,7 @@ def read_points(path: str) -> list:
     """The rows of a stored ``points.csv``, figures as floats and seeds as ints.
 
     Raises:
-        UsageError: a file without :data:`POINT_COLUMNS`, or a row whose figure is not a number (file and row
+        UsageError: a file without `POINT_COLUMNS`, or a row whose figure is not a number (file and row
             named).
     """
     with open(path) as f:
@@ -112,7 +112,7 @@ def _config_row(config: str, points: list) -> dict:
 
 
 def config_changes_from(reference: dict, cfg: dict) -> str:
-    """What config ``cfg`` sets otherwise than ``reference`` (both as :func:`load_config` returns them, defaults
+    """What config ``cfg`` sets otherwise than ``reference`` (both as [`load_config`][tkvision.engine.config.load_config] returns them, defaults
     filled in): ``'key=value'`` per differing top-level key and per differing ``model_kwargs`` entry (named
     by the entry alone), sorted, joined by ``'; '``; ``'key=(unset)'`` for a model kwarg only the reference
     sets; ``''`` when nothing differs. ``output`` (where a run is written) is not a setting."""
@@ -132,7 +132,7 @@ def config_changes_from(reference: dict, cfg: dict) -> str:
 def comparison_rows(configs: list, points: list, reference: str) -> list:
     """One row per config that has finished points, in ``configs``' order, with ``*_vs_reference``
     ratios (img/s, minutes, training compute) to the row named ``reference`` and the ``changes`` its
-    config makes to the reference's (:func:`config_changes_from`).
+    config makes to the reference's (`config_changes_from`).
 
     Raises:
         UsageError: no finished point of the reference config (the ratios would have no base).
@@ -175,7 +175,7 @@ def merge_points(stored: list, new: list) -> list:
 def write_report(configs: list, points: list, report_dir: str, reference: str, write_points: bool = True) -> list:
     """Write ``results.csv`` (and ``points.csv`` unless ``write_points`` is False) into ``report_dir``;
     returns the result rows. With ``write_points``, the points already in ``report_dir/points.csv`` are
-    kept where ``points`` does not measure them again (:func:`merge_points`), and the results are taken
+    kept where ``points`` does not measure them again (`merge_points`), and the results are taken
     over all of them."""
     os.makedirs(report_dir, exist_ok=True)
     stored = os.path.join(report_dir, 'points.csv')
@@ -203,8 +203,8 @@ def collect_points(configs: list, seeds: list, out: str) -> list:
 
 
 def run_comparison(configs: list, seeds: list, out: str, report_dir: str, reference: str, extra=(), log=print) -> list:
-    """Train the points not yet finished (:func:`~tkvision.experiments.sweep.run_sweep` under ``out``),
-    then :func:`write_report` from every finished one; returns the result rows."""
+    """Train the points not yet finished ([`run_sweep`][tkvision.experiments.sweep.run_sweep] under ``out``),
+    then `write_report` from every finished one; returns the result rows."""
     records = run_sweep(configs, seeds, out, extra=extra, log=log)
     return write_report(configs, points_from_records(records), report_dir, reference)
 
@@ -212,7 +212,7 @@ def run_comparison(configs: list, seeds: list, out: str, report_dir: str, refere
 def time_configs(configs: list, images: int, repeats: int, reference: str, log=print) -> list:
     """Training img/s of each config in our trainer: ``repeats`` rounds, each training every config for one
     epoch over its first ``images`` training images (configs interleaved, so a slow spell of the machine
-    hits them all); rows as :func:`speed_rows` makes them, with the ``machine`` and ``date``.
+    hits them all); rows as `speed_rows` makes them, with the ``machine`` and ``date``.
 
     Raises:
         ValueError: ``reference`` is not one of ``configs``.
@@ -249,7 +249,7 @@ def speed_rows(configs: list, runs: dict, images: int, reference: str) -> list:
 
 
 def write_speed(rows: list, report_dir: str):
-    """``speed.csv`` in ``report_dir`` (:func:`time_configs`' rows)."""
+    """``speed.csv`` in ``report_dir`` (`time_configs`' rows)."""
     os.makedirs(report_dir, exist_ok=True)
     _write_csv(os.path.join(report_dir, 'speed.csv'), rows, list(rows[0]))
 
@@ -273,7 +273,7 @@ CURVE_QUANTITIES = (('top1', 2), ('train_loss', 3))
 
 
 def curve_rows(metrics_dir: str, epochs: list) -> list:
-    """One row per (quantity, run) of :data:`CURVE_QUANTITIES` from the ``<point>_metrics.csv`` files in
+    """One row per (quantity, run) of `CURVE_QUANTITIES` from the ``<point>_metrics.csv`` files in
     ``metrics_dir``: ``point``, ``quantity`` (the metrics column) and ``epoch_<e>`` for each of ``epochs``
     (1-based, as the trainer prints them), the raw weights' figures after that epoch. Quantity-major, points in
     name order.
@@ -296,7 +296,7 @@ def curve_rows(metrics_dir: str, epochs: list) -> list:
 
 
 def write_curves(metrics_dir: str, epochs: list, report_dir: str) -> list:
-    """``curves.csv`` in ``report_dir`` (:func:`curve_rows` of ``metrics_dir``); returns the rows."""
+    """``curves.csv`` in ``report_dir`` (`curve_rows` of ``metrics_dir``); returns the rows."""
     rows = curve_rows(metrics_dir, epochs)
     os.makedirs(report_dir, exist_ok=True)
     if rows:
@@ -307,7 +307,7 @@ def write_curves(metrics_dir: str, epochs: list, report_dir: str) -> list:
 def main(argv=None) -> int:
     """``python -m studies.comparison.comparison``; see ``--help``
     . Prints the result rows; exit 2 on a bad setting,
-    :data:`~tkvision.utils.errors.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
+    `EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
     return run_cli(_comparison, argv)
 
 

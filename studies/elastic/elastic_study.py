@@ -7,7 +7,7 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long r
     python -m studies.elastic.elastic_study report-long             # docs/elastic/long*
 
 ``train`` runs the points in this process through tkvision's sweep
-(:func:`tkvision.experiments.sweep.run_sweep`), with the MatFormer ViT of ``matformer_vit.py`` registered.
+([`tkvision.experiments.sweep.run_sweep`][tkvision.experiments.sweep.run_sweep]), with the MatFormer ViT of ``matformer_vit.py`` registered.
 ``report`` reads the finished runs under ``--runs`` and writes, into ``--report-dir``:
 
 - ``points.csv``: one row per (method, seed, prefix): parameters of the prefix, its validation top-1 (the
@@ -16,13 +16,13 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long r
   (``tokenformer_tokens_<n>``, one run per size), ``post_hoc`` (the 72-token independent run's weights
   evaluated at each prefix, τ following k; ``post_hoc_tau_kept`` with the full layer's τ), ``matformer_vit``,
   and ``mix_n_match`` (per-block prefixes of the elastic run chosen by MatFormer's rule of thumb,
-  :func:`tkvision.growth.elastic.mix_n_match`, under budgets between the uniform sizes).
+  [`tkvision.growth.elastic.mix_n_match`][tkvision.growth.elastic.mix_n_match], under budgets between the uniform sizes).
 - ``results.csv``: per (method, prefix): parameters, training compute (forward + backward FLOPs per image
-  counted by :func:`tkvision.experiments.benchmark.train_flops_per_image`, times the images the recipe
+  counted by `tkvision.experiments.benchmark.train_flops_per_image`, times the images the recipe
   trains, the elastic runs' mix of prefixes included) as a ratio to the largest TokenFormer trained alone,
   the validation and test top-1 (mean and sample std over seeds), and the gap to the independently trained
   twin of the same size (validation).
-- ``speed.csv``: inference img/s of each exported sub-model's architecture (:func:`extract_prefix` then
+- ``speed.csv``: inference img/s of each exported sub-model's architecture (`extract_prefix` then
   timm's builder: the same shapes) against the independently trained twin's, batch 256, timed interleaved.
 - ``top1_vs_params.png``: validation top-1 against parameters, one line per method.
 - ``meta.json``: the machine, the date, the seeds and the command of the report.
@@ -32,7 +32,7 @@ Points a rerun has not finished yet are left out (the report says how many seeds
 ``report-long`` reads the long-recipe elastic run (``configs/long/elastic_128.yaml``, trained with ``train
 --configs studies/elastic/configs/long/elastic_128.yaml --seeds 0 --out runs/elastic_long``) and sets each
 of its prefixes against the long run of that size in docs/comparison/long/results.csv: ``long.csv``
-(:func:`long_rows`, with the exported prefixes' img/s), ``long_top1_vs_params.png`` and ``long_meta.json``.
+(`long_rows`, with the exported prefixes' img/s), ``long_top1_vs_params.png`` and ``long_meta.json``.
 """
 import argparse
 import csv
@@ -101,7 +101,7 @@ def _distilled_from_teacher(config: str) -> bool:
 def train(configs, seeds, out, threads: int = None) -> list:
     """Train every (config, seed) not yet finished, seed by seed (so each seed's points land together); the
     configs distilled from a teacher after the others, from that seed's largest twin
-    (:func:`teacher_weights`, trained first when it is among ``configs``). ``threads``: each run's CPU threads
+    (`teacher_weights`, trained first when it is among ``configs``). ``threads``: each run's CPU threads
     (the configs' when None).
 
     Returns:
@@ -148,7 +148,7 @@ def _last_row(run_dir: str):
 
 
 def elastic_points(runs: str, seeds) -> list:
-    """Rows of :data:`POINT_COLUMNS` for the elastic runs (each prefix as the run reported it) and the
+    """Rows of `POINT_COLUMNS` for the elastic runs (each prefix as the run reported it) and the
     independently trained twins."""
     rows = []
     for seed in seeds:
@@ -178,7 +178,7 @@ def _model(name: str, seed: int, runs: str) -> torch.nn.Module:
 
 
 def _last_weights(cfg: dict) -> torch.nn.Module:
-    """The finished run's last weights in its model (:func:`tkvision.engine.checkpoint.model_for_checkpoint`)."""
+    """The finished run's last weights in its model ([`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint])."""
     return model_for_checkpoint(cfg, os.path.join(cfg['output'], LAST_WEIGHTS))[0]
 
 
@@ -257,8 +257,8 @@ def training_compute(cfg: dict, teacher: dict = None) -> float:
 def summarize(points: list, compute: dict) -> list:
     """``results.csv`` rows: per (method, prefix) the mean and std over seeds, the training compute as a ratio
     to the largest TokenFormer trained alone, and the validation gap to the independently trained twin of the
-    same prefix with its 95% interval (:func:`gap_interval`, from the unrounded seeds). No gap for the methods
-    of :data:`OTHER_SIZES`, whose prefixes have other sizes: compare them by parameters. A last row,
+    same prefix with its 95% interval (`gap_interval`, from the unrounded seeds). No gap for the methods
+    of `OTHER_SIZES`, whose prefixes have other sizes: compare them by parameters. A last row,
     ``independent`` at prefix ``all``, is the compute of training the four sizes separately."""
     reference = compute.get(TWINS[1.0])
     twins = {p['prefix']: [] for p in points if p['method'] == 'independent'}
@@ -316,7 +316,7 @@ def _means(points: list) -> list:
 
 def speed_rows(cfg: dict, model: torch.nn.Module, fractions=FRACTIONS, batch_size: int = 256,
                repeats: int = 5) -> list:
-    """Inference img/s of the architectures of ``model``'s exported prefixes (:func:`extract_prefix`, then
+    """Inference img/s of the architectures of ``model``'s exported prefixes (`extract_prefix`, then
     timm's builder: the twins' shapes) at ``fractions``, against the whole model's, timed interleaved in one
     run; ``cfg`` is the run's resolved config (model name and keyword arguments, threads)."""
     base = cfg['model'] + ''.join(f'@{k}={v}' for k, v in cfg['model_kwargs'].items() if not k.startswith('num_'))
@@ -368,7 +368,7 @@ def read_points(path: str) -> list:
     """The rows of an earlier ``points.csv`` (``report --keep-points``), numbers parsed.
 
     Raises:
-        UsageError: the file is missing or lacks a column of :data:`POINT_COLUMNS`.
+        UsageError: the file is missing or lacks a column of `POINT_COLUMNS`.
     """
     if not os.path.isfile(path):
         raise UsageError(f'--keep-points {path}: no such file; give an earlier report\'s points.csv')
@@ -417,7 +417,7 @@ def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = No
 
 
 def _read_long_twins(path: str) -> dict:
-    """The rows of the long-recipe comparison's ``results.csv`` for :data:`LONG_TWINS`, by config name.
+    """The rows of the long-recipe comparison's ``results.csv`` for `LONG_TWINS`, by config name.
 
     Raises:
         UsageError: the file is missing, or lacks a twin's row (the file and the config named).
@@ -441,8 +441,8 @@ def _read_long_twins(path: str) -> dict:
 def long_rows(run_dir: str, cfg: dict, model: torch.nn.Module, twins: dict) -> list:
     """``long.csv`` rows: the finished long-recipe elastic run at each of its prefixes (validation top-1 of
     the last epoch, test top-1 read once, both of the raw weights as the twins' are) against the independent
-    long run of that size (``twins``: :func:`_read_long_twins`): parameters, training compute as a ratio to
-    the whole-size run alone (both counted by :func:`train_flops_per_image` over the same images and epochs,
+    long run of that size (``twins``: `_read_long_twins`): parameters, training compute as a ratio to
+    the whole-size run alone (both counted by `train_flops_per_image` over the same images and epochs,
     the elastic run's expected mix of prefixes included), and the gaps (elastic minus the twins' seed mean).
     A last row, ``independent`` at prefix ``all``, is the three sizes trained separately."""
     last = _last_row(run_dir)
@@ -466,8 +466,8 @@ def long_rows(run_dir: str, cfg: dict, model: torch.nn.Module, twins: dict) -> l
 
 
 def report_long(runs: str, seed: int, twins_path: str, out: str, speed: bool = True) -> list:
-    """Write ``long.csv`` (:func:`long_rows`, with each prefix's exported img/s from :func:`speed_rows` unless
-    ``speed`` is False), ``long_top1_vs_params.png`` (:func:`plot_long`) and ``long_meta.json`` into ``out``;
+    """Write ``long.csv`` (`long_rows`, with each prefix's exported img/s from `speed_rows` unless
+    ``speed`` is False), ``long_top1_vs_params.png`` (`plot_long`) and ``long_meta.json`` into ``out``;
     returns the ``long.csv`` rows.
 
     Raises:

@@ -4,13 +4,13 @@
     python -m studies.growth.growth_experiment --out runs/growth_chain --plan ablations --seeds 0 1  # a step's levers
     python -m studies.growth.growth_experiment --out runs/growth_chain --report          # tables and plot only
 
-A *chain* is one trainer run of a progressive recipe (``growth.schedule``, :mod:`tkvision.train`): the
+A *chain* is one trainer run of a progressive recipe (``growth.schedule``, `tkvision.train`): the
 TokenFormer chain ``configs/fashion_mnist/growth_chain.yaml`` appends parameter tokens at every step
 (paper §3.3); the ViT chain ``configs/fashion_mnist/growth_chain_vit.yaml`` widens a timm ViT's MLP by
-Net2Net (:func:`tkvision.growth.net2net_widen`, paper §4.3). Against each chain, every size it passes
+Net2Net ([`tkvision.growth.net2net_widen`][tkvision.growth.net2net.net2net_widen], paper §4.3). Against each chain, every size it passes
 through is trained *from scratch* for the chain's whole length (``--scratch-epochs`` to change it),
 as in Fig. 3. The ``ablations`` plan reruns the TokenFormer chain with one growth setting changed
-from a fixed first recipe (:data:`ABLATION_BASE`, :data:`ABLATIONS`), and the ViT chain with that
+from a fixed first recipe (`ABLATION_BASE`, `ABLATIONS`), and the ViT chain with that
 recipe.
 
 Compute is counted as before: training FLOPs per image of the model at the size of that epoch
@@ -59,7 +59,7 @@ ABLATION_BASE = ({'stage_lr': 'restart', 'key_init': 'zeros', 'optimizer_state':
                  {'warmup_epochs': 0.25, 'lr_scale': 0.5})
 
 #: What makes a growth step work : name -> (what changes, growth overrides, step overrides)
-#: on top of :data:`ABLATION_BASE` (``base``: nothing changed; the ViT chain runs ``base`` only).
+#: on top of `ABLATION_BASE` (``base``: nothing changed; the ViT chain runs ``base`` only).
 ABLATIONS = {
     'base': ('the first recipe: restart per stage, re-warm 0.25 epoch to x0.5 peak', {}, {}),
     'keys_normal': ("new keys N(0, 0.02²) instead of zeros (the public code's init)", {'key_init': 'normal'}, {}),
@@ -105,7 +105,7 @@ def train_flops_per_image(cfg: dict) -> float:
 
 
 def stage_sizes(cfg: dict) -> list:
-    """:func:`~tkvision.growth.model_size` of every stage of ``cfg``'s growth schedule, first to last."""
+    """`model_size` of every stage of ``cfg``'s growth schedule, first to last."""
     with torch.device('meta'):
         return schedule_sizes(model_size(model_for_config(cfg)), cfg['growth']['schedule'])
 
@@ -124,9 +124,9 @@ def _size_name(size: dict) -> str:
 
 def plan_runs(plan: str, seeds, overrides=(), scratch_epochs=None, families=FAMILIES) -> list:
     """``[(run name, seed, config)]`` of ``plan``: ``'chain'`` (each family's chain and every stage size
-    from scratch), ``'ablations'`` (the TokenFormer chain with each of :data:`ABLATIONS`), ``'tau'`` (the
-    TokenFormer chain with each of :data:`TAU_VARIANTS`) or ``'shapes'`` (each family's chain with its
-    steps moved, :data:`SHAPES`)."""
+    from scratch), ``'ablations'`` (the TokenFormer chain with each of `ABLATIONS`), ``'tau'`` (the
+    TokenFormer chain with each of `TAU_VARIANTS`) or ``'shapes'`` (each family's chain with its
+    steps moved, `SHAPES`)."""
     runs = []
     for family, path in families.items():
         chain = load_config(path, list(overrides))
@@ -227,7 +227,7 @@ def answer(results: dict, family: str, chain: str = 'chain') -> dict:
     from-scratch run) at the first epoch where the chain's mean top-1 reaches the scratch model's final
     mean, None if it never does; ``scratch_fraction_for_chain`` the fraction at which the scratch run's
     mean curve first reaches the chain's final mean (None if never). ``chain``: the run name after the
-    family (``chain_late`` for a :data:`SHAPES` chain)."""
+    family (``chain_late`` for a `SHAPES` chain)."""
     chain = results.get(f'{family}_{chain}')
     scratch_names = [n for n in results if n.startswith(f'{family}_scratch_')]
     if not chain or not scratch_names:
@@ -266,7 +266,7 @@ def _size(sizes: dict) -> str:
 
 def run_rows(results: dict) -> list:
     """One row per run name (chains first, then from scratch by size): ``name, family, group ('main':
-    the chains and every size from scratch, 'ablation': the settings of :data:`ABLATIONS`), size,
+    the chains and every size from scratch, 'ablation': the settings of `ABLATIONS`), size,
     seeds, stage_top1 (mean top-1 at each stage end, as text), top1, top1_std, compute_tflops,
     of_largest (percent of the compute of the family's largest size from scratch)``."""
     order = sorted(results, key=lambda n: (n.split('_')[0], '_scratch_' in n, results[n][0]['flops_per_image'][0], n))
@@ -289,7 +289,7 @@ def run_rows(results: dict) -> list:
 
 
 def ablation_rows(results: dict) -> list:
-    """One row per :data:`ABLATIONS` setting with finished runs: ``setting, seeds, top1, top1_std, delta,
+    """One row per `ABLATIONS` setting with finished runs: ``setting, seeds, top1, top1_std, delta,
     delta_std, test_top1, test_top1_std, test_delta, test_delta_std``, the deltas paired by seed against
     ``tokenformer_chain_base`` (the first recipe). ``top1`` is the split evaluated every epoch (validation
     when the run has one); the test columns are NaN for runs without a validation split."""
@@ -348,7 +348,7 @@ def report(out: str, results: dict = None) -> str:
 
 
 def tau_rows(results: dict) -> list:
-    """One row per :data:`TAU_VARIANTS` setting with finished runs: ``setting, seeds, val_top1,
+    """One row per `TAU_VARIANTS` setting with finished runs: ``setting, seeds, val_top1,
     val_top1_std, test_top1, test_top1_std, delta_val, delta_val_std, delta_test, delta_test_std,
     loss_jumps, top1_jumps``: the deltas are paired by seed against ``tau_keep``; the jumps are each
     step's change of the validation loss / top-1 (after the step minus before it), means over seeds, as text."""
@@ -373,7 +373,7 @@ def tau_rows(results: dict) -> list:
 
 
 def _tau_lines(rows: list) -> list:
-    """The report's τ table from :func:`tau_rows`' rows."""
+    """The report's τ table from `tau_rows`' rows."""
     if not rows:
         return []
     lines = ['', '## τ at a growth step (TokenFormer chain; validation split, test once)', '',

@@ -4,11 +4,11 @@ of them trained on (``docs/naflex.md``, "Trained by our trainer").
 
 ``python -m studies.naflex.naflex_experiment --seeds 0 1 2 --out runs/naflex --report docs/naflex/ours.json``:
 
-1. writes the data if missing (:func:`~tkvision.data.fashion_mnist.write_image_folder`): the training folder
+1. writes the data if missing (`write_image_folder`): the training folder
    (``SIZES``; its ``val/`` is the test split, the validation split is carved from ``train/``) and a folder
    of the same test images at aspect ratios 3:1 and 1:3 (``UNSEEN_SIZES``), which no model trains on;
 2. trains every (config, seed) of ``studies/naflex/configs/`` not yet finished
-   (:func:`~tkvision.experiments.sweep.run_sweep`): validation top-1 at the last epoch, test top-1 once;
+   ([`run_sweep`][tkvision.experiments.sweep.run_sweep]): validation top-1 at the last epoch, test top-1 once;
 3. evaluates each finished run's last weights on both test folders at every length of ``LENGTHS``
    (patches of 8 px): a NaFlex model through the NaFlex evaluation loader at that ``naflex_max_seq_len``
    (each image resized to fit, aspect kept), the fixed-grid one resized to the square of that many patches
@@ -52,8 +52,8 @@ LENGTHS = (16, 36, 64, 144)
 
 
 def write_data(data_dir: str, unseen_dir: str, log=print):
-    """The training folder (6,000 / 1,000 images at :data:`SIZES`) and the unseen-aspect test folder (the same
-    1,000 test images at :data:`UNSEEN_SIZES`), each written only if missing."""
+    """The training folder (6,000 / 1,000 images at `SIZES`) and the unseen-aspect test folder (the same
+    1,000 test images at `UNSEEN_SIZES`), each written only if missing."""
     if not os.path.isdir(data_dir):
         log(f'writing {data_dir}: {write_image_folder(data_dir, train_per_class=600, val_per_class=100, sizes=SIZES)}')
     if not os.path.isdir(unseen_dir):  # one training image per class: a reader needs every class folder filled
@@ -63,7 +63,7 @@ def write_data(data_dir: str, unseen_dir: str, log=print):
 
 def at_length(model, length: int):
     """A copy of the fixed-grid ``model`` taking ``length`` patches: square images of ``patch x sqrt(length)`` px
-    (:meth:`set_input_size` resamples its position embedding). A copy, so that every length is resampled from
+    (`set_input_size` resamples its position embedding). A copy, so that every length is resampled from
     the trained table and not from the last length's."""
     side = model.patch_embed.patch_size[0] * math.isqrt(length)
     resized = copy.deepcopy(model)

@@ -1,7 +1,7 @@
 """The input pipeline, measured: JPEG decoders, augmentation libraries, folder vs shards, workers.
 
-``python -m studies.performance.layer_benchmark --parts data`` runs :func:`benchmark_data`, ``--parts loader``
-:func:`benchmark_loaders` (our training loader against timm's ``create_loader``). Images are real: Fashion-MNIST
+``python -m studies.performance.layer_benchmark --parts data`` runs `benchmark_data`, ``--parts loader``
+`benchmark_loaders` (our training loader against timm's ``create_loader``). Images are real: Fashion-MNIST
 images upscaled to 500 x 375 (ImageNet's typical size) and written as JPEGs (quality 90) in an
 ImageNet-layout folder and as WebDataset shards of it, unless ``root`` names a folder of your own.
 The augmentation is the ImageNet recipe's (``tkvision/configs/imagenet/_base_mae_supervised.yaml``:

@@ -1,4 +1,4 @@
-"""Part 6 of the GPU report (:mod:`.gpu_report`): the trainer end to end on a lent GPU, as a user
+"""Part 6 of the GPU report (`gpu_report`): the trainer end to end on a lent GPU, as a user
 runs it (``torchrun``, an ImageNet recipe, a JPEG folder, one epoch, then ``--resume``)."""
 import csv
 import importlib.util
@@ -43,7 +43,7 @@ def _number(text: str):
 
 
 def end_to_end(device, work: str, tiny: bool, compiled: bool, data_dir=None, log=print) -> dict:
-    """The trainer end to end: ``torchrun`` (one process) trains :data:`E2E_RECIPE` (bf16, EMA,
+    """The trainer end to end: ``torchrun`` (one process) trains `E2E_RECIPE` (bf16, EMA,
     gradient accumulation over 2, ``compiled``) on a folder of Fashion-MNIST JPEGs written into ``work``
     (224 px, 500 training / 100 validation images per class; tiny: 32 px, 8 / 2; from ``data_dir`` or
     the Debian package) for one epoch, then ``--resume`` continues the same run to four epochs (tiny:

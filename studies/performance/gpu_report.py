@@ -4,19 +4,19 @@
 It writes one markdown report (and its JSON) with, in order, each part saved as soon as it is measured:
 
 1. the card, driver, torch and CUDA versions, the date, the card's dense bf16 peak from NVIDIA's data
-   sheets (:data:`BF16_PEAK_TFLOPS`) and measured in the same run (:func:`measured_peak_tflops`);
-2. train and inference img/s, peak memory (:func:`tkvision.experiments.benchmark.benchmark_models`: the
+   sheets (`BF16_PEAK_TFLOPS`) and measured in the same run (`measured_peak_tflops`);
+2. train and inference img/s, peak memory ([`tkvision.experiments.benchmark.benchmark_models`][tkvision.experiments.benchmark.benchmark_models]: the
    allocator's peak of one step, counting only the model's own tensors) and achieved TFLOP/s (model
-   FLOPs) of each TokenFormer of :data:`PAIRS` and its timm ViT, bf16 autocast, eager (with the
+   FLOPs) of each TokenFormer of `PAIRS` and its timm ViT, bf16 autocast, eager (with the
    ``VARIANTS``: the explicit LayerNorm, Θ compiled and the lean backward beside the defaults, the
    paper's B/16) and
    ``torch.compile``d, as ratios to the ViT of the same run; B/16† compiled with the lean backward
    beside the default (``compiled_lean``);
-3. whether each figure meets the :data:`TARGETS` (shares of the measured peak);
+3. whether each figure meets the `TARGETS` (shares of the measured peak);
 4. a ``torch.profiler`` table of one B/16† training step, grouped as in ``docs/performance.md``;
-5. the lean backward against autograd's (:func:`lean_backward_check`): gradient error next to bf16's
+5. the lean backward against autograd's (`lean_backward_check`): gradient error next to bf16's
    own, saved activations, peak memory, graph breaks under ``torch.compile``;
-6. the trainer end to end (:func:`studies.performance.gpu_end_to_end.end_to_end`): ``torchrun``, the
+6. the trainer end to end (`studies.performance.gpu_end_to_end.end_to_end`): ``torchrun``, the
    ImageNet recipe of the B/16† (bf16, compile, EMA, gradient accumulation) on a folder of 224 px
    Fashion-MNIST JPEGs, one epoch, then ``--resume`` for three more; each epoch's ``data_wait`` says
    whether the loader kept up;
@@ -25,8 +25,8 @@ It writes one markdown report (and its JSON) with, in order, each part saved as 
 **Each part runs in a process of its own** (``python -m studies.performance.gpu_report --run-part``): what
 a part allocates, caches or leaks (compiled graphs, the allocator's blocks, a CUDA context a fault left
 unusable) ends with it, so one part's memory never fails the next, and a part that fails or is killed
-is recorded with its error while the others keep their rows. Parts run in :func:`_plan`'s order; with
-``--budget-minutes`` a part whose estimate (:data:`ESTIMATE_S`, seconds on an H200) would overrun is
+is recorded with its error while the others keep their rows. Parts run in `_plan`'s order; with
+``--budget-minutes`` a part whose estimate (`ESTIMATE_S`, seconds on an H200) would overrun is
 recorded as skipped. ``--device cpu --tiny --compile-modes eager`` runs the same code on tiny models on a
 CPU in about a minute; ``tests/test_gpu_report.py`` does so in CI, so the command cannot rot before a GPU
 is lent.
@@ -70,7 +70,7 @@ BF16_PEAK_TFLOPS = (('H100 PCIe', 756.0), ('H100', 989.4), ('H200', 989.4), ('A1
 PAIRS = (('tokenformer_vit_b16_matched', 'vit_base_patch16_224', 256),
          ('tokenformer_vit_l16_matched', 'vit_large_patch16_224', 128))
 _TINY = '@img_size=32@patch_size=8@embed_dim=32@depth=2@num_heads=2'
-#: The CPU stand-in of :data:`PAIRS` (``--tiny``).
+#: The CPU stand-in of `PAIRS` (``--tiny``).
 TINY_PAIRS = (('tokenformer_vit_ti16' + _TINY + '@num_tokens=16', 'vit_tiny_patch16_224' + _TINY, 4),)
 #: The targets, per pair, for the compiled bf16 training step of the plain TokenFormer†: img/s
 #: and peak memory as ratios to the ViT, achieved TFLOP/s as a share of the peak measured in the run.
@@ -88,7 +88,7 @@ ESTIMATE_S = dict(peak=10, eager=45, compiled_train=120, compiled_lean=180, comp
 
 def card_info(device: torch.device) -> dict:
     """``dict(card, driver, torch, cuda, date, peak_tflops)`` (``peak_tflops``: the data sheet's, None
-    when the card is not in :data:`BF16_PEAK_TFLOPS`, or on a CPU)."""
+    when the card is not in `BF16_PEAK_TFLOPS`, or on a CPU)."""
     info = dict(card=machine_info(device), driver='-', torch=torch.__version__, cuda=torch.version.cuda or '-',
                 date=time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime()), peak_tflops=None)
     if device.type == 'cuda':
@@ -110,7 +110,7 @@ def measured_peak_tflops(device: torch.device, size: int = 8192, products: int =
 
 def throughput(pair, device, compiled: bool, modes, steps, repeats, peak_tflops=None, variants=VARIANTS,
                extras=True, log=print) -> list:
-    """Rows of :func:`tkvision.experiments.benchmark.benchmark_models` (bf16) of one pair ``(tokenformer,
+    """Rows of [`tkvision.experiments.benchmark.benchmark_models`][tkvision.experiments.benchmark.benchmark_models] (bf16) of one pair ``(tokenformer,
     vit, batch_size)`` in ``modes``: the TokenFormer with each of ``variants`` (and, for B/16†, the
     paper's B/16, unless ``extras`` is False or ``compiled``), then the ViT; each row with ``pair,
     compiled, ratio`` (img/s over the ViT's in the same run and mode), ``mem_ratio`` and ``peak_share``
@@ -131,7 +131,7 @@ def throughput(pair, device, compiled: bool, modes, steps, repeats, peak_tflops=
 
 
 def check_targets(rows, pairs) -> list:
-    """:data:`TARGETS` for each pair's plain TokenFormer†, compiled bf16 training (eager
+    """`TARGETS` for each pair's plain TokenFormer†, compiled bf16 training (eager
     when nothing was compiled): ``dict(pair, target, value, met)``; ``met`` None when not measurable."""
     out = []
     for tokenformer, _, _ in pairs:
@@ -337,7 +337,7 @@ def run_part(part: str, device, tiny: bool, compiled: bool, steps: int, repeats:
 
 
 def _child_command(part: str, args: dict, info_path: str, out_path: str) -> list:
-    """The command line that measures ``part`` in a process of its own (:func:`main`'s ``--run-part``)."""
+    """The command line that measures ``part`` in a process of its own (`main`'s ``--run-part``)."""
     return [sys.executable, '-m', 'studies.performance.gpu_report', '--run-part', part, '--device', args['device'],
             '--steps', str(args['steps']), '--repeats', str(args['repeats']), '--info', info_path,
             '--part-out', out_path, *(['--tiny'] if args['tiny'] else []),
@@ -382,8 +382,8 @@ def gpu_report(device='cuda', out='docs/bench/gpu', tiny=False, compile_modes=('
     ``<out>_<date>.md`` / ``.json`` after each one (a later failure loses nothing measured).
 
     Args:
-        budget_minutes: skip a part whose :data:`ESTIMATE_S` would end it past the budget.
-        parts_to_run: the names of :data:`ESTIMATE_S` to run (default all; a lease too short for all takes
+        budget_minutes: skip a part whose `ESTIMATE_S` would end it past the budget.
+        parts_to_run: the names of `ESTIMATE_S` to run (default all; a lease too short for all takes
             them in two calls).
         data_dir: Fashion-MNIST's idx files for the end-to-end run (default: the Debian package's).
         runner: ``runner(part, args, info, log) -> entries``; a part whose runner raises is logged and listed

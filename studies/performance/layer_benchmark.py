@@ -2,7 +2,7 @@
 replaces (``--parts pattention``), its score normalisation Θ (Eq. 5) against the GELU a ViT applies to as
 many elements (``--parts score_norm``), forward and backward, with ``tkvision.experiments.benchmark``'s timing
 helpers (warm-up, then rounds and their median; Θ's variants interleaved within each round and paired
-against the GELU), and data loading (``--parts data``: :mod:`studies.performance.data_benchmark`); the
+against the GELU), and data loading (``--parts data``: `studies.performance.data_benchmark`); the
 library's own parts (``models``, ``profile``) run beside them.
 
     python -m studies.performance.layer_benchmark --parts score_norm --out docs/bench/cpu_score_norm
@@ -72,7 +72,7 @@ class _ScoreNormStep:
 def score_norm_variants(num_tokens: int, device='cpu', compile_: bool = True) -> dict:
     """``{name: fn}``, each ``fn(a [..., num_tokens]) -> same shape``: the ViT's GELU over its hidden units
     and Θ of Eq. 5 (``l2_norm_gelu``, the default τ = √n) differentiated three ways: the closed form (the
-    default, ``tkvision/layers/pattention_autograd.py``), plain autograd (the reference, :class:`L2NormGELU`) and
+    default, ``tkvision/layers/pattention_autograd.py``), plain autograd (the reference, `L2NormGELU`) and
     ``torch.compile`` of the plain one (inductor fuses its passes; ``compile_=False`` leaves it out); τ is a
     0-d tensor on ``device``, as a Pattention's buffer."""
     from tkvision.layers.pattention import L2NormGELU, default_tau
@@ -91,7 +91,7 @@ def benchmark_score_norm(tokens=128 * 17, num_tokens=72, steps=50, repeats=7, de
                          log=print) -> list:
     """Forward + backward over one Pattention's scores ``[tokens, num_tokens]`` (default: the quick recipe's
     batch 128 x 17 tokens and the equal-parameter 72 parameter tokens), fp32 on ``device``, for each of
-    :func:`score_norm_variants`, interleaved over ``repeats`` rounds of ``steps`` calls (compilation is
+    `score_norm_variants`, interleaved over ``repeats`` rounds of ``steps`` calls (compilation is
     done in the warm-up). What a Θ costs beyond the GELU a ViT applies to as many elements is the part of
     the TokenFormer step no GEMM explains (``docs/performance.md``).
 

@@ -10,7 +10,7 @@ each query's weights over the patches renormalised to sum to 1. Distances are in
 (patch-grid distance times the patch size).
 
 ``python -m studies.ringformer.attention_distance --config C --checkpoint W --num-images 500 --out mad.png``
-(:mod:`tkvision.cli`).
+(`tkvision.cli`).
 """
 import argparse
 import json
@@ -70,7 +70,7 @@ def mean_attention_distance(model: torch.nn.Module, images: torch.Tensor) -> np.
     """MAD in pixels, ``[layers (or levels), heads]``, averaged over ``images [B, C, H, W]`` (normalised).
 
     Raises:
-        ValueError: see :func:`attention_maps`.
+        ValueError: see `attention_maps`.
     """
     inner = unwrap_model(model)
     gh, gw = inner.patch_embed.grid_size
@@ -105,7 +105,7 @@ def plot_mad(results: dict, path: str, title: str = 'Mean attention distance'):
 
 def dataset_mad(cfg: dict, checkpoint: str, num_images: int, batch_size: int) -> np.ndarray:
     """MAD ``[layers (or levels), heads]`` of the model of ``cfg`` with the weights of ``checkpoint``
-    (grown to the checkpoint's size if its run grew: :func:`tkvision.engine.checkpoint.model_for_checkpoint`),
+    (grown to the checkpoint's size if its run grew: [`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]),
     averaged over the first ``num_images`` validation images of ``cfg``'s dataset.
 
     Raises:

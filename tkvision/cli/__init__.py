@@ -1,13 +1,13 @@
 """Every command-line entry point of tkvision, at the edge of the package (the library never imports
 it): ``tools/*.py`` and the ``tkvision-*`` console scripts call these ``main`` functions.
 
-- :mod:`.train`: ``train`` (``tools/train.py``), ``validate``;
-- :mod:`.weights`: ``grow``, ``export``, ``mae_visualize``;
-- :mod:`.data`: ``make_shards``, ``make_subset``;
-- :mod:`.experiments`: ``benchmark``, ``sweep``.
+- `train`: ``train`` (``tools/train.py``), ``validate``;
+- `weights`: ``grow``, ``export``, ``mae_visualize``;
+- `data`: ``make_shards``, ``make_subset``;
+- `experiments`: ``benchmark``, ``sweep``.
 
-Every tool answers a user's mistake (:data:`tkvision.utils.errors.USER_ERRORS`, a bad argument) with one
-line on stderr and exit status 2 (:func:`run_cli`); ``--debug`` or ``TKVISION_DEBUG=1`` shows the traceback.
+Every tool answers a user's mistake (`tkvision.utils.errors.USER_ERRORS`, a bad argument) with one
+line on stderr and exit status 2 (`run_cli`); ``--debug`` or ``TKVISION_DEBUG=1`` shows the traceback.
 """
 from .common import device_name, non_negative_int, positive_int, run_cli, yaml_mapping
 

@@ -1,5 +1,5 @@
-"""What every tool shares: one-line errors (:func:`run_cli`) and the argument types that refuse a bad value
-before any work (:func:`positive_int`, :func:`yaml_mapping`, :func:`device_name`, ...)."""
+"""What every tool shares: one-line errors (`run_cli`) and the argument types that refuse a bad value
+before any work (`positive_int`, `yaml_mapping`, `device_name`, ...)."""
 import argparse
 import errno
 import os
@@ -23,9 +23,9 @@ DEBUG_ENV = 'TKVISION_DEBUG'
 
 def run_cli(tool, argv=None) -> int:
     """Run ``tool(argv)`` for a command-line tool, with the rule every tkvision command shares: errors from
-    :data:`~tkvision.utils.errors.USER_ERRORS` and the machine's errors a user fixes (disk full, read-only or
+    `USER_ERRORS` and the machine's errors a user fixes (disk full, read-only or
     forbidden path) print one line ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1
-    (``Preempted``, its state saved) prints why and returns :data:`~tkvision.utils.errors.EXIT_PREEMPTED`;
+    (``Preempted``, its state saved) prints why and returns `EXIT_PREEMPTED`;
     any other error is a defect of ours and propagates with its traceback. ``--debug`` anywhere in ``argv``,
     or ``TKVISION_DEBUG=1``, shows the traceback of a user error too. A process group left open (a torchrun
     launch) is destroyed on the way out."""

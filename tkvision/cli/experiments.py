@@ -59,7 +59,7 @@ def _benchmark(argv) -> int:
 
 def sweep_main(argv=None) -> int:
     """``tkvision-sweep`` / ``tools/sweep.py``; see ``--help``. Exit 1 when every point failed, 2 on a bad setting,
-    :data:`~tkvision.utils.errors.EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
+    `EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
     return run_cli(_sweep, argv)
 
 

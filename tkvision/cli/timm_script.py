@@ -3,7 +3,7 @@ path/to/pytorch-image-models/train.py --model tokenformer_vit_ti16 ...``.
 
 timm has no plugin entry point, so its scripts (``train.py``, ``validate.py``, ``benchmark.py``,
 ``inference.py``, ``onnx_export.py``, ``avg_checkpoints.py``; in timm's repository, not in its wheel)
-only know our families once :mod:`tkvision` is imported. This runs the script as ``__main__`` after
+only know our families once `tkvision` is imported. This runs the script as ``__main__`` after
 that import, with the script's own arguments. Flags our models need in timm's scripts:
 ``--model-kwargs img_size=28 patch_size=7`` (any constructor argument) with ``--img-size 28`` (the data
 config comes from the pretrained config, 224 px, as for timm's own ViT), ``--in-chans 1`` for a

@@ -95,7 +95,7 @@ def _train(argv) -> int:
 
 def train_main(argv=None) -> int:
     """``tkvision-train`` / ``tools/train.py``: one line per user error (``--debug`` for the traceback);
-    exit 0 when done, 2 on a bad setting, :data:`~tkvision.utils.errors.EXIT_PREEMPTED` after a
+    exit 0 when done, 2 on a bad setting, `EXIT_PREEMPTED` after a
     stop signal's checkpoint."""
     return run_cli(_train, argv)
 

@@ -1,14 +1,14 @@
 """Data: datasets and readers, transforms, loaders and samplers, decoding, shards and subsets.
 
-- :mod:`.fashion_mnist`: Fashion-MNIST in memory (the Debian package ``dataset-fashion-mnist``);
-- :mod:`.readers`: decoding (bad images skipped and counted) and timm's readers;
-- :mod:`.transforms`: albumentations pipelines, the device-side :class:`BatchPreprocessor`, and
-  :func:`resolve_data_cfg` (null data keys from the model's ``pretrained_cfg``);
-- :mod:`.loader`: samplers and loaders whose augmentations depend only on (seed, epoch, index);
-- :mod:`.datasets`: :func:`build_dataset` of a config's data section;
-- :mod:`.shards`, :mod:`.subset`: WebDataset shards and ImageNet-layout subsets.
+- `fashion_mnist`: Fashion-MNIST in memory (the Debian package ``dataset-fashion-mnist``);
+- `readers`: decoding (bad images skipped and counted) and timm's readers;
+- `transforms`: albumentations pipelines, the device-side `BatchPreprocessor`, and
+  `resolve_data_cfg` (null data keys from the model's ``pretrained_cfg``);
+- `loader`: samplers and loaders whose augmentations depend only on (seed, epoch, index);
+- `datasets`: `build_dataset` of a config's data section;
+- `shards`, `subset`: WebDataset shards and ImageNet-layout subsets.
 
-Every builder takes the config's data section (:func:`tkvision.engine.config.section`) and, where
+Every builder takes the config's data section (`tkvision.engine.config.section`) and, where
 it draws random numbers, the run's seed.
 """
 from .datasets import build_dataset, dataset_classes, dataset_size, has_test_split, holdout_indices, train_class_map

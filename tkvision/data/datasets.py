@@ -1,6 +1,6 @@
 """Datasets of a config's data section: Fashion-MNIST in memory, the formats timm's ``create_dataset``
 knows (``folder`` = ``imagenet``, ``tar``, ``hfds/<name>``) through timm's readers, and WebDataset
-shards (``wds/<name>``, :mod:`.shards`).
+shards (``wds/<name>``, `shards`).
 
 - ``folder`` / ``imagenet``: ``<data_dir>/train/<class>/*``, ``<data_dir>/val/<class>/*`` (timm's
   ``ReaderImageFolder``); ``tar``: ``<data_dir>/train.tar`` / ``val.tar`` holding ``<class>/<image>``
@@ -10,7 +10,7 @@ shards (``wds/<name>``, :mod:`.shards`).
 **Validation and test.** Choices (best checkpoint, recipe, sweep winner) are made on a validation
 split; a test split is evaluated once, at the end. With ``val_split_fraction`` > 0 the validation
 split is carved from the training images (stratified, the same images for every run and seed:
-:func:`holdout_indices`) and the dataset's own evaluation split (Fashion-MNIST's 10k test images, a
+`holdout_indices`) and the dataset's own evaluation split (Fashion-MNIST's 10k test images, a
 folder's ``val/``) becomes the test split. Fashion-MNIST's default is 1/6: 10,000 of its 60,000
 training images (1,000 per class) validate, 50,000 train. With 0 the dataset's own evaluation split
 validates and there is no test split (ImageNet's convention: its ``val/`` is what papers report).
@@ -34,7 +34,7 @@ SPLITS = ('train', 'val', 'test')
 
 
 def dataset_classes(dataset) -> dict:
-    """``{class name: index}`` of a dataset built by :func:`build_dataset` (None for Fashion-MNIST)."""
+    """``{class name: index}`` of a dataset built by `build_dataset` (None for Fashion-MNIST)."""
     while isinstance(dataset, (Subset, SeededDataset)):
         dataset = dataset.dataset
     if isinstance(dataset, ReaderDataset):
@@ -120,7 +120,7 @@ def _evaluation_split(data: dict, split: str, seed: int, class_to_idx, rank: int
 
 def build_dataset(data: dict, split: str, seed: int, rank: int = 0, world_size: int = 1, class_to_idx=None) -> Dataset:
     """The ``split`` (``'train'``, ``'val'`` or ``'test'``) of the data section ``data`` (resolved:
-    :func:`~tkvision.data.transforms.resolve_data_cfg`); ``seed``: the run's seed.
+    `resolve_data_cfg`); ``seed``: the run's seed.
 
     ``'val'`` is carved from the training images when ``val_split_fraction`` > 0 (the module
     docstring), else the dataset's own evaluation split; ``'test'`` exists only in the first case.

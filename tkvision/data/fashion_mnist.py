@@ -20,7 +20,7 @@ _FMNIST_FILES = {'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte')
 #: Fashion-MNIST's image size and pixel statistics (the data keys' defaults for that dataset).
 FASHION_MNIST_STATS = dict(img_size=28, mean=[0.2860], std=[0.3530], crop_pct=1.0, interpolation='bicubic')
 #: Fashion-MNIST's default validation hold-out: 1/6 of the 60k training images = 10,000 (1,000 per class),
-#: the size of its test set (``val_split_fraction``; :mod:`tkvision.data.datasets`).
+#: the size of its test set (``val_split_fraction``; `tkvision.data.datasets`).
 FASHION_MNIST_VAL_FRACTION = 1 / 6
 _HOW_TO_GET_FMNIST = ('install it with `apt-get update && apt-get install -y dataset-fashion-mnist` '
                       f'(files under {FASHION_MNIST_DIR}), pass --data-dir with the four idx files, '
@@ -40,7 +40,7 @@ def _read_idx(path: str) -> np.ndarray:
 def load_fashion_mnist(split: str = 'train', data_dir=None, download: bool = False):
     """Fashion-MNIST ``split`` ('train': 60k, 'test': 10k) as ``(images uint8 [N, 28, 28], labels int64 [N])``.
 
-    Looks in ``data_dir`` (if given), then :data:`FASHION_MNIST_DIR`, for the idx files, plain or
+    Looks in ``data_dir`` (if given), then `FASHION_MNIST_DIR`, for the idx files, plain or
     ``.gz``. With ``download`` and nothing found, uses torchvision's ``FashionMNIST(download=True)``
     into ``data_dir`` (or ``./data``).
 
@@ -135,7 +135,7 @@ def write_image_folder(out: str, size: int = 224, train_per_class: int = 100, va
 
     Raises:
         FileExistsError: ``out`` exists (nothing is overwritten).
-        FileNotFoundError: as :func:`load_fashion_mnist`.
+        FileNotFoundError: as `load_fashion_mnist`.
     """
     from ..utils.files import atomic_folder
     if os.path.exists(out):

@@ -1,7 +1,7 @@
 """Loaders: the order of the samples and the seeds of their augmentations.
 
 Reproducibility: each training sample's augmentation is seeded from ``(seed, epoch, sample index)``
-(:func:`tkvision.utils.seeding.derive_seed`, passed by :class:`ResumableSampler` with the index),
+(`tkvision.utils.seeding.derive_seed`, passed by `ResumableSampler` with the index),
 never from a worker's own random state, so the augmentations do not depend on ``num_workers`` and a
 run resumed in the middle of an epoch sees exactly the images an uninterrupted run would.
 """
@@ -21,7 +21,7 @@ __all__ = ['ResumableSampler', 'SeededDataset', 'seed_sample', 'build_loader', '
 
 class ResumableSampler(DistributedSampler):
     """``DistributedSampler`` (disjoint per-rank shards, reshuffled per epoch from ``seed``) that yields
-    ``(index, derive_seed(seed, epoch, index))`` pairs for :class:`SeededDataset` and can start an epoch part-way.
+    ``(index, derive_seed(seed, epoch, index))`` pairs for `SeededDataset` and can start an epoch part-way.
 
     ``set_epoch(epoch, start=k)`` skips the first ``k`` samples of this rank's order for that epoch
     (a resumed run skips the batches it already consumed); the next ``set_epoch`` starts from 0.
@@ -81,9 +81,9 @@ def build_loader(dataset: Dataset, data: dict, train: bool, seed: int, rank: int
     """DataLoader of ``dataset`` with the data section's ``batch_size`` and ``num_workers``, yielding
     ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
 
-    Training: :class:`ResumableSampler` over :class:`SeededDataset` (order and augmentation depend
+    Training: `ResumableSampler` over `SeededDataset` (order and augmentation depend
     only on seed, epoch and sample index: exact resume, any ``num_workers``), incomplete last batch
-    dropped; a shard stream orders itself (:mod:`tkvision.shards`). Evaluation: each rank takes
+    dropped; a shard stream orders itself (`tkvision.shards`). Evaluation: each rank takes
     items ``rank::world_size`` (a stream: its own shards) so summed metrics count every item once.
     Pinned memory on CUDA for non-blocking copies; workers persist across epochs for map-style data
     (a stream's workers restart each epoch to learn the epoch).
@@ -103,7 +103,7 @@ def build_loader(dataset: Dataset, data: dict, train: bool, seed: int, rank: int
 
 
 def batches_per_epoch(loader: DataLoader) -> int:
-    """Training batches per rank in one epoch of a :func:`build_loader` loader."""
+    """Training batches per rank in one epoch of a `build_loader` loader."""
     if isinstance(loader.dataset, IterableDataset):
         return loader.dataset.batches_per_epoch
     return loader.sampler.num_samples // loader.batch_size

@@ -7,11 +7,11 @@ evaluation loader resizes every image to at most ``naflex_max_seq_len`` patches.
 dictionaries (``patches [B, L, p*p*C]`` normalised, ``patch_coord [B, L, 2]``, ``patch_valid [B, L]``).
 
 What this module adds to timm's pieces, so that a run keeps what our map-style loader gives
-(:mod:`tkvision.data.loader`):
+(`tkvision.data.loader`):
 
 - exact resume mid-epoch with any ``num_workers``: the epoch's batch schedule (timm's, drawn from
-  ``seed + epoch``) can start at batch ``k`` (:class:`ResumableNaFlexDataset`), and every sample's
-  augmentation is seeded from ``(seed, epoch, index)`` (:class:`NaFlexImages`), never from a worker's state;
+  ``seed + epoch``) can start at batch ``k`` (`ResumableNaFlexDataset`), and every sample's
+  augmentation is seeded from ``(seed, epoch, index)`` (`NaFlexImages`), never from a worker's state;
 - our datasets (Fashion-MNIST, folders, tars, Hugging Face) as the PIL images timm's transforms take.
 
 Source: ``timm.data.naflex_loader`` / ``naflex_dataset`` (timm 1.0.31), ``train.py``'s NaFlex options.
@@ -46,18 +46,18 @@ def _innermost(dataset):
 
 
 class NaFlexImages(Dataset):
-    """One of our datasets (:func:`tkvision.data.build_dataset`: Fashion-MNIST, folder, tar, Hugging Face;
+    """One of our datasets (`tkvision.data.build_dataset`: Fashion-MNIST, folder, tar, Hugging Face;
     ``Subset`` carve-outs included) as timm's NaFlex loader takes it: ``(PIL image, label)``, or
     ``(transform(image), label)`` once timm sets ``transform`` (its evaluation loader does).
 
     The wrapped dataset's own transform is replaced by the identity (timm's transforms resize, crop and
     normalise). ``seed``: each item first seeds Python's, NumPy's and torch's generators from
-    ``derive_seed(seed, epoch, index)`` (``epoch`` read from :attr:`epoch`, shared with the loader's
+    ``derive_seed(seed, epoch, index)`` (``epoch`` read from `epoch`, shared with the loader's
     workers), so a sample's augmentation does not depend on the worker that draws it; None: no seeding
     (evaluation). An unreadable image (``('bad', path)`` from a reader) is skipped and counted, as our other
-    loaders do: its path goes to :attr:`unreadable` (drained per batch by the loader); in training it raises
+    loaders do: its path goes to `unreadable` (drained per batch by the loader); in training it raises
     ``OSError`` naming the file, which timm's wrapper skips; in evaluation (``transform`` set) the item is
-    ``(None, path)``, which the collate leaves out (:func:`build_naflex_loader`).
+    ``(None, path)``, which the collate leaves out (`build_naflex_loader`).
     """
 
     def __init__(self, dataset: Dataset, seed=None):
@@ -126,7 +126,7 @@ class ResumableNaFlexDataset(NaFlexMapDatasetWrapper):
 class NaFlexPreprocessor:
     """The device step of a NaFlex batch (the patches are normalised by timm's transforms already): every
     tensor of the dictionary moved to ``device`` (``seq_len``, an int, stays). Called as
-    :class:`~tkvision.data.BatchPreprocessor` is."""
+    `BatchPreprocessor` is."""
 
     def __init__(self, device):
         self.device = torch.device(device)
@@ -148,10 +148,10 @@ def _collate_with_bad(collate, batch):
 
 def build_naflex_loader(dataset: Dataset, data: dict, train: bool, seed: int, patch_size: int,
                         rank: int = 0, world_size: int = 1) -> DataLoader:
-    """A NaFlex loader of ``dataset`` (one of :func:`~tkvision.data.build_dataset`'s) for the resolved data
+    """A NaFlex loader of ``dataset`` (one of `build_dataset`'s) for the resolved data
     section ``data``: items ``(batch dict, labels [B], [])`` as the module docstring says.
 
-    Training: :class:`ResumableNaFlexDataset` with timm's training transform (RandomResizedCrop over
+    Training: `ResumableNaFlexDataset` with timm's training transform (RandomResizedCrop over
     ``rrc_scale`` or none, ``hflip``, ``auto_augment``, ``interpolation``, ``mean`` / ``std``; no colour
     jitter), sequence lengths ``naflex_train_seq_lens``, patch size ``patch_size`` or one of
     ``naflex_patch_sizes`` per batch. Evaluation: timm's ``create_naflex_loader`` at ``naflex_max_seq_len``

@@ -1,6 +1,6 @@
-"""Reading images: decoding bytes (:func:`decode_image`), timm's readers for ``folder`` / ``imagenet``,
-``tar`` and ``hfds/...`` datasets (:func:`create_split_reader`), the map-style :class:`ReaderDataset`
-over them, and :func:`collate_skip_bad`, which drops and counts the images that cannot be decoded.
+"""Reading images: decoding bytes (`decode_image`), timm's readers for ``folder`` / ``imagenet``,
+``tar`` and ``hfds/...`` datasets (`create_split_reader`), the map-style `ReaderDataset`
+over them, and `collate_skip_bad`, which drops and counts the images that cannot be decoded.
 
 On every format an image that cannot be decoded (truncated, not an image, a decompression bomb) is
 skipped and counted, never fatal. The evaluation split uses the training split's class-to-index
@@ -57,7 +57,7 @@ def decode_image(data: bytes) -> np.ndarray:
 class ReaderDataset(Dataset):
     """A map-style dataset over a timm reader (``timm.data.readers.create_reader``: image folder, tar,
     Hugging Face dataset): items are ``(transform(image) [C, H, W] uint8, label)``, or ``('bad', name)``
-    for an image that cannot be decoded, which :func:`collate_skip_bad` drops and counts.
+    for an image that cannot be decoded, which `collate_skip_bad` drops and counts.
 
     Attributes:
         reader: the timm reader (``class_to_idx``, ``filename(i)``).

@@ -1,6 +1,6 @@
-"""WebDataset tar shards: writing them (:func:`make_shards`) and streaming them (:class:`ShardStream`).
+"""WebDataset tar shards: writing them (`make_shards`) and streaming them (`ShardStream`).
 
-Layout written by :func:`make_shards` from an ImageNet-layout folder ``<src>/<split>/<class>/<image>``::
+Layout written by `make_shards` from an ImageNet-layout folder ``<src>/<split>/<class>/<image>``::
 
     <out>/train-000000.tar, train-000001.tar, ...   samples: <key>.<ext> (original encoded bytes), <key>.cls
     <out>/val-000000.tar, ...
@@ -110,7 +110,7 @@ class ShardStream(IterableDataset):
     Raises:
         FileNotFoundError: no ``_info.json`` or no such split in it (the splits present are named).
         UsageError: fewer shards than processes x workers, or a shard that cannot be streamed
-            (:func:`check_shard`, naming it).
+            (`check_shard`, naming it).
     """
 
     def __init__(self, root, split, transform, train, batch_size, num_workers=0, rank=0, world=1, seed=0,

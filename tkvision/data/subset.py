@@ -3,7 +3,7 @@
 Presets (``PRESETS``): ``imagenet-small`` is the RingFormer paper's ImageNet-small
 (RingFormer, arXiv:2502.13181, App. A.1): 100 classes, 1,000 training and 50 validation images per
 class. The subset is written as a folder (files copied, or symbolic links with ``link=True``) or as
-WebDataset shards (:func:`tkvision.data.shards.make_shards`).
+WebDataset shards (`tkvision.data.shards.make_shards`).
 """
 import os
 import random

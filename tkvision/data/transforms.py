@@ -1,16 +1,16 @@
 """Transforms: the albumentations pipeline that workers run on uint8 images, the device-side
-:class:`BatchPreprocessor`, and :func:`resolve_data_cfg`, which fills the data keys a config leaves
+`BatchPreprocessor`, and `resolve_data_cfg`, which fills the data keys a config leaves
 null from the model's ``pretrained_cfg``.
 
 Augmentation (the MAE / MMPretrain supervised recipe, ``docs/reference/background.md``, "Recipes"):
 albumentations for RandomResizedCrop (bicubic), translation and flip, timm's RandAugment
 (``rand-m9-mstd0.5-inc1``) for the op albumentations lacks. Workers return **uint8** batches (a
 quarter of float32's bytes through shared memory and the host-to-device copy); normalisation and
-random erasing run on the device in :class:`BatchPreprocessor`, as timm's ``PrefetchLoader`` does;
+random erasing run on the device in `BatchPreprocessor`, as timm's ``PrefetchLoader`` does;
 mixup/cutmix and label smoothing are applied per batch by the trainer with timm's ``Mixup``.
 
-albumentations and OpenCV are imported where a pipeline is built, so the rest of :mod:`tkvision.data`
-(Fashion-MNIST, readers, :func:`resolve_data_cfg`) imports without them: a GPU image without
+albumentations and OpenCV are imported where a pipeline is built, so the rest of `tkvision.data`
+(Fashion-MNIST, readers, `resolve_data_cfg`) imports without them: a GPU image without
 albumentations runs the GPU report (``studies/performance/gpu_report.py``).
 """
 import numpy as np
@@ -73,9 +73,9 @@ def _interpolations(name: str, train: bool) -> list:
 
 
 def build_transform(data: dict, train: bool, seed: int, resize: bool = True) -> 'albumentations.Compose':  # noqa: F821
-    """albumentations pipeline of the data section ``data`` (resolved: :func:`resolve_data_cfg`):
+    """albumentations pipeline of the data section ``data`` (resolved: `resolve_data_cfg`):
     uint8 HWC array -> uint8 tensor ``[C, img_size, img_size]``; ``seed`` seeds its generators until a
-    sample's own seed replaces it (:func:`tkvision.data.loader.seed_sample`).
+    sample's own seed replaces it (`tkvision.data.loader.seed_sample`).
 
     Train: RandomResizedCrop(img_size, rrc_scale, interpolation) → random translation
     (``crop_padding`` > 0: zero-pad each side by ``crop_padding`` px and RandomCrop img_size back,
@@ -84,11 +84,11 @@ def build_transform(data: dict, train: bool, seed: int, resize: bool = True) -> 
     Eval: resize the short side to img_size / crop_pct, center crop img_size (as timm's eval
     transform for a model's ``pretrained_cfg``) → tensor. ``resize=False`` (data already at img_size,
     e.g. Fashion-MNIST) skips crop and resize when ``rrc_scale`` is null. Normalisation and random
-    erasing are not here: :class:`BatchPreprocessor` applies them on the device.
+    erasing are not here: `BatchPreprocessor` applies them on the device.
 
     Raises:
         ValueError: an unknown ``interpolation`` (the message lists the valid names), or a data key
-            still null (call :func:`resolve_data_cfg` first).
+            still null (call `resolve_data_cfg` first).
     """
     import albumentations as A
     import cv2
@@ -148,12 +148,12 @@ class BatchPreprocessor:
 
 
 def resolve_data_cfg(data: dict, model: str, model_kwargs: dict) -> dict:
-    """A copy of the data section ``data`` with every null key of :data:`DATA_CFG_KEYS` filled in: from
-    :data:`~tkvision.data.fashion_mnist.FASHION_MNIST_STATS` for Fashion-MNIST, else from the
+    """A copy of the data section ``data`` with every null key of `DATA_CFG_KEYS` filled in: from
+    `FASHION_MNIST_STATS` for Fashion-MNIST, else from the
     ``pretrained_cfg`` of ``timm.create_model(model, **model_kwargs)`` with
     ``timm.data.resolve_data_config`` (built on the meta device: no memory, no weights); ``img_size``
     from ``model_kwargs['img_size']`` when given; ``val_split_fraction`` from
-    :data:`~tkvision.data.fashion_mnist.FASHION_MNIST_VAL_FRACTION` for Fashion-MNIST, else 0. Keys the
+    `FASHION_MNIST_VAL_FRACTION` for Fashion-MNIST, else 0. Keys the
     config sets are kept."""
     if data.get('val_split_fraction', 0) is None:
         data = dict(data, val_split_fraction=FASHION_MNIST_VAL_FRACTION if data['dataset'] == 'fashion_mnist' else 0.0)

@@ -17,7 +17,7 @@ __all__ = ['build_model', 'create_model', 'model_for_config', 'default_num_class
 
 def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch.nn.Module:
     """``timm.create_model(model['model'], drop_path_rate=..., **model['model_kwargs'])``, or with an
-    ``mae`` section a :class:`tkvision.models.mae.MaskedAutoencoder` around that model as encoder
+    ``mae`` section a [`tkvision.models.mae.MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] around that model as encoder
     (``mask_ratio``, ``norm_pix_loss``, ``decoder``).
 
     Args:
@@ -45,7 +45,7 @@ def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch
 
 def create_model(name: str, **kwargs) -> torch.nn.Module:
     """``timm.create_model(name, **kwargs)``, its refusals (an unknown kwarg, a value it rejects) as
-    :class:`~tkvision.utils.errors.ConfigError` naming ``model_kwargs`` and the model.
+    `ConfigError` naming ``model_kwargs`` and the model.
 
     Raises:
         ConfigError: an unknown model name (timm's registry, ``local-dir:`` / ``hf-hub:`` names aside), or a
@@ -73,7 +73,7 @@ def _refusals_as_config_errors(where: str, config_json: str = 'config.json'):
 def default_num_classes(data: dict) -> int:
     """Classes of the data section's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST; for a
     class-folder dataset (``folder``, ``imagenet``) or shards with a class list, the classes of its training split
-    (:func:`~tkvision.data.datasets.train_class_map`: a 3-class folder gets a 3-way head, not ImageNet's); else
+    (`train_class_map`: a 3-class folder gets a 3-way head, not ImageNet's); else
     1000 (ImageNet-1K, the timm default)."""
     if data['dataset'] == 'fashion_mnist':
         return 10
@@ -82,7 +82,7 @@ def default_num_classes(data: dict) -> int:
 
 
 def model_for_config(cfg: dict, num_classes: int = None) -> torch.nn.Module:
-    """:func:`build_model` of a whole config: its model section, its MAE section when ``task`` is
-    ``mae``, and ``num_classes`` (default: :func:`default_num_classes`)."""
+    """`build_model` of a whole config: its model section, its MAE section when ``task`` is
+    ``mae``, and ``num_classes`` (default: `default_num_classes`)."""
     mae = section(cfg, 'mae') if cfg['task'] == 'mae' else None
     return build_model(section(cfg, 'model'), mae, num_classes or default_num_classes(section(cfg, 'data')))

@@ -2,22 +2,22 @@
 
 Files of a run directory (names: the constants below)::
 
-    config.yaml         the resolved config (flat keys, :mod:`tkvision.engine.config`)
-    last.pth            the training state (format: :func:`training_checkpoint`), every ``save_every``
+    config.yaml         the resolved config (flat keys, `tkvision.engine.config`)
+    last.pth            the training state (format: `training_checkpoint`), every ``save_every``
                         epochs, every ``checkpoint_every_steps`` updates, every ``checkpoint_every_minutes``
                         and on SIGTERM / SIGUSR1
     last.safetensors    the weights at the last epoch: the EMA weights when EMA is on (the metadata's
                         ``source`` says which), loadable by ``timm.create_model(name, pretrained=True,
                         pretrained_cfg_overlay=dict(file=...))``
-    best.safetensors    the weights of the best evaluation (:func:`keep_best`; ``source``, ``epoch``
+    best.safetensors    the weights of the best evaluation (`keep_best`; ``source``, ``epoch``
                         and the metric in the metadata)
-    metrics.csv, curves.png, reconstruction.png (MAE), tb/ (TensorBoard), .lock (:mod:`.rundir`)
+    metrics.csv, curves.png, reconstruction.png (MAE), tb/ (TensorBoard), .lock (`rundir`)
 
-Every file is written atomically (:func:`tkvision.utils.files.atomic_write`): a crash leaves the old
+Every file is written atomically (`tkvision.utils.files.atomic_write`): a crash leaves the old
 file or the new one. Reading never unpickles code: ``torch.load(weights_only=True)`` or safetensors.
 
 Every reader of a model's weights (resume, ``init_from``, validate, export, the MAE pictures, the
-attention-distance tool, growing a file) goes through :func:`load_fitting_weights`: adapt with the
+attention-distance tool, growing a file) goes through `load_fitting_weights`: adapt with the
 family's checkpoint filter, grow the model to the checkpoint's size if the run grew, check the fit
 (naming every tensor that differs), load.
 """
@@ -50,13 +50,13 @@ METRICS_FILE = 'metrics.csv'
 CURVES_FILE = 'curves.png'
 RECONSTRUCTION_FILE = 'reconstruction.png'
 
-#: Version of the ``last.pth`` format of :func:`training_checkpoint` (files without the key are version 1).
+#: Version of the ``last.pth`` format of `training_checkpoint` (files without the key are version 1).
 FORMAT_VERSION = 1
 
 
 def training_checkpoint(state) -> dict:
     """The ``last.pth`` format: everything a run needs to continue exactly, from a
-    :class:`~tkvision.engine.state.TrainState` ``state``.
+    `TrainState` ``state``.
 
     Keys: ``model`` (state dict), ``optimizer``, ``scaler`` (GradScaler), ``model_ema`` (state dict or
     None), ``epochs_done`` (completed epochs), ``batches_done`` (micro-batches of epoch ``epochs_done``
@@ -79,13 +79,13 @@ def training_checkpoint(state) -> dict:
 
 
 def save_training_checkpoint(state, path: str):
-    """Write :func:`training_checkpoint` of ``state`` to ``path`` atomically (``torch.save``)."""
+    """Write `training_checkpoint` of ``state`` to ``path`` atomically (``torch.save``)."""
     atomic_write(path, lambda tmp: torch.save(training_checkpoint(state), tmp))
 
 
 def load_training_checkpoint(path: str, map_location='cpu', mmap: bool = False) -> dict:
     """A ``last.pth`` (``weights_only=True``), its config migrated to today's keys
-    (:func:`tkvision.engine.config.migrate`).
+    (`tkvision.engine.config.migrate`).
 
     Raises:
         FileNotFoundError: no file at ``path``. UsageError: a truncated file, or not a training checkpoint.
@@ -117,7 +117,7 @@ def checkpoint_config(path: str) -> dict:
     (``torch.load(mmap=True)``), so only the small config is read, however large the checkpoint.
 
     Raises:
-        as :func:`load_training_checkpoint`.
+        as `load_training_checkpoint`.
     """
     return load_training_checkpoint(path, mmap=True)['config']
 
@@ -195,7 +195,7 @@ def read_weights(path: str, use_ema: bool = True) -> dict:
 
 def load_fitting_weights(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoint') -> dict:
     """Load ``state_dict`` into ``model``: adapt it with the family's checkpoint filter, grow the model
-    to the checkpoint's size when the run grew during training (:func:`tkvision.growth.grow_to_checkpoint`),
+    to the checkpoint's size when the run grew during training (`tkvision.growth.grow_to_checkpoint`),
     check the fit, load strictly.
 
     Returns:
@@ -213,7 +213,7 @@ def load_fitting_weights(model: torch.nn.Module, state_dict: dict, source: str =
 
 
 def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True):
-    """The model of ``cfg`` with the weights of ``path`` loaded (:func:`load_fitting_weights`). A
+    """The model of ``cfg`` with the weights of ``path`` loaded (`load_fitting_weights`). A
     classifier gets the file's head size unless ``model_kwargs`` sets ``num_classes``.
 
     Returns:
@@ -230,9 +230,9 @@ def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True):
 
 def load_init_weights(model: torch.nn.Module, path: str, task: str):
     """``init_from``: start ``model`` from the weights at ``path``: an MAE checkpoint's encoder for a
-    classifier (:func:`tkvision.models.mae.encoder_weights`), else a same-size or smaller model's
+    classifier (`tkvision.models.mae.encoder_weights`), else a same-size or smaller model's
     weights; a smaller TokenFormer's tokens go into the first rows
-    (:func:`tkvision.growth.load_grown_state_dict`).
+    ([`tkvision.growth.load_grown_state_dict`][tkvision.growth.tokens.load_grown_state_dict]).
 
     Returns:
         ``(grown, report)``: ``{tensor name: (old rows, new rows)}`` and a line saying what was loaded.
@@ -266,7 +266,7 @@ def _names(names, limit: int = 4) -> str:
 def grow_weights_file(checkpoint: str, cfg: dict, out: str, to=None, add=None, key_init='zeros',
                       value_init='normal') -> dict:
     """Grow a weights file on disk: build the model of ``cfg`` (the checkpoint's architecture: ``model``,
-    ``model_kwargs``), load ``checkpoint`` (:func:`load_fitting_weights`), grow to ``to`` (variant name
+    ``model_kwargs``), load ``checkpoint`` (`load_fitting_weights`), grow to ``to`` (variant name
     or counts) or by ``add`` (``{kind: m}``), and write ``out`` as safetensors (atomic).
 
     Returns:
@@ -274,7 +274,7 @@ def grow_weights_file(checkpoint: str, cfg: dict, out: str, to=None, add=None, k
 
     Raises:
         FileExistsError: ``out`` is ``checkpoint``. FileNotFoundError, WeightsMismatchError: as
-            :func:`model_for_checkpoint`. ValueError: a target smaller than the model.
+            [`model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]. ValueError: a target smaller than the model.
     """
     if os.path.abspath(out) == os.path.abspath(checkpoint):
         raise FileExistsError(f'--out {out} is the input checkpoint; write the grown weights to another file')

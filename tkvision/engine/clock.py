@@ -1,6 +1,6 @@
 """The run's clock and signals: when a run checks its loss, agrees on a stop signal and writes its checkpoint.
 
-:class:`RunClock` is the part of a run that decides *when*: a stop signal from SLURM or torchrun (the run
+`RunClock` is the part of a run that decides *when*: a stop signal from SLURM or torchrun (the run
 saves and stops at its next check), a checkpoint every ``checkpoint_every_steps`` updates or
 ``checkpoint_every_minutes`` minutes, and the host synchronisation that finds a NaN / inf loss. It reads the
 run section's timing keys and nothing else of the config.

@@ -3,18 +3,18 @@ sections each builder receives.
 
 A config file is a YAML mapping of flat keys (``lr: 1e-3``, ``model_kwargs: {...}``). Its optional
 ``_base_`` key names another YAML file (relative to the file that names it); the file's keys are
-merged over the base's, recursively for mappings. Every key must exist in :data:`DEFAULTS`; an
+merged over the base's, recursively for mappings. Every key must exist in `DEFAULTS`; an
 unknown key is an error that names it and the file. Command-line overrides ``--key value``
 (``--growth.every_epochs 2`` for nested keys) are parsed with YAML rules (``1e-3`` is a float,
-``[0.9, 0.95]`` a list, ``null`` None). Keys renamed since an earlier release (:data:`RENAMED`) are
+``[0.9, 0.95]`` a list, ``null`` None). Keys renamed since an earlier release (`RENAMED`) are
 read under their new name, in files, on the command line and in checkpoints.
 
-**Sections.** The keys are grouped as a reader meets them (:data:`SECTIONS`: ``run``, ``model``,
+**Sections.** The keys are grouped as a reader meets them (`SECTIONS`: ``run``, ``model``,
 ``mae``, ``data``, ``optim``, ``elastic``, ``growth``); each builder receives only its section
-(:func:`section`): ``build_dataset`` the data keys, ``build_optimizer`` the optimisation keys, and so
+(`section`): ``build_dataset`` the data keys, ``build_optimizer`` the optimisation keys, and so
 on. Files stay flat, so every config of earlier releases reads unchanged.
 
-What each key allows is in :mod:`tkvision.engine.config_rules` (``tests/test_config.py`` holds the
+What each key allows is in `tkvision.engine.config_rules` (``tests/test_config.py`` holds the
 rules and the defaults to the same keys). Recipe values in ``configs/imagenet/`` come from the MAE
 paper, Appendix A.2 (table in ``docs/reference/background.md``, "Recipes").
 """
@@ -205,7 +205,7 @@ RESUME_MUTABLE = frozenset({
 
 
 def section(cfg: dict, name: str) -> dict:
-    """The keys of section ``name`` (:data:`SECTIONS`) of the flat config ``cfg``, as a new dict; for
+    """The keys of section ``name`` (`SECTIONS`) of the flat config ``cfg``, as a new dict; for
     ``'growth'`` the growth mapping itself (``every_epochs``, ``schedule``, ...).
 
     Raises:
@@ -327,11 +327,11 @@ def parse_overrides(args) -> dict:
 def load_config(path=None, overrides=None, base: dict = None) -> dict:
     """Config from ``path`` (or ``base``, a config such as a checkpoint's, or the defaults) with
     ``overrides`` (a dict or ``--key value`` list). ``path``: a YAML file, or the name of a shipped
-    recipe (``imagenet/tokenformer_vit_b16``: :func:`tkvision.engine.recipes.config_path`).
+    recipe (``imagenet/tokenformer_vit_b16``: `tkvision.engine.recipes.config_path`).
 
     Raises:
         ConfigError: unknown key (named), missing file, ``_base_`` cycle, or a value of the wrong type
-            or range (:func:`~tkvision.engine.config_rules.validate_config`).
+            or range (`validate_config`).
     """
     cfg = _read_yaml(config_path(path)) if path else merge(DEFAULTS, base or {}, 'base config')
     if overrides:
@@ -350,7 +350,7 @@ def resolve_lr(optim: dict, batch_size: int, world_size: int = 1) -> float:
 
 
 def migrate(cfg: dict) -> dict:
-    """A config saved by an earlier release (a checkpoint's) with today's key names (:data:`RENAMED`)
+    """A config saved by an earlier release (a checkpoint's) with today's key names (`RENAMED`)
     and today's defaults for keys it did not have; ``val_split_fraction`` 0 where it is absent (earlier
     releases validated on the dataset's own evaluation split)."""
     return merge(DEFAULTS, {'val_split_fraction': 0.0, **cfg}, 'checkpoint config')
@@ -361,7 +361,7 @@ def config_changes(old: dict, new: dict):
 
     Returns:
         ``(allowed, forbidden)``: two lists of ``'key old -> new'`` strings; ``allowed`` holds the
-        keys of :data:`RESUME_MUTABLE`, ``forbidden`` every other changed key (``model_kwargs`` and
+        keys of `RESUME_MUTABLE`, ``forbidden`` every other changed key (``model_kwargs`` and
         ``growth`` are compared as a whole under their top-level name). ``model_kwargs`` that only
         gains ``num_classes`` is allowed: it states the head the checkpoint has (the trainer refuses
         any other head before loading), as a run written when the default head was another needs.

@@ -1,6 +1,6 @@
-"""What each config key allows (:data:`RULES`) and the checks that join keys (:func:`validate_config`).
+"""What each config key allows (`RULES`) and the checks that join keys (`validate_config`).
 
-``tests/test_config.py`` holds :data:`RULES` and :data:`tkvision.engine.config.DEFAULTS` to the same
+``tests/test_config.py`` holds `RULES` and `tkvision.engine.config.DEFAULTS` to the same
 keys, so a new key gets a rule and a default or the test fails.
 """
 import math
@@ -65,7 +65,7 @@ def _is_dataset(v) -> bool:
     return v in ('fashion_mnist', 'imagenet', 'folder', 'tar') or (kind in ('wds', 'hfds') and name != '')
 
 
-#: What each key allows (``growth.*`` for the growth section). Checked by :func:`validate_config`.
+#: What each key allows (``growth.*`` for the growth section). Checked by `validate_config`.
 RULES = {
     'task': _rule(None, choices=('classify', 'mae', 'linprobe')),
     'mask_ratio': _rule('num', 0, 1, lo_open=True, hi_open=True),
@@ -264,7 +264,7 @@ SCHEDULE_STEP = {'at_epoch': None, 'to': None, 'warmup_epochs': 0.0, 'lr_scale':
 
 
 def _validate_growth_schedule(cfg: dict):
-    """Check ``growth.schedule`` and fill each step's defaults (:data:`SCHEDULE_STEP`).
+    """Check ``growth.schedule`` and fill each step's defaults (`SCHEDULE_STEP`).
 
     Raises:
         ConfigError: a step that is not a mapping, an unknown or missing key (named), ``at_epoch``

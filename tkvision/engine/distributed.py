@@ -1,12 +1,12 @@
 """Processes and devices: what training, evaluation and the tools share about where they run.
 
-- :func:`init_distributed`: one process, ``torchrun``, or a SLURM launch (``srun`` sets
+- `init_distributed`: one process, ``torchrun``, or a SLURM launch (``srun`` sets
   ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``), through timm's
   ``init_distributed_device_so`` (NCCL on CUDA, gloo on CPU).
-- :func:`all_ranks_agree`: one collective that turns a failure on any rank into a failure on all,
+- `all_ranks_agree`: one collective that turns a failure on any rank into a failure on all,
   so no rank waits forever in a collective its peer never reaches.
-- :func:`setup_threads`: the CPU threads of this process.
-- :class:`Processes`: this process's rank, the number of processes and the device, as every stage of a run
+- `setup_threads`: the CPU threads of this process.
+- `Processes`: this process's rank, the number of processes and the device, as every stage of a run
   reads them.
 """
 import dataclasses
@@ -52,7 +52,7 @@ def setup_threads(run: dict):
     ``available_cores``, so OpenMP threads never outnumber the cores (OpenMP threads that spin
     waiting for a busy core slow every update many times over).
 
-    Warns (UserWarning) when ``threads`` exceeds :func:`available_cores`: the run goes on as asked,
+    Warns (UserWarning) when ``threads`` exceeds `available_cores`: the run goes on as asked,
     many times slower, so the warning names the core count and the value to set instead."""
     cores = available_cores()
     threads = int(run['threads']) if run['threads'] else cores
@@ -75,7 +75,7 @@ def init_distributed(run: dict):
     torchrun the agent ends the job sooner, as soon as it sees a worker die (``docs/reliability.md``).
 
     Returns:
-        :class:`Processes`.
+        `Processes`.
     """
     device = run['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
     info = init_distributed_device_so(device=device)

@@ -1,7 +1,7 @@
 """Evaluation: top-1 / top-5 accuracy, loss and throughput over a dataset, on one or many processes;
 the MAE reconstruction loss with fixed masks.
 
-``tools/validate.py`` / ``tkvision-validate`` (:mod:`tkvision.cli`) evaluate a weights file
+``tools/validate.py`` / ``tkvision-validate`` (`tkvision.cli`) evaluate a weights file
 (``.safetensors`` or a training checkpoint) on an ImageNet-layout ``val`` folder or the
 Fashion-MNIST test set.
 """
@@ -25,7 +25,7 @@ def evaluate(model: torch.nn.Module, loader, device, preprocess, amp=None) -> di
     """Top-1 / top-5 accuracy (%), mean cross-entropy and img/s of ``model`` over ``loader``.
 
     ``loader`` yields ``(uint8 images [B, C, H, W], labels [B], bad_paths)``
-    (:func:`tkvision.data.collate_skip_bad`); ``preprocess`` (a :class:`tkvision.data.BatchPreprocessor`)
+    (`tkvision.data.collate_skip_bad`); ``preprocess`` (a `tkvision.data.BatchPreprocessor`)
     moves and normalises the images. Under ``torch.distributed`` the sums are reduced over ranks
     (each rank sees its own shard). One host synchronisation at the end.
 
@@ -68,8 +68,8 @@ def mask_noise(batch_index: int, batch_size: int, num_patches: int, seed: int = 
 
 @torch.no_grad()
 def evaluate_mae(model: torch.nn.Module, loader, device, preprocess, amp=None, seed: int = 0) -> dict:
-    """Mean MAE reconstruction loss of ``model`` (a :class:`tkvision.models.mae.MaskedAutoencoder`,
-    possibly DDP / compiled) over ``loader``, with the same masks at every call (:func:`mask_noise`),
+    """Mean MAE reconstruction loss of ``model`` (a [`tkvision.models.mae.MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder],
+    possibly DDP / compiled) over ``loader``, with the same masks at every call (`mask_noise`),
     weighted by images and reduced over ranks.
 
     Returns:

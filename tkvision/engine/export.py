@@ -27,7 +27,7 @@ EXPORT_FILES = frozenset({'model.safetensors', 'config.json'})
 
 def check_export_target(out: str, force: bool):
     """Refuse, before any work, an export folder that holds files: without ``force`` any; with ``force``
-    any file an export did not write (:data:`EXPORT_FILES`), so ``--force`` replaces an earlier export and
+    any file an export did not write (`EXPORT_FILES`), so ``--force`` replaces an earlier export and
     never removes a run's checkpoint, its config, its metrics, a live run's ``.lock``, or anything else.
 
     Raises:
@@ -51,7 +51,7 @@ def check_export_target(out: str, force: bool):
 def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data_config: dict = None,
                  force: bool = False) -> str:
     """Write ``model`` to the folder ``out`` with timm's ``save_for_hf`` (safetensors), atomically
-    (:func:`tkvision.utils.files.atomic_folder`: a full disk or a kill leaves no half-written folder);
+    (`tkvision.utils.files.atomic_folder`: a full disk or a kill leaves no half-written folder);
     returns ``out``.
 
     Args:
@@ -60,7 +60,7 @@ def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data
         force: replace an ``out`` that already holds files.
 
     Raises:
-        FileExistsError, UsageError: as :func:`check_export_target`.
+        FileExistsError, UsageError: as `check_export_target`.
     """
     check_export_target(out, force)
     args = dict(model_args or {})
@@ -78,7 +78,7 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
                       force: bool = False) -> dict:
     """Export a training checkpoint (``last.pth``: its config names the model) or a weights file
     (``.safetensors``, with ``model`` and ``model_kwargs``) as a ``save_for_hf`` folder; a run that
-    grew is exported at its grown size (:func:`tkvision.engine.checkpoint.model_for_checkpoint`).
+    grew is exported at its grown size ([`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]).
 
     Args:
         use_ema: take the EMA weights of a ``.pth`` that has them (else the raw ones).
@@ -90,7 +90,7 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
     Raises:
         FileNotFoundError: no checkpoint. ConfigError: a weights file without ``model``, or ``model_kwargs``
             that is not a mapping. UsageError: an MAE checkpoint (no classifier to export), or an ``out`` that
-            :func:`check_export_target` refuses. WeightsMismatchError: weights that do not fit the model.
+            `check_export_target` refuses. WeightsMismatchError: weights that do not fit the model.
     """
     check_export_target(out, force)
     if model_kwargs is not None and not isinstance(model_kwargs, dict):

@@ -1,7 +1,7 @@
 """The epoch loop: batches, gradient accumulation, optimizer updates, and the sync points where a
 run checks its loss, agrees on a stop signal and writes its checkpoint.
 
-:func:`train_one_epoch` receives each part of a run it reads: the state it trains and saves
+`train_one_epoch` receives each part of a run it reads: the state it trains and saves
 (``tkvision.engine.state.TrainState``), the data (``tkvision.engine.run_data.RunData``), the loss
 (``tkvision.engine.loss.RunLoss``) and the clock (``tkvision.engine.clock.RunClock``), MAE's
 ``engine_pretrain.train_one_epoch`` shape: the epoch function gets what it uses and returns a dict of

@@ -1,6 +1,6 @@
 """The loss of a run: what a training step learns from, and at which prefixes of an elastic model.
 
-:class:`RunLoss` owns the targets of a step: timm's Mixup / CutMix, the criterion (soft-target
+`RunLoss` owns the targets of a step: timm's Mixup / CutMix, the criterion (soft-target
 cross-entropy, label smoothing or plain cross-entropy), the prefixes an elastic step trains
 (``tkvision.growth.elastic.step_fractions``, drawn from a stream of their own so a resumed run draws the
 same), and distillation from soft predictions:
@@ -92,7 +92,7 @@ class RunLoss:
         device: where the teacher runs.
 
     Raises:
-        ConfigError, WeightsMismatchError: a ``teacher`` that cannot be loaded (:func:`load_teacher`).
+        ConfigError, WeightsMismatchError: a ``teacher`` that cannot be loaded (`load_teacher`).
     """
 
     def __init__(
@@ -173,7 +173,7 @@ class RunLoss:
 
         Args:
             output: the model's logits ``[B, classes]``, or for ``task: mae`` its ``(loss, ...)`` tuple.
-            labels: the targets of :meth:`targets` (class indices ``[B]`` or mixed soft labels ``[B, classes]``).
+            labels: the targets of `targets` (class indices ``[B]`` or mixed soft labels ``[B, classes]``).
             soft_target: teacher logits ``[B, classes]`` to distil from (detached), or None: the labels alone.
         """
         if self.task == 'mae':

@@ -14,7 +14,7 @@ places the warmup before the schedule's ``t_initial`` steps; setting ``t_initial
 the last update the end of the cosine, where the first version of this trainer stopped ``W``
 updates before it.)
 
-With a growth schedule (``growth.schedule``, :mod:`tkvision.growth`), the run is cut into stages at
+With a growth schedule (``growth.schedule``, `tkvision.growth`), the run is cut into stages at
 the steps' ``at_epoch``. ``growth.stage_lr: restart`` (default): each stage gets the schedule above
 over its own updates, so every stage ends at ``min_lr`` (an annealed model of that size, as each
 model of the paper's Fig. 3 chain); stage 0 warms up for ``warmup_epochs`` to ``lr``, the stage after
@@ -40,7 +40,7 @@ def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.opt
     with ``layer_decay`` (the model's ``group_matcher``). ``parameter_token_weight_decay`` (None: the
     run's ``weight_decay``) and ``parameter_token_lr_scale`` (1.0) set the weight decay and scale the lr of
     every Pattention's key and value parameter tokens (the levers of docs/comparison.md):
-    :func:`split_parameter_tokens`.
+    `split_parameter_tokens`.
     AdamW's decay is decoupled and scaled by the group's lr (each step multiplies a weight by
     ``1 - lr * weight_decay``), so ``parameter_token_lr_scale`` scales the tokens' effective decay too."""
     optimizer = create_optimizer_v2(model, opt=optim['opt'], lr=lr, weight_decay=optim['weight_decay'],
@@ -131,8 +131,8 @@ class RewarmScheduler:
 
 def build_scheduler(optimizer: torch.optim.Optimizer, optim: dict, growth: dict, lr: float, updates_per_epoch: int):
     """The lr schedule of the optim section (``sched``, ``epochs``, ``warmup_epochs``, ``min_lr``, ...) in updates;
-    with ``growth.schedule``, a :class:`StagedScheduler` of one such schedule per stage
-    (``growth.stage_lr: restart``) or a :class:`RewarmScheduler` (``continue``).
+    with ``growth.schedule``, a `StagedScheduler` of one such schedule per stage
+    (``growth.stage_lr: restart``) or a `RewarmScheduler` (``continue``).
 
     Sets every param group's peak (``initial_lr``) to ``lr`` first, so a resumed run with a new
     ``lr`` schedules from the new peak; layer-wise decay's ``lr_scale`` is applied by timm. After
@@ -140,7 +140,7 @@ def build_scheduler(optimizer: torch.optim.Optimizer, optim: dict, growth: dict,
     update ``u``.
 
     Returns:
-        a timm scheduler or :class:`StagedScheduler` (``step_update(num_updates)``).
+        a timm scheduler or `StagedScheduler` (``step_update(num_updates)``).
     """
     stages = growth_stages(optim, growth)
     if len(stages) > 1 and growth.get('stage_lr', 'restart') == 'continue':

@@ -22,7 +22,7 @@ def plot_curves(history, path: str, title: str = '', train_label: str = 'train l
     Args:
         history: list of per-epoch dicts (``metrics.csv`` rows) with ``epoch``, ``train_loss`` and,
             where evaluated, ``val_loss``, ``top1``, ``ema_top1``; values may be strings.
-        train_label: the training loss's legend (:func:`train_loss_label`).
+        train_label: the training loss's legend (`train_loss_label`).
     """
     def series(key):
         pts = [(int(r['epoch']) + 1, float(r[key])) for r in history if r.get(key) not in (None, '')]

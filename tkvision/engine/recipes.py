@@ -4,8 +4,8 @@ theirs.
 
 A recipe is named by its path under that folder without ``.yaml``: ``fashion_mnist/quick``,
 ``imagenet/tokenformer_vit_b16``. ``--config`` takes a file path first; a path that is no file is
-looked up here (:func:`config_path`), so ``tkvision-train --config imagenet/tokenformer_vit_b16`` works
-from any directory of a pip install. :func:`list_recipes` reads each recipe's header comment (what it
+looked up here (`config_path`), so ``tkvision-train --config imagenet/tokenformer_vit_b16`` works
+from any directory of a pip install. `list_recipes` reads each recipe's header comment (what it
 reproduces, its command and its figures, as big_vision's config headers do) for
 ``tkvision-train --list-recipes``. Files whose name starts with ``_`` are shared bases, not recipes.
 """

@@ -25,7 +25,7 @@ __all__ = ['reconstruct', 'reconstruction_grid', 'save_reconstructions']
 @torch.no_grad()
 def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, mask_ratio=None, seed: int = 0):
     """``images [B, C, H, W]`` (normalised) -> ``(masked, recon, pasted)``, each ``[B, C, H, W]`` in
-    the same normalised space; the masks are those of validation batch 0 (:func:`mask_noise`)."""
+    the same normalised space; the masks are those of validation batch 0 (`mask_noise`)."""
     model.eval()
     p = model.patch_size
     noise = mask_noise(0, len(images), model.grid_size[0] * model.grid_size[1], seed).to(images.device)
@@ -59,7 +59,7 @@ def reconstruction_grid(model: MaskedAutoencoder, images: torch.Tensor, mean, st
 
 def save_reconstructions(model: MaskedAutoencoder, dataset, mean, std, path: str, num_images: int = 8,
                          mask_ratio=None, device='cpu'):
-    """Write :func:`reconstruction_grid` of the first ``num_images`` images of ``dataset`` (items
+    """Write `reconstruction_grid` of the first ``num_images`` images of ``dataset`` (items
     ``(uint8 image [C, H, W], label)``, normalised with ``mean`` / ``std``) to the PNG ``path``
     (atomically)."""
     images = torch.stack([torch.as_tensor(dataset[i][0]) for i in range(min(num_images, len(dataset)))])

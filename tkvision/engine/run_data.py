@@ -1,6 +1,6 @@
 """The data of a run: its datasets, loaders and on-device preprocessing, built from the data section.
 
-:class:`RunData` is what the epoch loop and evaluation read to get batches: the training and validation
+`RunData` is what the epoch loop and evaluation read to get batches: the training and validation
 loaders (and the test loader, built once at the end), the preprocessing that turns a loader's uint8 batch
 into normalised float images on the device, and the batch arithmetic (accumulation steps, batches and
 updates per epoch). NaFlex loaders (timm's variable-resolution patch batches) are built here too, with the
@@ -85,7 +85,7 @@ class RunData:
 
     def test_loader(self):
         """A loader of the test split (``tkvision.data.build_dataset`` ``'test'``), built when asked for: the
-        trainer asks once, at the end of a run (kept for :meth:`close`)."""
+        trainer asks once, at the end of a run (kept for `close`)."""
         ds = build_dataset(self.data, 'test', self.seed, self.processes.rank, self.processes.world,
                            class_to_idx=dataset_classes(self.train_ds))
         self._test_loader = self._loader(ds, train=False)
@@ -101,7 +101,7 @@ class RunData:
 
     def loss_scale(self, images: int) -> float:
         """The weight of a training batch of ``images`` images: 1, or for a NaFlex batch (whose images vary in
-        number with its sequence length) :func:`naflex_loss_scale` of ``naflex_loss_scale``."""
+        number with its sequence length) `naflex_loss_scale` of ``naflex_loss_scale``."""
         if not self.data['naflex_loader']:
             return 1.0
         return naflex_loss_scale(self.data['naflex_loss_scale'], images, self.data['batch_size'])
@@ -111,7 +111,7 @@ class RunData:
 
         Persistent workers live in ``loader._iterator`` until it is dropped; its shutdown sets their
         done event and joins them. Without this, an error leaves them waiting, and since they ignore
-        SIGTERM (:func:`_ignore_stop_signals`) multiprocessing's exit handler waits for them forever.
+        SIGTERM (`_ignore_stop_signals`) multiprocessing's exit handler waits for them forever.
         """
         for loader in (self.train_loader, self.val_loader, self._test_loader):
             if loader is None:
@@ -124,7 +124,7 @@ class RunData:
 
 def naflex_patch_size(model: dict, data: dict, device='cpu') -> int:
     """The patch size of the model section's model (built on the meta device), which NaFlex evaluation batches
-    use; the data section's sequence lengths checked against ``device``'s memory (:func:`check_naflex_memory`).
+    use; the data section's sequence lengths checked against ``device``'s memory (`check_naflex_memory`).
 
     Raises:
         ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries, or lengths that

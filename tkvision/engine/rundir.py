@@ -104,7 +104,7 @@ def restarts_this_run(out: str, checkpoint: str) -> bool:
 
 
 class RunDirLock:
-    """The held lock of one output directory; :meth:`release` (or process exit) frees it."""
+    """The held lock of one output directory; `release` (or process exit) frees it."""
 
     def __init__(self, path: str, fd: int):
         self.path, self.fd = path, fd
@@ -126,7 +126,7 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
 
     Raises:
         RunError: another process holds the lock (its host and pid are named), or ``out`` already
-            holds a run's files (:func:`run_files`) and ``resume`` is false.
+            holds a run's files (`run_files`) and ``resume`` is false.
 
     The temporaries of interrupted writes in ``out`` are removed once the lock is held
     (``remove_stale_temporaries``).

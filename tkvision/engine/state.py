@@ -1,9 +1,9 @@
 """The state of a training run: everything that is saved and restored (timm's ``CheckpointSaver``
 saves the same set together: one object owns the run's state).
 
-:class:`TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best
+`TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best
 evaluation; its ``state_dict`` is the ``last.pth`` format of
-:func:`tkvision.engine.checkpoint.training_checkpoint`. It also applies growth steps, so that the
+`tkvision.engine.checkpoint.training_checkpoint`. It also applies growth steps, so that the
 model, the optimizer's moments, the EMA and the frozen rows always move together.
 """
 import math
@@ -28,14 +28,14 @@ __all__ = ['TrainState']
 
 
 class TrainState:
-    """Everything a run needs to continue exactly, with :meth:`state_dict` / :meth:`load_state_dict`.
+    """Everything a run needs to continue exactly, with `state_dict` / `load_state_dict`.
 
     Args:
-        model: the config's model section (:func:`tkvision.engine.config.section`). optim: its optimisation
+        model: the config's model section (`tkvision.engine.config.section`). optim: its optimisation
             section. growth: its growth mapping.
         task: ``'classify'``, ``'mae'`` or ``'linprobe'``. amp: ``None``, ``'bf16'`` or ``'fp16'``.
-        num_classes: the classifier's outputs unless ``model_kwargs`` says (:func:`~.build.default_num_classes`).
-        lr: the peak learning rate (:func:`~.config.resolve_lr`). device: where the model lives.
+        num_classes: the classifier's outputs unless ``model_kwargs`` says (`default_num_classes`).
+        lr: the peak learning rate (`resolve_lr`). device: where the model lives.
         world: number of processes. updates_per_epoch: optimizer updates per epoch (for the schedule).
         mae: the MAE section, for ``task: mae``. elastic_fractions: the ``elastic_fractions`` key.
         config_record: the whole config, read-only, written into every ``last.pth`` (a resumed run compares
@@ -44,13 +44,13 @@ class TrainState:
 
     Attributes:
         model, optimizer, scheduler, scaler (a no-op unless fp16), ema (``ModelEmaV3`` or None).
-        net: the model as the forward pass runs it (compiled and/or DDP-wrapped: :meth:`wrap`).
+        net: the model as the forward pass runs it (compiled and/or DDP-wrapped: `wrap`).
         epochs_done: completed epochs. batches_done: micro-batches of epoch ``epochs_done`` already
             trained (always at an optimizer-update boundary). num_updates: optimizer updates so far.
         best: ``dict(top1 | val_loss, epoch, source)`` of the best evaluation (highest top-1, or for
             ``task: mae`` the lowest validation reconstruction loss). meter: the running epoch's sums.
         seconds_before: wall seconds the run had spent before this process took it over (0 for a new run;
-            the checkpoint's ``elapsed_seconds`` on resume): see :meth:`elapsed_seconds`.
+            the checkpoint's ``elapsed_seconds`` on resume): see `elapsed_seconds`.
 
     Raises:
         ConfigError: ``growth.freeze_old_tokens`` or ``elastic_fractions`` on a model without parameter tokens.
@@ -139,7 +139,7 @@ class TrainState:
         return self.seconds_before + time.monotonic() - self._started
 
     def size(self) -> dict:
-        """:func:`tkvision.growth.model_size` of the live model (what a growth step changes)."""
+        """`tkvision.growth.model_size` of the live model (what a growth step changes)."""
         return growth.model_size(self.model)
 
     def reset_meter(self, loss_sum=0.0, seen=0, skipped=0, seconds=0.0, data_seconds=0.0):
@@ -168,7 +168,7 @@ class TrainState:
 
         After a schedule step the optimizer is rebuilt if ``growth.optimizer_state`` is ``'reset'``,
         the old tokens are frozen if ``growth.freeze_old_tokens``, and the staged lr schedule moves
-        on to the new stage (:mod:`tkvision.engine.optim`). Returns :meth:`size`.
+        on to the new stage (`tkvision.engine.optim`). Returns `size`.
         """
         torch.manual_seed(seed)
         g = self.growth
@@ -186,7 +186,7 @@ class TrainState:
         return counts
 
     def _unfreeze_stage(self):
-        """Undo :meth:`_freeze_stage` (hooks removed, gradients back)."""
+        """Undo `_freeze_stage` (hooks removed, gradients back)."""
         for h in self.freeze_handles:
             h.remove()
         self.freeze_handles = []
@@ -199,11 +199,11 @@ class TrainState:
         self.freeze_handles = growth.freeze_old_tokens(self.model, old_size, self.optimizer)
 
     def state_dict(self) -> dict:
-        """The ``last.pth`` dict (:func:`tkvision.engine.checkpoint.training_checkpoint`)."""
+        """The ``last.pth`` dict (`tkvision.engine.checkpoint.training_checkpoint`)."""
         return training_checkpoint(self)
 
     def load_state_dict(self, state: dict):
-        """Restore from :meth:`state_dict`; the schedule is rebuilt from the current config at the
+        """Restore from `state_dict`; the schedule is rebuilt from the current config at the
         saved update, so changed schedule keys take effect from here on.
 
         Raises:

@@ -2,21 +2,21 @@
 real-data recipes) on one process or many.
 
 ``task`` selects what is trained: ``classify`` (a classifier on labels), ``mae`` (a
-:class:`~tkvision.models.mae.MaskedAutoencoder` around ``model``; the loss is the reconstruction
+[`MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] around ``model``; the loss is the reconstruction
 error, labels are not used, evaluation reports the validation reconstruction loss with fixed masks,
 and ``reconstruction.png`` is written at the end) or ``linprobe`` (the ``init_from`` encoder frozen,
 MAE's BatchNorm + linear head trained). ``init_from`` an MAE checkpoint loads its encoder
-(:func:`tkvision.engine.checkpoint.load_init_weights`, reporting what was loaded and dropped).
+(`tkvision.engine.checkpoint.load_init_weights`, reporting what was loaded and dropped).
 
 Glue over timm and PyTorch: ``timm.create_model``, ``create_optimizer_v2`` and ``create_scheduler_v2``
-(:mod:`.optim`), ``timm.data.Mixup``, timm's label-smoothing / soft-target losses,
+(`optim`), ``timm.data.Mixup``, timm's label-smoothing / soft-target losses,
 ``timm.utils.ModelEmaV3``, ``dispatch_clip_grad``, ``torch.autocast``, ``DistributedDataParallel``
 under ``torchrun`` or SLURM, tqdm and TensorBoard.
 
-:func:`train` strings together three pieces around one state object: :func:`~.loop.train_one_epoch`,
-:func:`evaluate_and_keep_best` and :func:`log_epoch`; :class:`~.state.TrainState` holds everything
+[`train`][tkvision.engine.trainer.train] strings together three pieces around one state object: `train_one_epoch`,
+`evaluate_and_keep_best` and `log_epoch`; `TrainState` holds everything
 that is saved. What a pre-empted or killed run does, and which files it writes, is decided by
-:mod:`.checkpoint`: ``--resume`` continues at the exact update with the same data order and random
+`checkpoint`: ``--resume`` continues at the exact update with the same data order and random
 draws, so the result is bit-identical to an uninterrupted run for any ``num_workers``.
 """
 import csv
@@ -105,7 +105,7 @@ class RunContext:
 
 
 def resolve_run_config(cfg: dict) -> dict:
-    """``cfg`` validated, with its null data keys filled from the model (:func:`tkvision.data.resolve_data_cfg`).
+    """``cfg`` validated, with its null data keys filled from the model (`tkvision.data.resolve_data_cfg`).
 
     Raises:
         ConfigError: a bad value (named).
@@ -138,7 +138,7 @@ def check_model_input(model: dict, data: dict):
 
 def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> dict:
     """Evaluate the model (and the EMA model); save ``best.safetensors`` when either beats the best
-    (:func:`tkvision.engine.checkpoint.keep_best`: highest top-1, or lowest MAE validation loss).
+    (`tkvision.engine.checkpoint.keep_best`: highest top-1, or lowest MAE validation loss).
 
     Returns:
         ``dict(top1, top5, val_loss, val_skipped[, ema_top1, ema_top5])``; for ``task: mae``
@@ -460,10 +460,10 @@ def train(cfg: dict, resume=None) -> dict:
     raw model's).
 
     Args:
-        cfg: a config from :func:`tkvision.engine.config.load_config` (checked again here).
+        cfg: a config from [`tkvision.engine.config.load_config`][tkvision.engine.config.load_config] (checked again here).
         resume: a ``last.pth`` path, ``True`` for ``<output>/last.pth``, or None. The run continues at
             the saved update (mid-epoch included) with the same data order and random draws, so the
-            result equals an uninterrupted run's. Keys of :data:`tkvision.engine.config.RESUME_MUTABLE`
+            result equals an uninterrupted run's. Keys of `tkvision.engine.config.RESUME_MUTABLE`
             may differ from the checkpoint's (reported); any other difference is an error.
 
     Raises:

@@ -7,10 +7,10 @@ timing helpers the layer benchmarks (``layer_benchmark.py``) share; ``benchmark_
 
 Method: every model is built and warmed up, then the models are timed interleaved (A B A B ...),
 ``--repeats`` rounds of ``--steps`` steps each; the figure is the median round. Each TokenFormer is
-reported as a ratio to its timm counterpart from the same run (:data:`COUNTERPARTS`). FLOPs per
+reported as a ratio to its timm counterpart from the same run (`COUNTERPARTS`). FLOPs per
 image come from ``torch.utils.flop_counter.FlopCounterMode`` (matmul-class ops and attention; a
 multiply-add is 2 FLOPs); achieved FLOP/s = FLOPs per image x img/s. Peak memory: on GPU the CUDA
-allocator's peak of one step, counting the model's own tensors only (:func:`_cuda_step_peak_mib`); on
+allocator's peak of one step, counting the model's own tensors only (`_cuda_step_peak_mib`); on
 CPU the peak RSS of a fresh child process running the same steps (RSS cannot be reset in-process).
 """
 import os
@@ -62,8 +62,8 @@ def flop_counter() -> FlopCounterMode:
 
 
 def train_flops_per_image(cfg: dict, prefix: elastic.Prefix = None) -> float:
-    """Forward + backward FLOPs of one training image of ``cfg``'s model, counted by :func:`flop_counter`
-    (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model (:mod:`tkvision.growth.elastic`, under the
+    """Forward + backward FLOPs of one training image of ``cfg``'s model, counted by `flop_counter`
+    (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model ([`tkvision.growth.elastic`][tkvision.growth.elastic], under the
     config's ``elastic_nesting``; None: every token)."""
     return _flops_per_image(cfg, prefix, backward=True)
 
@@ -143,7 +143,7 @@ def parse_model_spec(spec: str):
     """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
     benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@qk_norm=true``.
     ``backward_mode`` is set on every Pattention of the model (``@backward_mode=lean``; ``autograd``: the
-    reference; :data:`tkvision.layers.BACKWARD_MODES`).
+    reference; `tkvision.layers.BACKWARD_MODES`).
 
     Raises:
         ValueError: an option that is not ``key=value``.
@@ -164,7 +164,7 @@ class ModelStep:
     random inputs of the model's own size.
 
     Args:
-        name: a model spec (:func:`parse_model_spec`). mode: ``'infer'`` or ``'train'``. batch_size: images
+        name: a model spec (`parse_model_spec`). mode: ``'infer'`` or ``'train'``. batch_size: images
             per step. device: where it runs. amp: ``'bf16'``, ``'fp16'`` or None. compile_: ``torch.compile``.
 
     Raises:
@@ -205,7 +205,7 @@ class ModelStep:
         self.opt.zero_grad(set_to_none=True)
 
     def flops_per_image(self) -> float:
-        """FLOPs of one image of a step (:func:`flop_counter`; training: forward and backward)."""
+        """FLOPs of one image of a step (`flop_counter`; training: forward and backward)."""
         with flop_counter() as counter:
             with torch.autocast(self.device.type, dtype=self.amp, enabled=self.amp is not None):
                 if self.mode == 'infer':
@@ -267,7 +267,7 @@ def _peak_rss_child(name, mode, batch_size, steps) -> float:
 
 
 def available_memory_mib() -> float:
-    """What a CPU can give without swapping, in MiB (:func:`tkvision.utils.memory.available_memory_bytes`)."""
+    """What a CPU can give without swapping, in MiB (`tkvision.utils.memory.available_memory_bytes`)."""
     return available_memory_bytes('cpu') / 2 ** 20
 
 
@@ -367,7 +367,7 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
     return rows
 
 
-#: Profiler op-name categories for :func:`profile_breakdown` (first match wins; the rest is 'other').
+#: Profiler op-name categories for `profile_breakdown` (first match wins; the rest is 'other').
 PROFILE_CATEGORIES = (
     ('matmul', ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::linear', 'aten::matmul', 'mkl_linear')),
     ('attention (SDPA)', ('scaled_dot_product',)),

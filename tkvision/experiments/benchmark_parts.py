@@ -1,5 +1,5 @@
-"""The parts of ``tkvision-benchmark`` (:data:`PARTS`) and its results files: each part measures one thing
-(models against their timm counterparts; where a training step goes) and :func:`run_benchmark` writes
+"""The parts of ``tkvision-benchmark`` (`PARTS`) and its results files: each part measures one thing
+(models against their timm counterparts; where a training step goes) and `run_benchmark` writes
 ``<out>.md / .csv / .json`` with the machine, the date and the command after each part, so a later failure
 loses nothing measured. The layer and data benchmarks of ``docs/performance.md`` add their own parts
 (``studies/performance``).
@@ -78,7 +78,7 @@ PARTS = {'peak': _peak_part, 'models': _models_part, 'profile': _profile_part}
 
 
 def run_benchmark(args, command: str, parts: dict = None) -> dict:
-    """Run the parts ``args.parts`` of ``parts`` (default :data:`PARTS`; each ``fn(args) -> (rows, markdown
+    """Run the parts ``args.parts`` of ``parts`` (default `PARTS`; each ``fn(args) -> (rows, markdown
     lines)``) with the options of ``tkvision-benchmark`` (its parsed arguments ``args``), writing
     ``<args.out>.md / .csv / .json`` with the machine, the date and ``command`` after each part. Returns
     ``{part: rows}``."""

@@ -3,7 +3,7 @@
 ``python tools/sweep.py configs/ablations/fashion_mnist/*.yaml --seeds 0 1 2 --out runs/ablations``
 
 Each (config, seed) point trains into ``<out>/<config name>/seed<k>/`` with the training code of
-:mod:`tkvision.engine.trainer`; a point whose ``result.json`` exists is skipped (resumable), a point that
+`tkvision.engine.trainer`; a point whose ``result.json`` exists is skipped (resumable), a point that
 fails is recorded with its error and the sweep goes on. ``--launcher torchrun --nproc-per-node 8``
 runs each point as its own ``torchrun`` job; ``--print-commands`` only prints the commands (for a
 cluster scheduler). The table (``results.md``, ``results.csv``) has mean ± std top-1 over seeds,
@@ -59,7 +59,7 @@ def _command(config, seed, run_dir, launcher, nproc, extra):
 def _timing(rows: list) -> dict:
     """``img_per_s`` (mean over epochs) and ``minutes`` of a finished run from its ``metrics.csv`` rows:
     the last row's ``elapsed_minutes``, the whole run's wall time across resumes
-    (:meth:`~tkvision.engine.state.TrainState.elapsed_seconds`); rows written before that column have
+    (`elapsed_seconds`); rows written before that column have
     the sum of the epochs' training time (``epoch_time``, evaluation not counted)."""
     last = rows[-1].get('elapsed_minutes')
     minutes = float(last) if last not in (None, '') else sum(float(r['epoch_time']) for r in rows) / 60
@@ -80,13 +80,13 @@ def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=Fal
 
     A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, test_top1, params, img_per_s,
     minutes, error``: ``top1`` / ``best_top1`` on the validation split, ``test_top1`` on the test split
-    (evaluated once, at the end; None when the dataset has none: :func:`tkvision.data.has_test_split`);
-    ``img_per_s`` and ``minutes`` (the whole run's, a resumed one's parts summed): :func:`_timing`.
+    (evaluated once, at the end; None when the dataset has none: `tkvision.data.has_test_split`);
+    ``img_per_s`` and ``minutes`` (the whole run's, a resumed one's parts summed): `_timing`.
     ``result.json`` in the point's folder marks it finished.
 
     Raises:
         Preempted: SIGTERM / SIGUSR1 stopped a point (its ``last.pth`` written; with ``launcher='torchrun'``,
-            the point exited with :data:`~tkvision.utils.errors.EXIT_PREEMPTED`): the sweep stops there, so a
+            the point exited with `EXIT_PREEMPTED`): the sweep stops there, so a
             scheduler's preemption or a user's ``kill`` ends it, and rerunning resumes that point.
     """
     records = []
@@ -172,7 +172,7 @@ def mean_std(values: list, digits: int = None) -> tuple:
 
 def plus_minus(mean: float, std, spec: str = '.2f') -> str:
     """A report's ``'mean ± std'`` cell (``spec`` formats the mean, e.g. ``'+.2f'`` for a delta); ``'mean
-    (one seed)'`` where :func:`mean_std` gave no spread."""
+    (one seed)'`` where `mean_std` gave no spread."""
     return f'{mean:{spec}} (one seed)' if std is None else f'{mean:{spec}} ± {std:.2f}'
 
 

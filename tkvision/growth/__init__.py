@@ -1,11 +1,11 @@
 """Growth: progressive scaling of TokenFormers by parameter tokens (paper §3.3, Eq. 12-13), Net2Net
 widening of timm ViTs as the baseline, and growing the training state with the model.
 
-- :mod:`.tokens`: kinds and sizes of a model, :func:`grow` (in memory), loading a smaller model's weights;
-- :mod:`.net2net`: :func:`net2net_widen`;
-- :mod:`.training`: optimizer moments, EMA and frozen rows across a growth step.
+- `tokens`: kinds and sizes of a model, [`grow`][tkvision.growth.tokens.grow] (in memory), loading a smaller model's weights;
+- `net2net`: [`net2net_widen`][tkvision.growth.net2net.net2net_widen];
+- `training`: optimizer moments, EMA and frozen rows across a growth step.
 
-Growing a weights *file* is :func:`tkvision.engine.checkpoint.grow_weights_file` (``tools/grow.py``).
+Growing a weights *file* is `tkvision.engine.checkpoint.grow_weights_file` (``tools/grow.py``).
 """
 from .net2net import mlps, net2net_widen
 from .tokens import (check_reachable, checkpoint_size, grow, grow_to, grow_to_checkpoint, load_grown_state_dict,

@@ -4,7 +4,7 @@ Growth appends parameter tokens (paper §3.3, Eq. 12-13); this is the other dire
 ``Θ(X K_Pᵀ) V_P`` restricted to its first k key/value tokens, ``Θ(X K_P[:k]ᵀ) V_P[:k]``, is a Pattention of
 k tokens, so the first k tokens of every Pattention (patch stem, Q, K, V, output, FFN) form a smaller
 TokenFormer nested in the larger one, and growth adds to the same ordering (new tokens come last). A
-model trained for it (:data:`SAMPLING`, the ``elastic_*`` config keys) serves several budgets from one
+model trained for it ([`SAMPLING`][tkvision.growth.elastic.SAMPLING], the ``elastic_*`` config keys) serves several budgets from one
 training run, as MatFormer does for a ViT's FFN widths (Devvrit et al., NeurIPS 2023,
 https://arxiv.org/abs/2310.07707, §3: nested FFN blocks trained jointly, and §3.2 Mix'n'Match: per-layer
 granularities chosen after training).
@@ -17,19 +17,19 @@ A *prefix* is given as:
 - a mapping ``{layer name: tokens}``;
 - ``None``: every token (the full model).
 
-What a fraction shrinks is the *nesting* (:data:`NESTING`): every Pattention (``'all'``, the default), only
+What a fraction shrinks is the *nesting* ([`NESTING`][tkvision.growth.elastic.NESTING]): every Pattention (``'all'``, the default), only
 the FFNs' (``'ffn'``: MatFormer's choice, the like-for-like comparison with its ViT), or every one but the
 attention projections Q, K, V and output (``'no_attention'``: the patch stem and the FFNs). Layers outside
 the nesting keep every token at every prefix.
 
 An *elastic layer* is any module with ``num_tokens``, a settable ``prefix_tokens`` (``None`` or k),
-``parameters_per_token`` and ``truncate(k)``: every :class:`~tkvision.layers.Pattention` is one (so is
+``parameters_per_token`` and ``truncate(k)``: every [`Pattention`][tkvision.layers.pattention.Pattention] is one (so is
 the nested MLP of the MatFormer-style ViT the elastic study compares against, ``studies/elastic``). Running at a
 prefix slices the parameters (no copy);
-:func:`extract_prefix` copies a prefix out as a standalone model that ``timm.create_model`` builds with
-the matching ``num_tokens_*`` (:func:`prefix_model_kwargs`).
+[`extract_prefix`][tkvision.growth.elastic.extract_prefix] copies a prefix out as a standalone model that ``timm.create_model`` builds with
+the matching ``num_tokens_*`` ([`prefix_model_kwargs`][tkvision.growth.elastic.prefix_model_kwargs]).
 
-τ at a prefix (:data:`PREFIX_TAU`): ``'kept'`` (the default) runs the prefix with the whole layer's τ;
+τ at a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]): ``'kept'`` (the default) runs the prefix with the whole layer's τ;
 ``'follow'`` scales it by ``default_tau(k) / default_tau(n_τ)`` (Eq. 5's √k for √n; n_τ: the layer's
 ``tau_tokens``, the n its τ was set for, which growth keeps), so the k normalised scores keep the whole
 layer's scale. Both keep a grown layer's first k tokens' function. Trained for it at the quick recipe, the
@@ -51,24 +51,23 @@ __all__ = ['SAMPLING', 'PREFIX_TAU', 'NESTING', 'Prefix', 'elastic_layers', 'pre
            'extract_prefix', 'prefix_model_kwargs', 'prefix_parameters', 'step_fractions', 'mix_n_match',
            'monotone_prefixes']
 
-#: How a training step picks the granularities it trains (the ``elastic_sampling`` config key):
-#: ``'all'``: every fraction, losses summed (MatFormer's joint objective); ``'random'``: one fraction
-#: drawn uniformly; ``'largest_plus_random'``: the largest fraction plus one other drawn uniformly;
-#: ``'sandwich'``: the largest, the smallest and one drawn from those between (the sandwich rule of Yu and
-#: Huang, "Universally Slimmable Networks", ICCV 2019, §3.2, https://arxiv.org/abs/1903.05134, with one
-#: random size instead of two).
 SAMPLING = ('all', 'random', 'largest_plus_random', 'sandwich')
+"""How a training step picks the granularities it trains (the ``elastic_sampling`` config key): ``'all'``: every
+fraction, losses summed (MatFormer's joint objective); ``'random'``: one fraction drawn uniformly;
+``'largest_plus_random'``: the largest fraction plus one other drawn uniformly; ``'sandwich'``: the largest, the
+smallest and one drawn from those between (the sandwich rule of Yu and Huang, "Universally Slimmable Networks", ICCV
+2019, §3.2, https://arxiv.org/abs/1903.05134, with one random size instead of two)."""
 
-#: Which Pattentions a prefix shrinks (the ``elastic_nesting`` config key), as token kinds: ``'all'`` every
-#: one; ``'ffn'`` the FFNs' only (what MatFormer nests, https://arxiv.org/abs/2310.07707 §3); ``'no_attention'``
-#: the patch stem and the FFNs (the attention projections keep every token).
 NESTING = {'all': ('patch', 'qkv', 'proj', 'ffn'), 'ffn': ('ffn',), 'no_attention': ('patch', 'ffn')}
+"""Which Pattentions a prefix shrinks (the ``elastic_nesting`` config key), as token kinds: ``'all'`` every one;
+``'ffn'`` the FFNs' only (what MatFormer nests, https://arxiv.org/abs/2310.07707 §3); ``'no_attention'`` the patch
+stem and the FFNs (the attention projections keep every token)."""
 
-#: τ of a prefix of k tokens: ``'kept'`` (the whole layer's, the default) or ``'follow'`` (Eq. 5's n follows k).
 PREFIX_TAU = ('kept', 'follow')
+"""τ of a prefix of k tokens: ``'kept'`` (the whole layer's, the default) or ``'follow'`` (Eq. 5's n follows k)."""
 
-#: A prefix: a fraction, one fraction per block, ``{layer name: tokens}``, or None (every token).
 Prefix = Union[None, float, Sequence[float], Mapping[str, int]]
+"""A prefix: a fraction, one fraction per block, ``{layer name: tokens}``, or None (every token)."""
 
 _BLOCK = re.compile(r'(?:^|\.)blocks\.(\d+)\.')
 
@@ -98,7 +97,7 @@ def _block_index(name: str) -> Optional[int]:
 
 
 def _nested(layer: nn.Module, nesting: str) -> bool:
-    """Whether a prefix shrinks ``layer`` under ``nesting`` (:data:`NESTING`; a layer without a ``kind``, such as
+    """Whether a prefix shrinks ``layer`` under ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]; a layer without a ``kind``, such as
     the MatFormer ViT's nested MLP, is always nested)."""
     kind = getattr(layer, 'kind', None)
     return kind is None or kind in NESTING[nesting]
@@ -111,7 +110,7 @@ def _check_nesting(nesting: str):
 
 def prefix_counts(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> Dict[str, int]:
     """``{layer name: tokens}`` of ``prefix`` (module docstring) for every elastic layer of ``model``; a fraction
-    shrinks only the layers of ``nesting`` (:data:`NESTING`), the others keep every token.
+    shrinks only the layers of ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]), the others keep every token.
 
     Raises:
         ValueError: a fraction outside (0, 1], or a string (a command line's ``'0.5'``: convert it first); a
@@ -156,11 +155,11 @@ def prefix_counts(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> Dic
 
 def set_prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Dict[str, int]:
     """Run ``model`` at ``prefix`` (module docstring) until the next call; ``None`` restores every token.
-    No weights are copied. ``tau``: τ of a prefix (:data:`PREFIX_TAU`); ``nesting``: the layers a fraction
-    shrinks (:data:`NESTING`). Returns :func:`prefix_counts`.
+    No weights are copied. ``tau``: τ of a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]); ``nesting``: the layers a fraction
+    shrinks ([`NESTING`][tkvision.growth.elastic.NESTING]). Returns [`prefix_counts`][tkvision.growth.elastic.prefix_counts].
 
     Raises:
-        ValueError: as :func:`prefix_counts`, or an unknown ``tau``; then nothing is changed.
+        ValueError: as [`prefix_counts`][tkvision.growth.elastic.prefix_counts], or an unknown ``tau``; then nothing is changed.
     """
     if tau not in PREFIX_TAU:
         raise ValueError(f'unknown prefix tau {tau!r}; choose one of {", ".join(PREFIX_TAU)}')
@@ -183,8 +182,8 @@ def _tau_scale(layer: nn.Module, k: int) -> float:
 
 @contextlib.contextmanager
 def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Iterator[Dict[str, int]]:
-    """``with prefix(model, 0.5): logits = model(x)``: :func:`set_prefix` inside the block, the layers'
-    previous prefixes restored after it (also on an error). Yields :func:`prefix_counts`."""
+    """``with prefix(model, 0.5): logits = model(x)``: [`set_prefix`][tkvision.growth.elastic.set_prefix] inside the block, the layers'
+    previous prefixes restored after it (also on an error). Yields [`prefix_counts`][tkvision.growth.elastic.prefix_counts]."""
     layers = elastic_layers(model)
     before = {name: (layer.prefix_tokens, getattr(layer, 'prefix_tau_scale', 1.0)) for name, layer in layers.items()}
     try:
@@ -197,9 +196,9 @@ def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = '
 
 
 def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept', nesting: str = 'all') -> nn.Module:
-    """A standalone copy of ``model`` at ``prefix`` (with ``tau`` and ``nesting`` as :func:`set_prefix`; default: the prefix
+    """A standalone copy of ``model`` at ``prefix`` (with ``tau`` and ``nesting`` as [`set_prefix`][tkvision.growth.elastic.set_prefix]; default: the prefix
     it runs at now): every elastic layer keeps its first k tokens and the prefix's τ
-    (:meth:`~tkvision.layers.Pattention.truncate`), and the model's
+    ([`truncate`][tkvision.layers.pattention.Pattention.truncate]), and the model's
     ``num_tokens_*`` say its new counts (one per kind, or one per block after a per-block prefix), so the
     copy equals ``timm.create_model(name, **prefix_model_kwargs(copy), ...)`` loaded with its state dict,
     and gives the prefix's outputs. ``model`` is not changed.
@@ -240,7 +239,7 @@ def _counts_by_kind(model: nn.Module) -> Dict[str, Dict[Optional[int], int]]:
 
 def prefix_model_kwargs(model: nn.Module) -> dict:
     """The ``num_tokens_*`` keyword arguments that build ``model``'s shape with ``timm.create_model``
-    (e.g. of an :func:`extract_prefix` copy): ``dict(num_tokens_patch=18, num_tokens_qkv=18, ...)``, a
+    (e.g. of an [`extract_prefix`][tkvision.growth.elastic.extract_prefix] copy): ``dict(num_tokens_patch=18, num_tokens_qkv=18, ...)``, a
     list per block where the blocks differ."""
     inner = getattr(unwrap_model(model), 'encoder', unwrap_model(model))
     return {f'num_tokens_{kind}': getattr(inner, f'num_tokens_{kind}')
@@ -248,7 +247,7 @@ def prefix_model_kwargs(model: nn.Module) -> dict:
 
 
 def prefix_parameters(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> int:
-    """Parameters of ``model`` at ``prefix`` under ``nesting`` (:data:`NESTING`; of its :func:`extract_prefix`
+    """Parameters of ``model`` at ``prefix`` under ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]; of its [`extract_prefix`][tkvision.growth.elastic.extract_prefix]
     copy), counted without copying: every parameter, less the rows of the tokens the prefix leaves out."""
     total = sum(p.numel() for p in unwrap_model(model).parameters())
     counts = prefix_counts(model, prefix, nesting)
@@ -258,7 +257,7 @@ def prefix_parameters(model: nn.Module, prefix: Prefix, nesting: str = 'all') ->
 
 
 def step_fractions(fractions: Sequence[float], sampling: str, generator: torch.Generator) -> List[float]:
-    """The fractions one training step trains (:data:`SAMPLING`), largest first, drawn with ``generator``
+    """The fractions one training step trains ([`SAMPLING`][tkvision.growth.elastic.SAMPLING]), largest first, drawn with ``generator``
     (so a resumed run draws the same).
 
     Raises:

@@ -8,12 +8,12 @@ With zero-initialised new keys and τ held fixed, every Pattention's output is u
 normalisation that is not ``zero_key_exact`` (``softmax``: exp(0) = 1 gives the new tokens weight;
 a warning is raised).
 
-Layers are grouped by their ``kind`` (:data:`tkvision.layers.PATTENTION_KINDS`), which the model
+Layers are grouped by their ``kind`` (`tkvision.layers.PATTENTION_KINDS`), which the model
 that builds each Pattention sets: ``patch``, ``qkv``, ``proj``, ``ffn``, and an MAE decoder's
 ``decoder_embed``, ``decoder_qkv``, ``decoder_proj``, ``decoder_ffn``, ``decoder_pred``.
 
-What a size is (:func:`model_size`): ``{kind: num_tokens}`` for a TokenFormer, ``{'mlp_hidden': N}``
-for a timm ViT widened by Net2Net (:mod:`.net2net`).
+What a size is (`model_size`): ``{kind: num_tokens}`` for a TokenFormer, ``{'mlp_hidden': N}``
+for a timm ViT widened by Net2Net (`net2net`).
 """
 import copy as copy_module
 
@@ -72,17 +72,22 @@ def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ff
 
     Args:
         model: a TokenFormer model (``tokenformer_vit_*``, or an MAE around one).
-        patch, qkv, proj, ffn: number of tokens to append to each layer of that kind.
+        patch: tokens to append to the patch embedding's Pattention.
+        qkv: tokens to append to each Q, K and V Pattention.
+        proj: tokens to append to each attention output projection.
+        ffn: tokens to append to each FFN Pattention.
         **decoder: the same for an MAE decoder's kinds (``decoder_qkv=...``, see ``DECODER_KINDS``).
         to: alternatively, a target: a registered variant name or ``{kind: total num_tokens}``; the
             appended count is target minus current (the other counts are then ignored).
-        key_init, value_init: init of the new rows (``'zeros'`` or ``'normal'``), see
-            :meth:`Pattention.grow`. Zero keys (default) preserve the function exactly.
+        key_init: init of the new key rows (``'zeros'`` or ``'normal'``), see
+            [`Pattention.grow`][tkvision.layers.pattention.Pattention.grow]. Zero keys (default) preserve the
+            function exactly.
+        value_init: init of the new value rows (``'zeros'`` or ``'normal'``).
         copy: grow a deep copy and leave ``model`` untouched; otherwise grow **in place** (the
-            parameters are replaced, so an optimizer must be remapped with :func:`grow_optimizer_state`).
+            parameters are replaced, so an optimizer must be remapped with `grow_optimizer_state`).
         tau: ``'keep'`` (default): every layer keeps its τ, so zero keys preserve the function exactly;
             ``'recompute'``: a grown layer takes the τ a layer built at its new size has
-            (:func:`~tkvision.layers.pattention.default_tau`, √n for Eq. 5): the parametrisation of
+            ([`default_tau`][tkvision.layers.pattention.default_tau], √n for Eq. 5): the parametrisation of
             the model from scratch at that size, not function-preserving (the scores' scale changes).
 
     Returns:
@@ -132,7 +137,7 @@ def _sync_token_attrs(model: torch.nn.Module):
 
 
 def model_size(model: torch.nn.Module) -> dict:
-    """What growth changes: :func:`token_counts` of a TokenFormer, ``{'mlp_hidden': N}`` of a
+    """What growth changes: [`token_counts`][tkvision.growth.tokens.token_counts] of a TokenFormer, ``{'mlp_hidden': N}`` of a
     model without Pattentions whose MLPs are timm ``Mlp`` (a ViT), ``{}`` for anything else.
 
     Raises:
@@ -147,14 +152,14 @@ def model_size(model: torch.nn.Module) -> dict:
 
 
 def target_size(to) -> dict:
-    """The :func:`model_size` a growth target names: a registered variant's token counts, or the
+    """The `model_size` a growth target names: a registered variant's token counts, or the
     mapping itself (``{kind: tokens}`` or ``{'mlp_hidden': N}``)."""
     return target_counts(to) if isinstance(to, str) else dict(to)
 
 
 def schedule_sizes(size: dict, schedule: list) -> list:
-    """The :func:`model_size` of every stage of a ``growth.schedule``, starting from ``size``: a step's
-    ``to`` (:func:`target_size`) overrides the kinds it names."""
+    """The `model_size` of every stage of a ``growth.schedule``, starting from ``size``: a step's
+    ``to`` (`target_size`) overrides the kinds it names."""
     sizes = [dict(size)]
     for step in schedule:
         sizes.append({**sizes[-1], **target_size(step['to'])})
@@ -162,8 +167,8 @@ def schedule_sizes(size: dict, schedule: list) -> list:
 
 
 def check_reachable(size: dict, schedule: list = (), add_tokens: dict = None):
-    """Check that a model of :func:`model_size` ``size`` can take every step of a ``growth.schedule``
-    (each ``to`` as :func:`target_size` reads it) and the kinds of ``growth.add_tokens``, before any
+    """Check that a model of `model_size` ``size`` can take every step of a ``growth.schedule``
+    (each ``to`` as `target_size` reads it) and the kinds of ``growth.add_tokens``, before any
     training: a TokenFormer grows by the token kinds it has, to counts no smaller than its own; a timm
     ViT only by ``mlp_hidden``, to a width no smaller than its own.
 
@@ -195,7 +200,7 @@ def check_reachable(size: dict, schedule: list = (), add_tokens: dict = None):
 
 
 def grow_to(model: torch.nn.Module, size: dict) -> torch.nn.Module:
-    """Grow ``model`` in place to ``size`` (a :func:`model_size`), e.g. before loading a checkpoint
+    """Grow ``model`` in place to ``size`` (a `model_size`), e.g. before loading a checkpoint
     of a run that grew during training (the loaded weights then replace the new rows / units)."""
     if 'mlp_hidden' in size:
         net2net_widen(model, size['mlp_hidden'])
@@ -204,9 +209,9 @@ def grow_to(model: torch.nn.Module, size: dict) -> torch.nn.Module:
 
 
 def checkpoint_size(model: torch.nn.Module, state_dict: dict) -> dict:
-    """The :func:`model_size` of the model ``state_dict`` was saved from, read from its Pattention key
+    """The `model_size` of the model ``state_dict`` was saved from, read from its Pattention key
     tensors (or its MLPs' fc1 rows), for a ``model`` of the same architecture (``state_dict`` already
-    adapted with :func:`~tkvision.models.adapt_state_dict`). Layers absent from it are left out."""
+    adapted with `adapt_state_dict`). Layers absent from it are left out."""
     layers = pattention_layers(model)
     if layers:
         size = {}
@@ -236,7 +241,7 @@ def load_grown_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
     As the public TokenFormer code does: every Pattention key / value tensor of the checkpoint with
     fewer rows than the model's is copied into the model's first rows; the remaining rows keep the
     model's own init (zero the model's new keys first for exact function preservation, as
-    :func:`tkvision.engine.checkpoint.grow_weights_file` does). τ is taken from the checkpoint, so the grown layers
+    `tkvision.engine.checkpoint.grow_weights_file` does). τ is taken from the checkpoint, so the grown layers
     keep the old τ
     (Appendix B). Everything else must fit exactly.
 

@@ -29,9 +29,11 @@ class Attention(nn.Module):
         num_tokens_qkv: parameter tokens of each of Q, K, V.
         num_tokens_proj: parameter tokens of the output projection.
         score_norm: the Pattentions' Θ.
-        value_std / key_std: initial std of the four Pattentions' value / key parameter tokens.
+        value_std: initial std of the four Pattentions' value parameter tokens.
+        key_std: initial std of their key parameter tokens.
         qk_norm: a LayerNorm over each head's channels of q and k before the dot product (timm's).
-        attn_drop / proj_drop: dropout of the attention weights / of the output.
+        attn_drop: dropout of the attention weights.
+        proj_drop: dropout of the output.
 
     Raises:
         ValueError: ``dim`` not divisible by ``num_heads``.
@@ -113,17 +115,25 @@ class Block(nn.Module):
     loses accuracy.
 
     Args:
-        dim / num_heads / num_tokens_qkv / num_tokens_proj / score_norm / qk_norm: the
-            :class:`Attention`'s.
+        dim: token width d (as the [`Attention`][tkvision.layers.block.Attention]'s).
+        num_heads: attention heads.
+        num_tokens_qkv: parameter tokens of each of Q, K, V.
+        num_tokens_proj: parameter tokens of the attention's output projection.
+        score_norm: every Pattention's Θ.
+        qk_norm: a LayerNorm over each head's channels of q and k (timm's).
         num_tokens_ffn: parameter tokens of the FFN Pattention.
-        value_std / key_std: initial std of every Pattention's value / key parameter tokens.
-        norm_weight / norm_bias: learnable LayerNorm weight / bias (paper Table 5; non-parametric by
-            default, as the public TokenFormer code).
+        value_std: initial std of every Pattention's value parameter tokens.
+        key_std: initial std of every Pattention's key parameter tokens.
+        norm_weight: a learnable LayerNorm weight (paper Table 5; non-parametric by default, as the public
+            TokenFormer code).
+        norm_bias: a learnable LayerNorm bias (needs ``norm_weight``).
         norm_fold: fold the LayerNorms into the keys where that is exact (above); False keeps them
             explicit (the reference).
         init_values: LayerScale (Touvron et al. 2021, timm's ``LayerScale``): each branch multiplied by a
             learned per-channel ``gamma`` initialised to it; None: off.
-        proj_drop / attn_drop: dropouts. drop_path: stochastic depth of both branches.
+        proj_drop: dropout of the attention's output.
+        attn_drop: dropout of the attention weights.
+        drop_path: stochastic depth of both branches.
 
     Raises:
         ValueError: ``norm_bias`` without ``norm_weight``, or heads that do not divide ``dim``.

@@ -1,6 +1,6 @@
 """The TokenFormer stem: a Pattention over image patches whose key tokens are a conv filter bank
-(:class:`PatchPattention`, the fixed-grid family's), or rows over pre-cut patches of any patch size
-(:class:`FlexPatchPattention`, the NaFlex family's).
+(`PatchPattention`, the fixed-grid family's), or rows over pre-cut patches of any patch size
+(`FlexPatchPattention`, the NaFlex family's).
 
 Design choice where the paper is silent (``docs/reference/background.md``, "The vision model"): the patch
 embedding is a Pattention over flattened ``p x p`` patches with ``num_tokens`` tokens.
@@ -92,7 +92,7 @@ class FlexPatchPattention(Pattention):
 
 class PatchEmbed(nn.Module):
     """Image to patch tokens with a Pattention: ``[B, C, H, W] -> [B, H/p * W/p, embed_dim]``
-    (:class:`PatchPattention`, ``num_tokens`` key/value tokens over the ``C x p x p`` patches).
+    (`PatchPattention`, ``num_tokens`` key/value tokens over the ``C x p x p`` patches).
 
     Raises:
         ValueError (at construction): ``img_size`` not divisible by ``patch_size``.

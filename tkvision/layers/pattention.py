@@ -10,7 +10,7 @@ X: input tokens ``[..., in_features]``; K_P: key parameter tokens ``[num_tokens,
 V_P: value parameter tokens ``[num_tokens, out_features]``; scores A are normalised per input
 token over the n = ``num_tokens`` parameter tokens (last axis). No bias anywhere.
 
-Θ is chosen by ``score_norm``, a name in the registry :data:`SCORE_NORMS` (names of the public
+Θ is chosen by ``score_norm``, a name in the registry `SCORE_NORMS` (names of the public
 TokenFormer code, ``docs/reference/background.md``, "Pattention, as the public TokenFormer code
 computes it"). The table below is the registry's (``tests/test_pattention.py`` holds them equal):
 
@@ -23,7 +23,7 @@ computes it"). The table below is the registry's (``tests/test_pattention.py`` h
 ``softmax``        τ · softmax(A)       (Table 4, e^x)  n               no                      no
 =================  ==================================  ===============  ======================  ==============
 
-A new normalisation is one :func:`register_score_norm` call in this file (its function, default τ,
+A new normalisation is one [`register_score_norm`][tkvision.layers.pattention.register_score_norm] call in this file (its function, default τ,
 whether zero-initialised new keys leave the output unchanged, and whether scaling the scores leaves Θ
 unchanged) plus its row above: validation,
 error messages, growth's exactness warning and every test that loops over normalisations follow
@@ -32,10 +32,10 @@ the registry.
 τ is a fixed number stored in the module (buffer ``tau``, saved in every checkpoint), set at
 construction (default above, from the construction-time n) and **not** recomputed when tokens are
 appended: recomputing √(n+m) would break the function preservation of Appendix B.
-:meth:`Pattention.make_tau_learnable` turns it into a learned 0-d parameter under the same state-dict
+[`Pattention.make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable] turns it into a learned 0-d parameter under the same state-dict
 key (a lever of ``docs/comparison.md``); such a layer is differentiated by plain autograd.
 
-Each Pattention has a ``kind`` (:data:`PATTENTION_KINDS`: ``patch``, ``qkv``, ``proj``, ``ffn`` and
+Each Pattention has a ``kind`` (`PATTENTION_KINDS`: ``patch``, ``qkv``, ``proj``, ``ffn`` and
 the MAE decoder's ``decoder_*``), set by the model that builds it; growth groups layers by kind.
 """
 import math
@@ -59,7 +59,7 @@ ENCODER_KINDS = ('patch', 'qkv', 'proj', 'ffn')
 DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 'decoder_pred')
 #: Every kind a Pattention can have.
 PATTENTION_KINDS = ENCODER_KINDS + DECODER_KINDS
-#: How a training forward of ``l2_norm_gelu`` is differentiated (:class:`Pattention`'s ``backward_mode``).
+#: How a training forward of ``l2_norm_gelu`` is differentiated ([`Pattention`][tkvision.layers.pattention.Pattention]'s ``backward_mode``).
 BACKWARD_MODES = ('closed_form', 'compiled', 'lean', 'autograd')
 
 
@@ -70,7 +70,7 @@ class ScoreNorm:
     Attributes:
         name: the ``score_norm`` name.
         module: an ``nn.Module`` class without parameters; ``module()(scores, tau, eps)`` computes Θ
-            over the last axis of ``scores [..., n]`` (a :class:`Normalize` subclass).
+            over the last axis of ``scores [..., n]`` (a `Normalize` subclass).
         default_tau: ``default_tau(n) -> τ`` for ``n`` parameter tokens.
         zero_key_exact: appending zero-initialised key tokens leaves the output unchanged.
         scale_invariant: Θ(c·A) = Θ(A) for every c > 0 (up to ``eps``), so a Pattention's output does not
@@ -108,7 +108,7 @@ def register_score_norm(name: str, default_tau: Callable[[int], float], zero_key
 class Normalize(nn.Module):
     """Θ over the last axis: ``scores [..., n]`` -> same shape and dtype, computed in float32 (or
     float64), which keeps the norm safe under bf16/fp16 autocast. Subclasses define
-    :meth:`normalize` on the promoted scores. A module (no parameters, nothing in the state dict) so
+    `normalize` on the promoted scores. A module (no parameters, nothing in the state dict) so
     that TorchScript scripts a Pattention with any registered Θ."""
 
     def forward(self, scores: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
@@ -183,7 +183,7 @@ def normalize_scores(scores: torch.Tensor, score_norm: str, tau, eps: float = 1e
 
     Args:
         scores: A = X · K_Pᵀ, shape ``[..., n]``.
-        score_norm: a name of :data:`SCORE_NORMS`.
+        score_norm: a name of `SCORE_NORMS`.
         tau: scale τ (float or tensor broadcastable to ``[..., 1]``).
         eps: lower bound on the norm, so an all-zero row gives zeros, never NaN.
 
@@ -203,16 +203,16 @@ class Pattention(nn.Module):
         in_features: d_in, width of the input tokens.
         out_features: d_out, width of the output tokens.
         num_tokens: n, number of key/value parameter token pairs.
-        score_norm: normalisation Θ, one of :data:`SCORE_NORMS` (default: the paper's Eq. 5).
-        tau: fixed scale τ; ``None`` gives :func:`default_tau` of the construction-time n.
+        score_norm: normalisation Θ, one of `SCORE_NORMS` (default: the paper's Eq. 5).
+        tau: fixed scale τ; ``None`` gives [`default_tau`][tkvision.layers.pattention.default_tau] of the construction-time n.
         eps: lower bound on the score norm (float32).
         key_std: std of the normal init of the key tokens (0.02, the public TokenFormer code's).
         value_std: std of the normal init of the value tokens (0.02 here; the model passes the
             public code's 2 / (depth · √d) for its blocks).
-        kind: what the layer is in its model (one of :data:`PATTENTION_KINDS`, set by the model that
+        kind: what the layer is in its model (one of `PATTENTION_KINDS`, set by the model that
             builds it; growth groups layers by kind), or None for a stand-alone layer.
         backward_mode: how a training forward of ``l2_norm_gelu`` is differentiated (one of
-            :data:`BACKWARD_MODES`; the other normalisations always use autograd):
+            `BACKWARD_MODES`; the other normalisations always use autograd):
 
             - ``'closed_form'`` (default): Θ's closed-form gradient in one autograd function
               (``pattention_autograd.py``); the fastest training step measured, on the CPU (1.035-1.08x
@@ -223,7 +223,7 @@ class Pattention(nn.Module):
             - ``'lean'``: the same math saving one ``[..., n]`` tensor per layer instead of three and
               recomputing the rest in backward; use it when activation memory limits the batch (B/16:
               0.87x ViT-B's saved activations instead of 1.6x).
-            - ``'autograd'``: plain autograd of :class:`L2NormGELU`, the reference the other two are
+            - ``'autograd'``: plain autograd of `L2NormGELU`, the reference the other two are
               tested against (``tests/test_pattention.py``).
 
             Inference, TorchScript, FX tracing and a learned τ always take the plain path.
@@ -233,17 +233,17 @@ class Pattention(nn.Module):
             name and shape, ``key_name``, e.g. the patch embedding's conv-shaped ``weight``).
         value_param_tokens: V_P, ``[num_tokens, out_features]``.
         tau: 0-d float32 buffer holding τ (persistent: saved in the state dict); a 0-d parameter under the
-            same key after :meth:`make_tau_learnable`.
+            same key after [`make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable].
         score_normalization: the registry's Θ module of ``score_norm`` (no parameters).
         prefix_tokens: ``None`` (all n tokens), or k: the layer runs as the sub-layer of its first k
-            key/value tokens (slices of the parameters, no copy; :mod:`tkvision.growth.elastic`), with
-            τ as :meth:`active_tau` says.
+            key/value tokens (slices of the parameters, no copy; [`tkvision.growth.elastic`][tkvision.growth.elastic]), with
+            τ as [`active_tau`][tkvision.layers.pattention.Pattention.active_tau] says.
         centre_keys: ``False``, or ``True`` when the LayerNorm in front of the layer is folded into its keys
             (set by ``tkvision.layers.Block``, ``norm_fold``): the scores use each key token centred
             over its ``in_features`` entries, ``K_c = K − mean(K)``, so ``x · K_cᵀ = (x − mean(x)) · Kᵀ``;
             with a scale-invariant Θ the 1/σ(x) of the LayerNorm cancels. The stored keys are unchanged.
-        tau_tokens: the n that τ belongs to: the construction n, kept by :meth:`grow` (τ is kept), n after
-            growth with a recomputed τ or after :meth:`truncate`. A prefix whose τ follows k scales τ by
+        tau_tokens: the n that τ belongs to: the construction n, kept by [`grow`][tkvision.layers.pattention.Pattention.grow] (τ is kept), n after
+            growth with a recomputed τ or after [`truncate`][tkvision.layers.pattention.Pattention.truncate]. A prefix whose τ follows k scales τ by
             ``default_tau(k) / default_tau(tau_tokens)``, so the first k tokens of a grown layer keep
             their function.
 
@@ -330,7 +330,7 @@ class Pattention(nn.Module):
 
     def active_tau(self) -> torch.Tensor:
         """τ of the tokens the layer runs with: the stored τ, times ``prefix_tau_scale`` at a prefix (1, or
-        ``default_tau(k) / default_tau(tau_tokens)`` when τ follows k: :func:`tkvision.growth.elastic.set_prefix`)."""
+        ``default_tau(k) / default_tau(tau_tokens)`` when τ follows k: [`tkvision.growth.elastic.set_prefix`][tkvision.growth.elastic.set_prefix])."""
         if self.prefix_tokens is None:
             return self.tau
         return self.tau * self.prefix_tau_scale
@@ -396,7 +396,7 @@ class Pattention(nn.Module):
 
         Old tokens keep rows ``[:n_old]``; τ is left as it is. The parameters are replaced by new
         ``nn.Parameter`` objects (an optimizer holding the old ones must be remapped:
-        :func:`tkvision.growth.grow_optimizer_state`).
+        `tkvision.growth.grow_optimizer_state`).
 
         Args:
             num_new_tokens: m ≥ 0 tokens to append.
@@ -433,8 +433,8 @@ class Pattention(nn.Module):
     @torch.no_grad()
     def truncate(self, num_tokens: int):
         """Keep only the first ``num_tokens`` key/value parameter tokens, in place: the layer becomes the
-        sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs; τ as :meth:`active_tau`).
-        The inverse of :meth:`grow` for its first rows. Parameters are replaced by new ``nn.Parameter``
+        sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs; τ as [`active_tau`][tkvision.layers.pattention.Pattention.active_tau]).
+        The inverse of [`grow`][tkvision.layers.pattention.Pattention.grow] for its first rows. Parameters are replaced by new ``nn.Parameter``
         objects; ``prefix_tokens`` is cleared.
 
         Returns:
@@ -464,7 +464,7 @@ class Pattention(nn.Module):
 
 
 def set_backward_mode(model: nn.Module, backward_mode: str):
-    """Set ``backward_mode`` (:data:`BACKWARD_MODES`) on every Pattention of ``model``.
+    """Set ``backward_mode`` (`BACKWARD_MODES`) on every Pattention of ``model``.
 
     Raises:
         ValueError: an unknown mode, naming the known ones.

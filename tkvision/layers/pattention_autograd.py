@@ -11,11 +11,11 @@ gradient has a closed form:
 
 Three functions use it:
 
-- :func:`l2_norm_gelu`, **closed form** (CPU default, ``Pattention(closed_form_backward=True)``): Θ
+- `l2_norm_gelu`, **closed form** (CPU default, ``Pattention(closed_form_backward=True)``): Θ
   alone, saving Z and r; backward is one fused GELU', one row dot product and two elementwise passes
   (the quick recipe's training step 1.035x-1.08x faster than with autograd's, one ``[..., n]`` tensor
   fewer saved per Pattention; ``docs/performance.md``).
-- :func:`l2_norm_gelu_attend`, **lean** (CUDA default, ``lean_backward``): Θ and the value matmul,
+- `l2_norm_gelu_attend`, **lean** (CUDA default, ``lean_backward``): Θ and the value matmul,
   saving only A and the per-row norm and recomputing Z and S in backward: one ``[..., n]`` tensor per
   Pattention instead of three, where activation memory limits the batch.
 
@@ -28,7 +28,7 @@ Three functions use it:
   the closed form. Inside a ``torch.compile``'d model the closed form is traced instead, as the whole
   model is compiled anyway.
 
-:class:`~tkvision.layers.pattention.L2NormGELU` (plain autograd) stays the reference;
+`L2NormGELU` (plain autograd) stays the reference;
 ``tests/test_pattention.py`` holds all three equal to it in value and gradient (float64, and bf16 autocast).
 """
 import math

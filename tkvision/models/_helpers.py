@@ -1,7 +1,7 @@
 """Weights in and out of a model, as timm's ``models/_helpers.py``: read a weights file without
 unpickling code, adapt it with the model family's checkpoint filter, check that it fits.
 
-Growth (:mod:`tkvision.growth`) and the run-checkpoint owner (:mod:`tkvision.engine.checkpoint`)
+Growth (`tkvision.growth`) and the run-checkpoint owner (`tkvision.engine.checkpoint`)
 build on these; the models use them to read a local file's head size.
 """
 import os
@@ -41,7 +41,7 @@ def load_state_dict_file(path: str, use_ema: bool = True) -> dict:
 
 def file_shapes(path: str, names) -> dict:
     """``{name: shape}`` of the tensors ``names`` that a weights file holds (a .safetensors is read without
-    loading the rest; a .pth through :func:`load_state_dict_file`, EMA first)."""
+    loading the rest; a .pth through `load_state_dict_file`, EMA first)."""
     if path.endswith('.safetensors'):
         from safetensors import safe_open
         with safe_open(path, 'pt') as f:
@@ -60,7 +60,7 @@ def adapt_state_dict(model: torch.nn.Module, state_dict: dict) -> dict:
 
 
 def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoint'):
-    """Raise :class:`~tkvision.utils.errors.WeightsMismatchError` unless ``state_dict`` has exactly
+    """Raise `WeightsMismatchError` unless ``state_dict`` has exactly
     the model's tensors and shapes; the message names every missing, unexpected and mis-shaped
     tensor (with both shapes) and ``source`` (the file)."""
     own = model.state_dict()

@@ -15,13 +15,13 @@ the facts used here are in ``docs/reference/background.md`` ("MAE self-supervise
 The encoder is any model of the family (``tokenformer_vit_*``) or timm's ``vit_*`` (both expose
 ``patch_embed``, ``cls_token``, ``reg_token``, ``pos_embed``, ``blocks``, ``norm``); it is held as
 ``self.encoder``, so its weights are the ``encoder.*`` tensors of an MAE checkpoint and load into a
-classifier through :func:`encoder_weights` (``init_from`` in a config: :mod:`tkvision.engine.checkpoint`). The
+classifier through `encoder_weights` (``init_from`` in a config: `tkvision.engine.checkpoint`). The
 decoder is made of the family's TokenFormer blocks
 (Pattention projections) for a TokenFormer encoder and of timm's ViT blocks for timm's ViT (MAE's
 own decoder), ``decoder_kind`` says which.
 
 Growth: the decoder's Pattentions are the kinds ``decoder_embed``, ``decoder_qkv``,
-``decoder_proj``, ``decoder_ffn`` and ``decoder_pred`` (:mod:`tkvision.growth`), growable apart
+``decoder_proj``, ``decoder_ffn`` and ``decoder_pred`` (`tkvision.growth`), growable apart
 from the encoder's ``patch``, ``qkv``, ``proj``, ``ffn``.
 
 Layout as timm's model files: helpers -> decoder -> model -> checkpoint filter -> factories.
@@ -70,7 +70,7 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
 
 
 def unpatchify(patches: torch.Tensor, patch_size: int, grid: Tuple[int, int], in_chans: int) -> torch.Tensor:
-    """Inverse of :func:`patchify`: ``[B, N, p·p·C] -> [B, C, gh·p, gw·p]``."""
+    """Inverse of `patchify`: ``[B, N, p·p·C] -> [B, C, gh·p, gw·p]``."""
     B = patches.shape[0]
     p, (gh, gw) = patch_size, grid
     x = patches.reshape(B, gh, gw, p, p, in_chans)
@@ -204,8 +204,9 @@ class MaskedAutoencoder(nn.Module):
     Args:
         encoder: a ``tokenformer_vit_*`` or timm ``vit_*`` model with a fixed image size (its head is
             not used; build it with ``num_classes=0``).
-        decoder_embed_dim / decoder_depth / decoder_num_heads: decoder width, blocks, heads (MAE:
-            512 / 8 / 16; :data:`DECODER_PRESETS`).
+        decoder_embed_dim: decoder width (MAE: 512; `DECODER_PRESETS`).
+        decoder_depth: decoder blocks (MAE: 8).
+        decoder_num_heads: decoder attention heads (MAE: 16).
         decoder_num_tokens: parameter tokens of the decoder's Pattentions (default: its width).
         decoder_kind: ``'tokenformer'`` or ``'vit'`` (default: TokenFormer for an encoder with
             Pattentions, MAE's ViT decoder otherwise).
@@ -310,7 +311,7 @@ class MaskedAutoencoder(nn.Module):
     def forward(self, images, mask_ratio: Optional[float] = None, noise: Optional[torch.Tensor] = None):
         """``images [B, C, H, W]`` -> ``(loss, pred [B, N, p·p·C], mask [B, N])`` (1 = masked):
         ``mask_ratio`` defaults to the model's; ``noise [B, N]`` fixes which patches are kept (the
-        lowest), random otherwise. Raises as :meth:`forward_encoder` does."""
+        lowest), random otherwise. Raises as [`forward_encoder`][tkvision.models.mae.MaskedAutoencoder.forward_encoder] does."""
         ratio = self.mask_ratio if mask_ratio is None else mask_ratio
         latent, mask, ids_restore = self.forward_encoder(images, ratio, noise)
         pred = self.decoder(latent, ids_restore)
@@ -318,13 +319,13 @@ class MaskedAutoencoder(nn.Module):
 
 
 def is_mae_state_dict(state_dict: dict) -> bool:
-    """True for the weights of a :class:`MaskedAutoencoder` (``encoder.*`` and ``decoder.*`` tensors)."""
+    """True for the weights of a [`MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] (``encoder.*`` and ``decoder.*`` tensors)."""
     return any(k.startswith('encoder.') for k in state_dict) and any(k.startswith('decoder.') for k in state_dict)
 
 
 def encoder_weights(model: nn.Module, state_dict: dict) -> dict:
     """The weights of an MAE checkpoint's encoder, arranged for the classifier ``model`` (fine-tuning
-    or linear probing); nothing is loaded here (:func:`tkvision.engine.checkpoint.load_init_weights`
+    or linear probing); nothing is loaded here (`tkvision.engine.checkpoint.load_init_weights`
     loads them, growing token rows when ``model`` has more).
 
     Takes the ``encoder.*`` tensors, drops the decoder (``decoder.*``, mask token included); the
@@ -383,7 +384,7 @@ def create_mae(encoder: str, decoder: str = 'base', mask_ratio: float = 0.75, no
 
     Args:
         encoder: a registered model name (``tokenformer_vit_b16``, ``vit_base_patch16_224``, ...).
-        decoder: a :data:`DECODER_PRESETS` name or ``dict(embed_dim, depth, num_heads)``.
+        decoder: a `DECODER_PRESETS` name or ``dict(embed_dim, depth, num_heads)``.
 
     Raises:
         ValueError: unknown decoder preset.

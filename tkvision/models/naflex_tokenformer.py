@@ -1,7 +1,7 @@
 """NaFlex TokenFormer: a TokenFormer ViT on patch sequences of any resolution and aspect ratio.
 
-A TokenFormer whose blocks are :class:`~tkvision.layers.Block` (every projection a Pattention) and whose
-stem is a :class:`~tkvision.layers.FlexPatchPattention`, inside timm's ``NaFlexVit``: it takes what
+A TokenFormer whose blocks are [`Block`][tkvision.layers.block.Block] (every projection a Pattention) and whose
+stem is a `FlexPatchPattention`, inside timm's ``NaFlexVit``: it takes what
 NaFlexViT takes, the patch dictionary of timm's NaFlex loader (``patches [B, N, p*p*C]``, ``patch_coord
 [B, N, 2]``, ``patch_valid [B, N]``) or plain images ``[B, C, H, W]``; padding tokens are masked in
 attention and in pooling, position embeddings are NaFlexViT's (a learned grid resampled to each
@@ -9,7 +9,7 @@ image's grid), and patches of another square size are scored against resampled k
 
 Why it fits: a Pattention acts on each token alone, so only the patch embedding and the position
 embedding see the grid; everything else is the fixed-grid family's, parameter for parameter, and a
-fixed-grid checkpoint loads (:func:`checkpoint_filter_fn`) and gives the same outputs on a full grid.
+fixed-grid checkpoint loads (`checkpoint_filter_fn`) and gives the same outputs on a full grid.
 
 Papers: `TokenFormer` (Wang et al. 2024, arXiv:2410.23168, Eq. 4-11); `Patch n' Pack: NaViT`
 (Dehghani et al. 2023, arXiv:2307.06304: packed sequences of any aspect ratio, masked attention and
@@ -18,7 +18,7 @@ resampling the patch-embedding kernel). The contract is timm's ``timm.models.naf
 ``timm.data.create_naflex_loader``.
 
 Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypoints; the layers live in
-:mod:`tkvision.layers`.
+`tkvision.layers`.
 """
 import contextlib
 import dataclasses
@@ -58,19 +58,24 @@ class NaFlexTokenFormer(NaFlexVit):
     """TokenFormer ViT in timm's NaFlex contract (any resolution, aspect ratio and square patch size).
 
     Args:
-        cfg: a ``NaFlexVitCfg`` (default: :data:`TOKENFORMER_CFG` over NaFlexViT's defaults); keyword
+        cfg: a ``NaFlexVitCfg`` (default: `TOKENFORMER_CFG` over NaFlexViT's defaults); keyword
             arguments that name its fields (``patch_size``, ``embed_dim``, ``depth``, ``num_heads``,
             ``global_pool``, ``reg_tokens``, ``pos_embed``, ``pos_embed_grid_size``, ``qk_norm``,
             ``init_values``, ``drop_path_rate``, ...) override it.
-        in_chans / num_classes: as timm.
+        in_chans: input channels (as timm).
+        num_classes: classifier outputs (as timm).
         img_size: the default image size (an int, or height and width); sets the learned position grid
             (``img_size / patch_size``) unless ``pos_embed_grid_size`` is given.
-        num_tokens: shorthand as in :class:`~tkvision.models.TokenFormerViT`: patch embedding, Q/K/V and
+        num_tokens: shorthand as in [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]: patch embedding, Q/K/V and
             output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
             ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each (the block kinds take one
             count or one per block, as the fixed-grid family).
-        score_norm / key_std / value_std / block_norm_weight / block_norm_bias / block_norm_fold: the
-            fixed-grid family's.
+        score_norm: every Pattention's Θ, as the fixed-grid family's.
+        key_std: initial std of the blocks' key parameter tokens, as the fixed-grid family's.
+        value_std: initial std of the blocks' value parameter tokens, as the fixed-grid family's.
+        block_norm_weight: a learnable LayerNorm weight in the blocks, as the fixed-grid family's.
+        block_norm_bias: a learnable LayerNorm bias in the blocks, as the fixed-grid family's.
+        block_norm_fold: fold the blocks' LayerNorms into the keys where exact, as the fixed-grid family's.
 
     Shapes: ``forward(dict(patches [B, N, p*p*C], patch_coord [B, N, 2], patch_valid [B, N]))`` or
     ``forward([B, C, H, W])`` -> ``[B, num_classes]``; ``forward_features`` returns NaFlexVit's
@@ -139,7 +144,7 @@ class NaFlexTokenFormer(NaFlexVit):
             patch_valid: Optional[torch.Tensor] = None,
             attn_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """NaFlexVit's forward, after :meth:`check_inputs` (a bad input is one error naming what is wrong)."""
+        """NaFlexVit's forward, after [`check_inputs`][tkvision.models.naflex_tokenformer.NaFlexTokenFormer.check_inputs] (a bad input is one error naming what is wrong)."""
         if not is_fx_symbolic_tracing():
             self.check_inputs(x, patch_coord, patch_valid)
         return super().forward(x, patch_coord, patch_valid, attn_mask)
@@ -185,7 +190,7 @@ class NaFlexTokenFormer(NaFlexVit):
 
     @torch.jit.ignore
     def checkpoint_filter(self, state_dict: dict) -> dict:
-        """``state_dict`` adapted by :func:`checkpoint_filter_fn` (what :func:`tkvision.models.adapt_state_dict`,
+        """``state_dict`` adapted by `checkpoint_filter_fn` (what `tkvision.models.adapt_state_dict`,
         and so the trainer's ``init_from`` and ``tools/validate.py``, apply to any model with this method)."""
         return checkpoint_filter_fn(state_dict, self)
 
@@ -214,7 +219,7 @@ def _check_supported(cfg: NaFlexVitCfg):
 
 def _block_builder(shared: dict, tokens: List[Dict[str, int]]):
     """A ``block_fn`` for NaFlexVit, which builds its blocks in order: the i-th call builds a TokenFormer
-    :class:`~tkvision.layers.Block` from the arguments NaFlexVit passes (the ones a TokenFormer has: heads,
+    [`Block`][tkvision.layers.block.Block] from the arguments NaFlexVit passes (the ones a TokenFormer has: heads,
     qk_norm, LayerScale, dropouts, drop path), ``shared`` (normalisation, init, norms) and ``tokens[i]``
     (the block's token counts)."""
     counts = iter(tokens)

@@ -36,7 +36,7 @@ Block LayerNorms (Ring x Token): per level and affine, as RingFormer's; TokenFor
 norms would make the levels' norms identical, leaving the signals as the only level-specific parameters.
 
 Layout follows ``tokenformer_vit.py``: layers -> model -> checkpoint filter -> cfgs -> entrypoints. The
-model class is :class:`~tkvision.models.tokenformer_vit.TokenFormerViT` with another stem and trunk.
+model class is [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT] with another stem and trunk.
 """
 from typing import Optional
 
@@ -89,7 +89,7 @@ class Level(nn.Module):
     """What belongs to one level of the recurrence: LayerNorms before attention and FFN, drop path, and
     the level signals of the projections named in ``dims`` (``{'q': (d_in, d_out), ...}``).
 
-    ``kind='lowrank'``: :class:`LevelSignal` of rank ``rank`` for q, k, v and ffn; ``kind='tokens'``:
+    ``kind='lowrank'``: `LevelSignal` of rank ``rank`` for q, k, v and ffn; ``kind='tokens'``:
     ``tokens[name]`` key/value tokens per shared Pattention (``<name>_keys`` zero-init,
     ``<name>_values`` N(0, value_std²)); ``kind='none'`` (or None): no signal (a plain shared block).
     """
@@ -135,7 +135,7 @@ class Level(nn.Module):
 
 class RecurrentAttention(nn.Module):
     """Multi-head self-attention whose Q/K/V/output projections are shared across levels and steered by
-    the calling :class:`Level`: ``q = level.project('q', self.q, x)`` and so on. ``q``, ``k``, ``v``,
+    the calling `Level`: ``q = level.project('q', self.q, x)`` and so on. ``q``, ``k``, ``v``,
     ``proj``: Linear layers (RingFormer) or Pattentions (Ring x Token). ``[B, N, d] -> [B, N, d]``.
     ``q_norm`` / ``k_norm`` (Identity unless ``qk_norm``) are where the mean-attention-distance study
     (``studies/ringformer/attention_distance.py``) reads q and k."""
@@ -186,10 +186,10 @@ def _check_rank(rank):
 
 
 class _RecurrentViT(TokenFormerViT):
-    """A ViT whose trunk is one shared :class:`RingBlock` (``self.shared``) run over ``self.blocks``, an
-    ``nn.ModuleList`` of ``depth`` :class:`Level` s. Everything else (stem, position embedding, class
+    """A ViT whose trunk is one shared `RingBlock` (``self.shared``) run over ``self.blocks``, an
+    ``nn.ModuleList`` of ``depth`` `Level` s. Everything else (stem, position embedding, class
     and register tokens, pooling, head, ``forward_intermediates`` per level, ``features_only``,
-    gradient checkpointing per level) is :class:`TokenFormerViT`'s. TorchScript is not supported (a
+    gradient checkpointing per level) is [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s. TorchScript is not supported (a
     level is passed to the shared block as an argument); fx and ``torch.compile`` are."""
 
     def _run_block(self, level: nn.Module, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -211,7 +211,7 @@ class _RecurrentViT(TokenFormerViT):
 class RingFormerViT(_RecurrentViT):
     """RingFormer ViT (paper §3, Fig. 1d; App. A.1), timm-compatible.
 
-    Args (besides :class:`TokenFormerViT`'s stem, pooling, head and dropout arguments):
+    Args (besides [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s stem, pooling, head and dropout arguments):
         embed_dim, depth (levels), num_heads, mlp_ratio: the shared block's width, recurrences, heads,
             FFN hidden size ``mlp_ratio * embed_dim``.
         rank: rank r of the level signals (default ``embed_dim // 16``, the paper's).
@@ -220,7 +220,7 @@ class RingFormerViT(_RecurrentViT):
         qkv_bias: biases of W_Q, W_K, W_V (ViT's, default True).
         pos_embed: default ``'sincos'`` (fixed; the paper's parameter counts have no learned one).
 
-    Shapes as :class:`TokenFormerViT`. Raises ValueError: embed_dim not divisible by num_heads, or
+    Shapes as [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]. Raises ValueError: embed_dim not divisible by num_heads, or
     an unknown ``level_signal``.
     """
 
@@ -261,15 +261,15 @@ class TokenRingViT(_RecurrentViT):
     """Ring x Token: a recurrent TokenFormer, one shared TokenFormer block (Pattention Q/K/V/output/FFN)
     run ``depth`` times with per-level affine LayerNorms and level signals.
 
-    Args (besides :class:`TokenFormerViT`'s, whose ``num_tokens*`` size the shared Pattentions and the stem):
+    Args (besides [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s, whose ``num_tokens*`` size the shared Pattentions and the stem):
         level_signal: ``'lowrank'`` (RingFormer's M_i x, rank ``rank``, default ``embed_dim // 16``) or
             ``'tokens'`` (``level_tokens`` key/value tokens per level for Q, K, V and output, four
             times as many for the FFN; default ``num_tokens_qkv // 32``), or ``'none'``.
         pos_embed: default ``'sincos'``, as RingFormer.
 
-    Growth (:func:`tkvision.growth.grow`): the shared Pattentions are the kinds ``patch``, ``qkv``,
+    Growth ([`tkvision.growth.grow`][tkvision.growth.tokens.grow]): the shared Pattentions are the kinds ``patch``, ``qkv``,
     ``proj``, ``ffn``, so every level gains the same new tokens; level tokens are not grown.
-    Raises ValueError as :class:`RingFormerViT`.
+    Raises ValueError as [`RingFormerViT`][tkvision.models.ringformer.RingFormerViT].
     """
 
     def __init__(self, level_signal='lowrank', rank=None, level_tokens=None, pos_embed='sincos', **kwargs):

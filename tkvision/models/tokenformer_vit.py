@@ -1,7 +1,7 @@
 """TokenFormer Vision Transformer.
 
 A ViT whose every linear projection (patch embedding, Q/K/V, attention output, FFN) is a
-:class:`~tkvision.layers.Pattention` over learnable key/value parameter tokens.
+[`Pattention`][tkvision.layers.pattention.Pattention] over learnable key/value parameter tokens.
 
 Paper: `TokenFormer: Rethinking Transformer Scaling with Tokenized Model Parameters`
     - https://arxiv.org/abs/2410.23168 (Wang et al. 2024); block: Eq. 6-11 and Fig. 2;
@@ -14,7 +14,7 @@ Choices where the paper is silent (``docs/background.md``):
       paper reports 109M, which no simple token choice reproduces.
 
 Layout follows timm's model files: model class, checkpoint filter, builder, cfgs, entrypoints; the layers
-(:class:`~tkvision.layers.PatchEmbed`, :class:`~tkvision.layers.Block`) live in :mod:`tkvision.layers`,
+([`PatchEmbed`][tkvision.layers.patch_embed.PatchEmbed], [`Block`][tkvision.layers.block.Block]) live in `tkvision.layers`,
 where the recurrent families, the NaFlex family and the MAE decoder reuse them.
 """
 import contextlib
@@ -39,7 +39,7 @@ __all__ = ['TokenFormerViT', 'TokenCounts', 'block_token_counts', 'checkpoint_fi
            'create_tokenformer', 'tokenformer_cfg']
 
 #: A Pattention kind's token count: one for every block, or one per block (a Mix'n'Match sub-model of an
-#: elastic model, :mod:`tkvision.growth.elastic`).
+#: elastic model, [`tkvision.growth.elastic`][tkvision.growth.elastic]).
 TokenCounts = Union[int, Sequence[int], None]
 
 
@@ -93,10 +93,12 @@ class TokenFormerViT(ViTContract, nn.Module):
         num_tokens: shorthand: Q/K/V, output projection and patch embedding use ``num_tokens``
             parameter tokens, the FFN ``4 * num_tokens``; the ``num_tokens_*`` kwargs override.
         num_tokens_patch: the patch embedding's tokens.
-        num_tokens_qkv / num_tokens_proj / num_tokens_ffn: per-kind token counts, one for every block or
-            a list of one per block (:data:`TokenCounts`; a Mix'n'Match sub-model exported by
-            :func:`tkvision.growth.elastic.extract_prefix`).
-        score_norm: Pattention normalisation (see :mod:`tkvision.layers.pattention`).
+        num_tokens_qkv: tokens of each of Q, K, V: one count for every block or a list of one per block
+            (`TokenCounts`; a Mix'n'Match sub-model exported by
+            [`tkvision.growth.elastic.extract_prefix`][tkvision.growth.elastic.extract_prefix]).
+        num_tokens_proj: tokens of the attention's output projection, one count or one per block.
+        num_tokens_ffn: tokens of the FFN, one count or one per block.
+        score_norm: Pattention normalisation (see `tkvision.layers.pattention`).
         key_std: initial std of the blocks' key parameter tokens (the public code's 0.02). Eq. 5's
             scores are invariant to the keys' scale, so it sets how far an optimizer step turns them:
             AdamW moves a key by about ``lr`` whatever its size (a lever of docs/comparison.md).
@@ -106,9 +108,10 @@ class TokenFormerViT(ViTContract, nn.Module):
             its default (√n of its own n): above 1 the GELU sees larger normalised scores (more
             nonlinear), below 1 smaller (closer to linear). A lever of docs/comparison.md.
         learn_tau: make every Pattention's τ a learned scalar started at that value
-            (:meth:`~tkvision.layers.Pattention.make_tau_learnable`; same checkpoint keys, so a fixed-τ
+            ([`make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable]; same checkpoint keys, so a fixed-τ
             checkpoint loads). Such layers train through plain autograd, not the closed-form backward.
-        block_norm_weight / block_norm_bias: learnable LayerNorm weight / bias in blocks (Table 5).
+        block_norm_weight: a learnable LayerNorm weight in the blocks (Table 5).
+        block_norm_bias: a learnable LayerNorm bias in the blocks (needs ``block_norm_weight``).
         block_norm_fold: fold each block's LayerNorms into the keys of the Pattentions they feed where that
             is exact (a scale-invariant ``score_norm`` and no LayerNorm bias; ``tkvision.layers.Block``):
             the same function and gradients with two fewer passes over the activations per block. False:
@@ -125,8 +128,11 @@ class TokenFormerViT(ViTContract, nn.Module):
         qk_norm: LayerNorm of q and k per head (timm's ``qk_norm``).
         init_values: LayerScale init of both block branches (timm's ``init_values``); None: off.
         dynamic_img_size: accept any input size divisible by p, resampling the position embedding.
-        drop_rate / pos_drop_rate / proj_drop_rate / attn_drop_rate / drop_path_rate: dropouts and
-            stochastic depth (linearly increasing over depth).
+        drop_rate: dropout before the head.
+        pos_drop_rate: dropout after adding the position embedding.
+        proj_drop_rate: dropout of the attention's and the FFN's outputs.
+        attn_drop_rate: dropout of the attention weights.
+        drop_path_rate: stochastic depth, linearly increasing over depth to this rate.
 
     Shapes: ``forward_features``: ``[B, C, H, W] -> [B, num_prefix_tokens + N, embed_dim]``
     (``num_prefix_tokens`` = class token + registers); ``forward_head``: that ``-> [B, num_classes]``.
@@ -269,8 +275,8 @@ class TokenFormerViT(ViTContract, nn.Module):
     def _build_blocks(self, depth: int, dpr: List[float], block_kwargs: dict, tokens: List[Dict[str,
                                                                                                 int]]) -> nn.Module:
         """``depth`` TokenFormer blocks (a subclass may build another trunk, e.g. the recurrent
-        families of :mod:`tkvision.models.ringformer`); ``dpr``: drop-path rate per block; ``tokens``: each
-        block's token counts (:func:`block_token_counts`)."""
+        families of `tkvision.models.ringformer`); ``dpr``: drop-path rate per block; ``tokens``: each
+        block's token counts (`block_token_counts`)."""
         return nn.Sequential(*[Block(**block_kwargs, **tokens[i], drop_path=dpr[i]) for i in range(depth)])
 
     def init_weights(self):
@@ -350,7 +356,7 @@ class TokenFormerViT(ViTContract, nn.Module):
     @torch.jit.unused
     def _run_block(self, block: nn.Module, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One block of the trunk, recomputed in backward when gradient checkpointing is on (TorchScript
-        cannot pass a module as an argument: a scripted model runs the blocks in :meth:`forward_blocks`)."""
+        cannot pass a module as an argument: a scripted model runs the blocks in [`forward_blocks`][tkvision.models.tokenformer_vit.TokenFormerViT.forward_blocks])."""
         if self.grad_checkpointing:
             return checkpoint(block, x, attn_mask, use_reentrant=False)
         return block(x, attn_mask)
@@ -363,8 +369,8 @@ class TokenFormerViT(ViTContract, nn.Module):
         return self.norm(self.forward_blocks(x, attn_mask))
 
     def forward_blocks(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """The trunk, ``[B, N', C] -> [B, N', C]``, block by block (:meth:`_run_block`): what a family
-        overrides to change the trunk, and what :class:`~tkvision.models.mae.MaskedAutoencoder` runs on the
+        """The trunk, ``[B, N', C] -> [B, N', C]``, block by block (`_run_block`): what a family
+        overrides to change the trunk, and what [`MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] runs on the
         visible tokens."""
         if torch.jit.is_scripting():
             for block in self.blocks:
@@ -386,13 +392,13 @@ class TokenFormerViT(ViTContract, nn.Module):
 
     def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
         """Images ``[B, in_chans, H, W]`` -> logits ``[B, num_classes]`` (features ``[B, embed_dim]`` when
-        ``num_classes=0``); ``attn_mask`` as in :meth:`forward_features`."""
+        ``num_classes=0``); ``attn_mask`` as in [`forward_features`][tkvision.models.tokenformer_vit.TokenFormerViT.forward_features]."""
         return self.forward_head(self.forward_features(x, attn_mask))
 
     @torch.jit.ignore
     def checkpoint_filter(self, state_dict: dict) -> dict:
-        """``state_dict`` adapted to this model by the family's :func:`checkpoint_filter_fn` and
-        :func:`adapt_input_channels` (what :func:`tkvision.models.adapt_state_dict` applies to any model
+        """``state_dict`` adapted to this model by the family's `checkpoint_filter_fn` and
+        `adapt_input_channels` (what `tkvision.models.adapt_state_dict` applies to any model
         that has this method)."""
         return adapt_input_channels(checkpoint_filter_fn(state_dict, self), self)
 
@@ -405,9 +411,9 @@ def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
     ``patch_embed.proj.key_param_tokens [n, C*p*p]``, now the filter bank ``patch_embed.proj.weight
     [n, C, p, p]``), resamples ``pos_embed`` to the model's patch grid (timm's
     ``resample_abs_pos_embed``). Other input channels are timm's loader's to adapt (``first_conv``),
-    or :func:`adapt_input_channels`'s on our own path.
+    or `adapt_input_channels`'s on our own path.
     Everything else passes through; shape mismatches are reported by
-    :func:`tkvision.models.check_fit` / ``load_state_dict``.
+    `tkvision.models.check_fit` / ``load_state_dict``.
     """
     for key in ('state_dict_ema', 'model_ema', 'state_dict', 'model'):
         if isinstance(state_dict.get(key), dict):

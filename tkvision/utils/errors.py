@@ -1,6 +1,6 @@
 """The exceptions tkvision raises for input a user can fix: each message names the key, path or
-tensor and what to do. Command-line tools print them as one line (:mod:`tkvision.cli`, exit 2). And
-:class:`Preempted`, a run stopped by a signal with its state saved (tools exit :data:`EXIT_PREEMPTED`).
+tensor and what to do. Command-line tools print them as one line (`tkvision.cli`, exit 2). And
+`Preempted`, a run stopped by a signal with its state saved (tools exit `EXIT_PREEMPTED`).
 
 A leaf module: every part of the package may import it; it imports nothing of tkvision.
 """
@@ -28,7 +28,7 @@ class WeightsMismatchError(ValueError):
 
 class UnsafeFileError(UsageError):
     """A ``.pth`` file that holds pickled Python objects other than tensors and plain containers: it is not
-    loaded, since unpickling it could run code (:func:`refused_pickle` words the message)."""
+    loaded, since unpickling it could run code (`refused_pickle` words the message)."""
 
 
 class NonFiniteLossError(RunError):

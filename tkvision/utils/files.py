@@ -1,6 +1,6 @@
 """The project's one atomic file write: a temporary file in the target's folder, then ``os.replace``
 (atomic on POSIX), so a crash, a full disk or a kill leaves either the old file or the new one,
-never a half-written file under the final name; :func:`atomic_folder` does the same for a folder of
+never a half-written file under the final name; `atomic_folder` does the same for a folder of
 files (an exported model).
 
 **File modes.** Every file and folder tkvision writes (a run's checkpoints, weights, metrics, plots and lock,
