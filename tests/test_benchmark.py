@@ -23,7 +23,7 @@ def test_flops_and_ratio():
 
 
 def test_profile_breakdown_accounts_for_the_step():
-    from tkvision.experiments.benchmark import profile_breakdown
+    from tkvision.experiments.profile import profile_breakdown
     rows = profile_breakdown(['tokenformer_vit_ti16'], batch_size=1, log=lambda *_: None)
     shares = {r['category']: r['share'] for r in rows}
     assert abs(sum(shares.values()) - 1) < 1e-6
@@ -83,7 +83,7 @@ def test_a_gpu_profile_counts_each_kernel_once():
 
     from torch.autograd import DeviceType
 
-    from tkvision.experiments.benchmark import category_ms
+    from tkvision.experiments.profile import category_ms
 
     def event(key, device_type, device_us, cpu_us):
         return SimpleNamespace(key=key, device_type=device_type, self_device_time_total=device_us,
@@ -246,7 +246,7 @@ def test_profile_categories_follow_the_backward_node_and_the_optimizer_scope():
 
     from torch.autograd import DeviceType
 
-    from tkvision.experiments.benchmark import category_ms
+    from tkvision.experiments.profile import category_ms
 
     def event(key, parent=None, us=1000):
         return SimpleNamespace(key=key, name=key, cpu_parent=parent, device_type=DeviceType.CPU,

@@ -257,7 +257,7 @@ def test_our_trainer_reads_timms_naflex_loader_and_resumes_mid_epoch_exactly(tmp
 def test_naflex_loss_scale_and_options_the_naflex_loader_would_ignore_are_refused(tmp_path):
     """timm's --naflex-loss-scale weights a batch by its images over batch_size (or the square root); mixup,
     random erasing, crop padding, MAE and a fixed-grid model are refused with the key named."""
-    from tkvision.engine.loop import naflex_loss_scale
+    from tkvision.engine.run_data import naflex_loss_scale
     from tkvision.engine.trainer import train
     from tkvision.utils.errors import ConfigError
     assert (naflex_loss_scale('linear', 96, 64), naflex_loss_scale('sqrt', 16, 64), naflex_loss_scale('none', 9, 64)) == (

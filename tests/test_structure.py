@@ -12,8 +12,20 @@ from .helpers import ROOT
 PACKAGE = os.path.join(ROOT, 'tkvision')
 #: The edge of the package: experiment drivers and command lines. The library never imports them.
 EDGE = ('tkvision.experiments', 'tkvision.cli')
-MAX_FUNCTION_LINES = 80
-MAX_MODULE_LINES = 600
+MAX_FUNCTION_LINES = 60
+MAX_MODULE_LINES = 450
+#: Modules clearer long, each with why.
+LONG_MODULES = {
+    'tkvision.models.tokenformer_vit': "timm's model-file order in one file (paper docstring, model, checkpoint "
+                                       'filter, pretrained cfgs, entrypoints), as timm\'s vision_transformer.py',
+    'tkvision.layers.pattention': 'the layer with its Θ registry: a new normalisation is one register_score_norm '
+                                  'call beside the layer that reads it (the module docstring\'s table)',
+}
+#: Functions clearer long, each with why.
+LONG_FUNCTIONS = {
+    ('tkvision.models.tokenformer_vit', '__init__'): "the model's constructor reads top to bottom as the "
+                                                     "architecture (timm's VisionTransformer.__init__ is longer)",
+}
 MAX_LINE = 120
 #: Where the line limit and the private-name rule apply: the package, the studies and the tools.
 SOURCES = ('tkvision', 'studies', 'tools')
@@ -179,14 +191,14 @@ def test_the_import_parser_sees_imports_inside_functions(tmp_path):
 
 @pytest.mark.parametrize('name', sorted(_modules()))
 def test_functions_and_modules_are_a_readable_size(name):
-    """Smell detectors: a function over 80 lines or a module over 600 asks whether it does one job (never
-    fold statements to pass them)."""
+    """Smell detectors: a function over 60 lines or a module over 450 asks whether it does one job (never
+    fold statements to pass them); the few clearer long are named above with why."""
     path = _modules()[name]
     source = open(path).read()
-    assert len(source.splitlines()) <= MAX_MODULE_LINES, f'{path}: split it by concern'
+    assert name in LONG_MODULES or len(source.splitlines()) <= MAX_MODULE_LINES, f'{path}: split it by concern'
     # the body from its first statement: a long signature written one argument per line is not a long function
     long = [(node.name, node.end_lineno - node.body[0].lineno + 1) for node in ast.walk(ast.parse(source))
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (name, node.name) not in LONG_FUNCTIONS
             and node.end_lineno - node.body[0].lineno + 1 > MAX_FUNCTION_LINES]
     assert long == [], f'{path}: functions over {MAX_FUNCTION_LINES} lines'
 

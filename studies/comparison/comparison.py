@@ -2,8 +2,9 @@
 run): the results files of ``docs/comparison.md``.
 
 ``python -m studies.comparison.comparison studies/comparison/configs/*.yaml --seeds 0 1 2 --out runs/comparison
---report-dir docs/comparison`` trains every (config, seed) point through [`run_sweep`][tkvision.experiments.sweep.run_sweep]
-(finished points are skipped), then writes two files into ``--report-dir``:
+--report-dir docs/comparison`` trains every (config, seed) point through
+[`run_sweep`][tkvision.experiments.sweep.run_sweep] (finished points are skipped), then writes two files into
+``--report-dir``:
 
 - ``points.csv``: one row per finished (config, seed): validation top-1 (what a choice is made on), test
   top-1 (evaluated once, at the end), img/s and the wall minutes of that run (a resumed run's parts summed:
@@ -112,10 +113,11 @@ def _config_row(config: str, points: list) -> dict:
 
 
 def config_changes_from(reference: dict, cfg: dict) -> str:
-    """What config ``cfg`` sets otherwise than ``reference`` (both as [`load_config`][tkvision.engine.config.load_config] returns them, defaults
-    filled in): ``'key=value'`` per differing top-level key and per differing ``model_kwargs`` entry (named
-    by the entry alone), sorted, joined by ``'; '``; ``'key=(unset)'`` for a model kwarg only the reference
-    sets; ``''`` when nothing differs. ``output`` (where a run is written) is not a setting."""
+    """What config ``cfg`` sets otherwise than ``reference`` (both as
+    [`load_config`][tkvision.engine.config.load_config] returns them, defaults filled in): ``'key=value'`` per
+    differing top-level key and per differing ``model_kwargs`` entry (named by the entry alone), sorted, joined by
+    ``'; '``; ``'key=(unset)'`` for a model kwarg only the reference sets; ``''`` when nothing differs. ``output``
+    (where a run is written) is not a setting."""
     changes = []
     for key in sorted(set(reference) | set(cfg)):
         old, new = reference.get(key), cfg.get(key)

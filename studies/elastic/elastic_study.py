@@ -7,8 +7,9 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long r
     python -m studies.elastic.elastic_study report-long             # docs/elastic/long*
 
 ``train`` runs the points in this process through tkvision's sweep
-([`tkvision.experiments.sweep.run_sweep`][tkvision.experiments.sweep.run_sweep]), with the MatFormer ViT of ``matformer_vit.py`` registered.
-``report`` reads the finished runs under ``--runs`` and writes, into ``--report-dir``:
+([`tkvision.experiments.sweep.run_sweep`][tkvision.experiments.sweep.run_sweep]), with the MatFormer ViT of
+``matformer_vit.py`` registered. ``report`` reads the finished runs under ``--runs`` and writes, into
+``--report-dir``:
 
 - ``points.csv``: one row per (method, seed, prefix): parameters of the prefix, its validation top-1 (the
   last epoch's: what a choice is made on) and test top-1 (evaluated once). Methods: ``elastic`` (and its
@@ -16,7 +17,8 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long r
   (``tokenformer_tokens_<n>``, one run per size), ``post_hoc`` (the 72-token independent run's weights
   evaluated at each prefix, τ following k; ``post_hoc_tau_kept`` with the full layer's τ), ``matformer_vit``,
   and ``mix_n_match`` (per-block prefixes of the elastic run chosen by MatFormer's rule of thumb,
-  [`tkvision.growth.elastic.mix_n_match`][tkvision.growth.elastic.mix_n_match], under budgets between the uniform sizes).
+  [`tkvision.growth.elastic.mix_n_match`][tkvision.growth.elastic.mix_n_match], under budgets between the uniform
+  sizes).
 - ``results.csv``: per (method, prefix): parameters, training compute (forward + backward FLOPs per image
   counted by `tkvision.experiments.benchmark.train_flops_per_image`, times the images the recipe
   trains, the elastic runs' mix of prefixes included) as a ratio to the largest TokenFormer trained alone,
@@ -178,7 +180,8 @@ def _model(name: str, seed: int, runs: str) -> torch.nn.Module:
 
 
 def _last_weights(cfg: dict) -> torch.nn.Module:
-    """The finished run's last weights in its model ([`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint])."""
+    """The finished run's last weights in its model
+    ([`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint])."""
     return model_for_checkpoint(cfg, os.path.join(cfg['output'], LAST_WEIGHTS))[0]
 
 

@@ -3,8 +3,8 @@
 MatFormer (Devvrit et al., NeurIPS 2023, https://arxiv.org/abs/2310.07707, §3) nests the FFN of every
 block: granularity i uses the first m_i hidden units, ``FFN_i(x) = σ(x W1[:m_i]ᵀ) W2[:, :m_i]``, and all
 granularities are trained together. `NestedMlp` is timm's ``Mlp`` with that prefix; it follows
-the elastic-layer protocol of [`tkvision.growth.elastic`][tkvision.growth.elastic] (a hidden unit plays the part of a parameter
-token), so tkvision's elastic training, evaluation and extraction run on this model unchanged.
+the elastic-layer protocol of [`tkvision.growth.elastic`][tkvision.growth.elastic] (a hidden unit plays the part of a
+parameter token), so tkvision's elastic training, evaluation and extraction run on this model unchanged.
 
 Importing this module registers ``matformer_vit_tiny_patch16_224`` with timm (the study's baseline, built on
 timm's own ``VisionTransformer`` and ``Mlp``).

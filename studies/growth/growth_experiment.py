@@ -7,11 +7,10 @@
 A *chain* is one trainer run of a progressive recipe (``growth.schedule``, `tkvision.train`): the
 TokenFormer chain ``configs/fashion_mnist/growth_chain.yaml`` appends parameter tokens at every step
 (paper §3.3); the ViT chain ``configs/fashion_mnist/growth_chain_vit.yaml`` widens a timm ViT's MLP by
-Net2Net ([`tkvision.growth.net2net_widen`][tkvision.growth.net2net.net2net_widen], paper §4.3). Against each chain, every size it passes
-through is trained *from scratch* for the chain's whole length (``--scratch-epochs`` to change it),
-as in Fig. 3. The ``ablations`` plan reruns the TokenFormer chain with one growth setting changed
-from a fixed first recipe (`ABLATION_BASE`, `ABLATIONS`), and the ViT chain with that
-recipe.
+Net2Net ([`tkvision.growth.net2net_widen`][tkvision.growth.net2net.net2net_widen], paper §4.3). Against each chain,
+every size it passes through is trained *from scratch* for the chain's whole length (``--scratch-epochs`` to change
+it), as in Fig. 3. The ``ablations`` plan reruns the TokenFormer chain with one growth setting changed from a fixed
+first recipe (`ABLATION_BASE`, `ABLATIONS`), and the ViT chain with that recipe.
 
 Compute is counted as before: training FLOPs per image of the model at the size of that epoch
 (``torch.utils.flop_counter``: forward + backward) times the training images, cumulated per epoch.

@@ -35,7 +35,7 @@ from tkvision.data.naflex import NaFlexPreprocessor, build_naflex_loader
 from tkvision.engine.checkpoint import LAST_WEIGHTS, model_for_checkpoint
 from tkvision.engine.config import load_config, section
 from tkvision.engine.evaluate import evaluate
-from tkvision.engine.loop import naflex_patch_size
+from tkvision.engine.run_data import naflex_patch_size
 from tkvision.experiments.benchmark import machine_info
 from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
 from tkvision.utils.files import atomic_write

@@ -5,13 +5,12 @@ It writes one markdown report (and its JSON) with, in order, each part saved as 
 
 1. the card, driver, torch and CUDA versions, the date, the card's dense bf16 peak from NVIDIA's data
    sheets (`BF16_PEAK_TFLOPS`) and measured in the same run (`measured_peak_tflops`);
-2. train and inference img/s, peak memory ([`tkvision.experiments.benchmark.benchmark_models`][tkvision.experiments.benchmark.benchmark_models]: the
-   allocator's peak of one step, counting only the model's own tensors) and achieved TFLOP/s (model
-   FLOPs) of each TokenFormer of `PAIRS` and its timm ViT, bf16 autocast, eager (with the
-   ``VARIANTS``: the explicit LayerNorm, Θ compiled and the lean backward beside the defaults, the
-   paper's B/16) and
-   ``torch.compile``d, as ratios to the ViT of the same run; B/16† compiled with the lean backward
-   beside the default (``compiled_lean``);
+2. train and inference img/s, peak memory
+   ([`tkvision.experiments.benchmark.benchmark_models`][tkvision.experiments.benchmark.benchmark_models]: the
+   allocator's peak of one step, counting only the model's own tensors) and achieved TFLOP/s (model FLOPs) of each
+   TokenFormer of `PAIRS` and its timm ViT, bf16 autocast, eager (with the ``VARIANTS``: the explicit LayerNorm, Θ
+   compiled and the lean backward beside the defaults, the paper's B/16) and ``torch.compile``d, as ratios to the ViT
+   of the same run; B/16† compiled with the lean backward beside the default (``compiled_lean``);
 3. whether each figure meets the `TARGETS` (shares of the measured peak);
 4. a ``torch.profiler`` table of one B/16† training step, grouped as in ``docs/performance.md``;
 5. the lean backward against autograd's (`lean_backward_check`): gradient error next to bf16's
@@ -110,10 +109,10 @@ def measured_peak_tflops(device: torch.device, size: int = 8192, products: int =
 
 def throughput(pair, device, compiled: bool, modes, steps, repeats, peak_tflops=None, variants=VARIANTS,
                extras=True, log=print) -> list:
-    """Rows of [`tkvision.experiments.benchmark.benchmark_models`][tkvision.experiments.benchmark.benchmark_models] (bf16) of one pair ``(tokenformer,
-    vit, batch_size)`` in ``modes``: the TokenFormer with each of ``variants`` (and, for B/16†, the
-    paper's B/16, unless ``extras`` is False or ``compiled``), then the ViT; each row with ``pair,
-    compiled, ratio`` (img/s over the ViT's in the same run and mode), ``mem_ratio`` and ``peak_share``
+    """Rows of [`tkvision.experiments.benchmark.benchmark_models`][tkvision.experiments.benchmark.benchmark_models]
+    (bf16) of one pair ``(tokenformer, vit, batch_size)`` in ``modes``: the TokenFormer with each of ``variants``
+    (and, for B/16†, the paper's B/16, unless ``extras`` is False or ``compiled``), then the ViT; each row with
+    ``pair, compiled, ratio`` (img/s over the ViT's in the same run and mode), ``mem_ratio`` and ``peak_share``
     (achieved TFLOP/s over ``peak_tflops``; None without one)."""
     tokenformer, vit, batch = pair
     log(f"--- {tokenformer} vs {vit}, batch {batch}, {'compiled' if compiled else 'eager'}, {'/'.join(modes)}")

@@ -105,8 +105,9 @@ def plot_mad(results: dict, path: str, title: str = 'Mean attention distance'):
 
 def dataset_mad(cfg: dict, checkpoint: str, num_images: int, batch_size: int) -> np.ndarray:
     """MAD ``[layers (or levels), heads]`` of the model of ``cfg`` with the weights of ``checkpoint``
-    (grown to the checkpoint's size if its run grew: [`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]),
-    averaged over the first ``num_images`` validation images of ``cfg``'s dataset.
+    (grown to the checkpoint's size if its run grew:
+    [`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]), averaged
+    over the first ``num_images`` validation images of ``cfg``'s dataset.
 
     Raises:
         FileNotFoundError, WeightsMismatchError: a missing checkpoint, or one of another model (named).

@@ -1,7 +1,7 @@
 """Tools that read a trained model's weights: ``tools/grow.py`` (``tkvision-grow``), ``tools/export.py``
 (``tkvision-export``) and ``tools/mae_visualize.py`` (``tkvision-mae-visualize``). Each loads the
-weights through [`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint], so a run that grew during
-training loads at its grown size."""
+weights through [`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint],
+so a run that grew during training loads at its grown size."""
 import argparse
 
 from ..data import build_dataset

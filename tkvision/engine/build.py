@@ -17,8 +17,8 @@ __all__ = ['build_model', 'create_model', 'model_for_config', 'default_num_class
 
 def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch.nn.Module:
     """``timm.create_model(model['model'], drop_path_rate=..., **model['model_kwargs'])``, or with an
-    ``mae`` section a [`tkvision.models.mae.MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] around that model as encoder
-    (``mask_ratio``, ``norm_pix_loss``, ``decoder``).
+    ``mae`` section a [`tkvision.models.mae.MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] around that
+    model as encoder (``mask_ratio``, ``norm_pix_loss``, ``decoder``).
 
     Args:
         model: the config's model section. mae: its MAE section, for ``task: mae``; None otherwise.

@@ -274,7 +274,8 @@ def grow_weights_file(checkpoint: str, cfg: dict, out: str, to=None, add=None, k
 
     Raises:
         FileExistsError: ``out`` is ``checkpoint``. FileNotFoundError, WeightsMismatchError: as
-            [`model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]. ValueError: a target smaller than the model.
+            [`model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]. ValueError: a target smaller
+            than the model.
     """
     if os.path.abspath(out) == os.path.abspath(checkpoint):
         raise FileExistsError(f'--out {out} is the input checkpoint; write the grown weights to another file')

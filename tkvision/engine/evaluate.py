@@ -68,9 +68,9 @@ def mask_noise(batch_index: int, batch_size: int, num_patches: int, seed: int = 
 
 @torch.no_grad()
 def evaluate_mae(model: torch.nn.Module, loader, device, preprocess, amp=None, seed: int = 0) -> dict:
-    """Mean MAE reconstruction loss of ``model`` (a [`tkvision.models.mae.MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder],
-    possibly DDP / compiled) over ``loader``, with the same masks at every call (`mask_noise`),
-    weighted by images and reduced over ranks.
+    """Mean MAE reconstruction loss of ``model`` (a
+    [`tkvision.models.mae.MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder], possibly DDP / compiled) over
+    ``loader``, with the same masks at every call (`mask_noise`), weighted by images and reduced over ranks.
 
     Returns:
         ``dict(loss, count, img_per_s, skipped)``.

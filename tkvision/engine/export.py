@@ -78,7 +78,8 @@ def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: st
                       force: bool = False) -> dict:
     """Export a training checkpoint (``last.pth``: its config names the model) or a weights file
     (``.safetensors``, with ``model`` and ``model_kwargs``) as a ``save_for_hf`` folder; a run that
-    grew is exported at its grown size ([`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]).
+    grew is exported at its grown size
+    ([`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint]).
 
     Args:
         use_ema: take the EMA weights of a ``.pth`` that has them (else the raw ones).

@@ -35,8 +35,10 @@ import socket
 
 from ..utils.errors import RunError
 from ..utils.files import FILE_MODE
+from .distributed import all_ranks_agree
 
-__all__ = ['LOCK_NAME', 'RESTART_COUNTS', 'RunDirLock', 'claim_output_dir', 'run_files', 'remove_stale_temporaries',
+__all__ = ['LOCK_NAME', 'RESTART_COUNTS', 'RunDirLock', 'claim_output', 'claim_output_dir',
+           'run_files', 'remove_stale_temporaries',
            'job_identity', 'restarts_this_run']
 
 LOCK_NAME = '.lock'
@@ -154,3 +156,46 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()} job {job_identity()}\n'.encode(), 0)
     remove_stale_temporaries(out)
     return RunDirLock(path, fd)
+
+
+def claim_output(
+        output: str,
+        processes,
+        checkpoint: str,
+        resume,
+) -> tuple:
+    """Claim ``output`` for a run of ``processes`` (a ``tkvision.engine.distributed.Processes``): rank 0 locks it
+    ([`claim_output_dir`][tkvision.engine.rundir.claim_output_dir]); every rank fails if it could not. A run resumed
+    from another directory's checkpoint writes into ``output`` as a new run does: it must hold no other run. A
+    launcher's restart of the job that wrote ``output``'s ``checkpoint`` (a file name) resumes it without being
+    told ([`restarts_this_run`][tkvision.engine.rundir.restarts_this_run]; rank 0 decides, every rank follows).
+
+    Args:
+        output: the run's output directory.
+        processes: this process among the job's.
+        checkpoint: the file name of the run's checkpoint in ``output`` (``last.pth``).
+        resume: the ``resume`` argument of ``tkvision.engine.trainer.train``: None, True or a checkpoint path.
+
+    Returns:
+        ``(lock, resume)``: the lock (rank 0; None elsewhere) and ``resume``, True where the restart decided it.
+
+    Raises:
+        RunError: the directory holds another run, or another process holds its lock (on every rank).
+    """
+    main, device = processes.rank == 0, processes.device
+    restarted = main and not resume and restarts_this_run(output, checkpoint)
+    if not all_ranks_agree(not restarted, device):  # rank 0 found its own job's checkpoint: every rank resumes
+        resume = True
+        if main:
+            print(f'restarted by the launcher: resuming {os.path.join(output, checkpoint)} (no --resume needed)')
+    in_place = resume is True or (bool(resume) and os.path.abspath(os.path.dirname(resume)) ==
+                                  os.path.abspath(output))
+    lock, error = None, None
+    if main:
+        try:
+            lock = claim_output_dir(output, resume=in_place)
+        except RunError as e:
+            error = e
+    if not all_ranks_agree(error is None, device):
+        raise error or RunError('rank 0 could not claim the output directory (see its message)')
+    return lock, resume

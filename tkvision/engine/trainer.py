@@ -20,11 +20,9 @@ that is saved. What a pre-empted or killed run does, and which files it writes, 
 draws, so the result is bit-identical to an uninterrupted run for any ``num_workers``.
 """
 import csv
-import dataclasses
 import os
 import signal
 import time
-from typing import Optional
 
 import torch
 from timm.utils import random_seed
@@ -40,68 +38,20 @@ from .build import create_model, default_num_classes
 from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
                          RECONSTRUCTION_FILE, keep_best, load_training_checkpoint, model_for_checkpoint, save_rows,
                          save_weights, save_yaml)
-from .clock import STOP_SIGNALS, RunClock
-from .config import SECTIONS, config_changes, resolve_accum_steps, resolve_lr, section
+from .clock import STOP_SIGNALS
+from .config import SECTIONS, config_changes, resolve_lr, section
 from .config_rules import validate_config
-from .distributed import Processes, all_ranks_agree, init_distributed, is_peer_failure, setup_threads
-from .evaluate import evaluate, evaluate_mae
+from .context import RunContext, build_context
+from .distributed import init_distributed, is_peer_failure, setup_threads
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
-from .loss import RunLoss
-from .run_data import RunData
 from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
-from .rundir import claim_output_dir, restarts_this_run, run_files
+from .rundir import claim_output, run_files
 from .state import TrainState
 
-__all__ = ['train', 'RunContext', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'evaluate_prefixes',
+__all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'evaluate_prefixes',
            'evaluate_test', 'log_epoch', 'growth_due', 'TrainState', 'NonFiniteLossError', 'Preempted',
            'EXIT_PREEMPTED']
-
-
-@dataclasses.dataclass
-class RunContext:
-    """What a run uses but does not save, by concern: its processes, data, loss and clock, and the run section's
-    few settings the trainer itself reads. Each stage receives the parts it reads (the epoch loop: data, loss,
-    clock; evaluation: data); ``tkvision.engine.state.TrainState`` holds what is saved.
-
-    Attributes:
-        settings: the config's run section (``task``, ``seed``, ``amp``, ``output``, ``eval_every``, ...).
-        processes: this process among the job's. data: datasets, loaders, preprocessing. loss: the step's
-            targets and prefixes. clock: checks, checkpoints, stop signals.
-        model_name: the model's registry name. epochs: the run's epochs.
-        writer: TensorBoard's ``SummaryWriter`` (rank 0 with ``tensorboard: true``), else None.
-    """
-    settings: dict
-    processes: Processes
-    data: RunData
-    loss: RunLoss
-    clock: RunClock
-    model_name: str
-    epochs: int
-    writer: Optional[object] = None
-
-    @property
-    def task(self) -> str:
-        """``'classify'``, ``'mae'`` or ``'linprobe'``."""
-        return self.settings['task']
-
-    @property
-    def out(self) -> str:
-        """The run's output folder."""
-        return self.settings['output']
-
-    @property
-    def main(self) -> bool:
-        """Whether this process is rank 0 (it prints and writes the run's files)."""
-        return self.processes.main
-
-    def evaluate(self, net: torch.nn.Module, loader) -> dict:
-        """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks)
-        of ``net`` on ``loader`` with the run's device, preprocessing and precision."""
-        device, preprocess, amp = self.processes.device, self.data.preprocess, self.settings['amp']
-        if self.task == 'mae':
-            return evaluate_mae(net, loader, device, preprocess, amp, self.settings['seed'])
-        return evaluate(net, loader, device, preprocess, amp)
 
 
 def resolve_run_config(cfg: dict) -> dict:
@@ -285,33 +235,6 @@ def _check_head(model: torch.nn.Module, weights: dict, path: str):
                    f'model_kwargs: {{num_classes: {head.shape[0]}}}')
 
 
-def _claim_output(output: str, rank: int, device, resume):
-    """Rank 0 locks the ``output`` directory; every rank fails if it could not. A run resumed from
-    another directory's checkpoint writes into ``output`` as a new run does: it must hold no other run.
-    A launcher's restart of the job that wrote ``output``'s checkpoint resumes it without being told
-    (``tkvision.engine.rundir.restarts_this_run``; rank 0 decides, every rank follows).
-
-    Returns:
-        ``(lock, resume)``: the lock (rank 0; None elsewhere) and ``resume``, True where the restart decided it.
-    """
-    restarted = rank == 0 and not resume and restarts_this_run(output, LAST_CHECKPOINT)
-    if not all_ranks_agree(not restarted, device):  # rank 0 found its own job's checkpoint: every rank resumes
-        resume = True
-        if rank == 0:
-            print(f'restarted by the launcher: resuming {os.path.join(output, LAST_CHECKPOINT)} (no --resume needed)')
-    in_place = resume is True or (bool(resume) and os.path.abspath(os.path.dirname(resume)) ==
-                                  os.path.abspath(output))
-    lock, error = None, None
-    if rank == 0:
-        try:
-            lock = claim_output_dir(output, resume=in_place)
-        except RunError as e:
-            error = e
-    if not all_ranks_agree(error is None, device):
-        raise error or RunError('rank 0 could not claim the output directory (see its message)')
-    return lock, resume
-
-
 def build_state(cfg: dict, device: torch.device, world: int, updates_per_epoch: int,
                 started: float | None = None) -> TrainState:
     """The ``TrainState`` (model, optimizer, schedule, EMA, scaler) of a resolved run config
@@ -341,10 +264,10 @@ def _start(cfg: dict, resume):
     check_model_input(parts['model'], parts['data'])
     setup_threads(parts['run'])
     processes = init_distributed(parts['run'])
-    lock, resume = _claim_output(cfg['output'], processes.rank, processes.device, resume)
+    lock, resume = claim_output(cfg['output'], processes, LAST_CHECKPOINT, resume)
     try:
         random_seed(cfg['seed'])  # the same initial weights on every rank
-        run = _context(parts, processes)
+        run = build_context(parts, processes)
         state = build_state(cfg, processes.device, processes.world, run.data.updates_per_epoch, started)
         if cfg['task'] != 'mae':
             run.loss.set_classes(state.model.num_classes)
@@ -357,18 +280,6 @@ def _start(cfg: dict, resume):
     if run.main:
         _announce(run, state)
     return run, state, history, lock, parts['mae']
-
-
-def _context(parts: dict, processes: Processes) -> RunContext:
-    """The run's data, loss and clock, each built from the sections it reads (``parts``: section name ->
-    section)."""
-    run, optim = parts['run'], parts['optim']
-    accum = resolve_accum_steps(optim, parts['data']['batch_size'], processes.world)
-    data = RunData(parts['data'], parts['model'], accum, run['seed'], processes)
-    loss = RunLoss(run['task'], optim, parts['elastic'], parts['distillation'], run['seed'], data.batches_per_epoch,
-                   processes.device)
-    clock = RunClock(run, processes, os.path.join(run['output'], LAST_CHECKPOINT))
-    return RunContext(run, processes, data, loss, clock, parts['model']['model'], optim['epochs'])
 
 
 def _announce(run: RunContext, state: TrainState):
@@ -460,7 +371,8 @@ def train(cfg: dict, resume=None) -> dict:
     raw model's).
 
     Args:
-        cfg: a config from [`tkvision.engine.config.load_config`][tkvision.engine.config.load_config] (checked again here).
+        cfg: a config from [`tkvision.engine.config.load_config`][tkvision.engine.config.load_config] (checked again
+            here).
         resume: a ``last.pth`` path, ``True`` for ``<output>/last.pth``, or None. The run continues at
             the saved update (mid-epoch included) with the same data order and random draws, so the
             result equals an uninterrupted run's. Keys of `tkvision.engine.config.RESUME_MUTABLE`
@@ -483,10 +395,10 @@ def train(cfg: dict, resume=None) -> dict:
             _train_epochs(run, state, history)
         except RuntimeError as error:  # a peer that died mid-collective: one line, not gloo's or NCCL's traceback
             if run.processes.world > 1 and is_peer_failure(error):
-                raise RunError(f'rank {run.processes.rank}: another process of this job ended or stopped answering during a '
-                               f'collective ({str(error).splitlines()[0][:160]}); the job stops here (torchrun names '
-                               f'the process that failed); continue it with --resume from {run.clock.checkpoint_path}'
-                               ) from None
+                raise RunError(f'rank {run.processes.rank}: another process of this job ended or stopped answering '
+                               f'during a collective ({str(error).splitlines()[0][:160]}); the job stops here '
+                               f'(torchrun names the process that failed); continue it with --resume from '
+                               f'{run.clock.checkpoint_path}') from None
             raise
         _finish(run, state, history, mae)
     finally:

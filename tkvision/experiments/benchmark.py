@@ -31,10 +31,11 @@ from ..models import input_shape
 from ..utils.errors import UsageError
 from ..utils.memory import available_memory_bytes
 
-__all__ = ['COUNTERPARTS', 'ModelStep', 'forward_flops_per_image', 'parse_model_spec', 'available_memory_mib', 'check_train_memory',
+__all__ = ['COUNTERPARTS', 'ModelStep', 'forward_flops_per_image',
+           'parse_model_spec', 'available_memory_mib', 'check_train_memory',
            'matmul_peak_tflops',
-           'flop_counter', 'train_flops_per_image', 'saved_activation_mib', 'benchmark_models', 'category_ms',
-           'profile_breakdown', 'machine_info', 'synchronize', 'time_rounds', 'time_call', 'markdown_table']
+           'flop_counter', 'train_flops_per_image', 'saved_activation_mib', 'benchmark_models',
+           'machine_info', 'synchronize', 'time_rounds', 'time_call', 'markdown_table']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -63,8 +64,9 @@ def flop_counter() -> FlopCounterMode:
 
 def train_flops_per_image(cfg: dict, prefix: elastic.Prefix = None) -> float:
     """Forward + backward FLOPs of one training image of ``cfg``'s model, counted by `flop_counter`
-    (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model ([`tkvision.growth.elastic`][tkvision.growth.elastic], under the
-    config's ``elastic_nesting``; None: every token)."""
+    (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model
+    ([`tkvision.growth.elastic`][tkvision.growth.elastic], under the config's ``elastic_nesting``; None: every
+    token)."""
     return _flops_per_image(cfg, prefix, backward=True)
 
 
@@ -364,103 +366,6 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
             r['ratio'] = r['img_per_s'] / base['img_per_s']
             r['mem_ratio'] = r['peak_mem_mib'] / base['peak_mem_mib']
             r['saved_ratio'] = r['saved_mib'] / base['saved_mib']
-    return rows
-
-
-#: Profiler op-name categories for `profile_breakdown` (first match wins; the rest is 'other').
-PROFILE_CATEGORIES = (
-    ('matmul', ('aten::mm', 'aten::addmm', 'aten::bmm', 'aten::linear', 'aten::matmul', 'mkl_linear')),
-    ('attention (SDPA)', ('scaled_dot_product',)),
-    ('layer norm (or its fold)', ('layer_norm', 'aten::mean', 'aten::sub')),
-    ('score normalisation / GELU', ('aten::gelu', 'aten::linalg_vector_norm', 'aten::norm', 'aten::clamp',
-                                    'aten::masked_fill', 'aten::div', 'aten::mul', 'aten::erf', 'aten::exp',
-                                    'aten::where', 'aten::sum', 'aten::reciprocal', 'aten::linalg_vecdot',
-                                    'aten::addcmul', 'L2NormGELU', 'gelu')),
-)
-"""``(category, fragments of an operator's name)``, first match wins; the rest is ``other``. Kernels of a
-``torch.compile``'d model (``cpp_fused_...`` on a CPU) are named after the operations they fuse, so a fused
-layer norm counts as layer norm and a fused score normalisation or GELU as that. The fold's key centring
-(``aten::mean`` / ``aten::sub``) counts as layer norm, the work it replaces."""
-
-#: ``(category, fragments of a backward node's name)``: an operator run by the autograd engine for that node
-#: (``autograd::engine::evaluate_function: <node>``) counts in the node's category, so the products and sums
-#: of Θ's closed-form backward count as Θ, not as the elementwise operators they are.
-BACKWARD_CATEGORIES = (
-    ('matmul', ('MmBackward', 'AddmmBackward', 'BmmBackward', 'LinearBackward', 'MatmulBackward')),
-    ('attention (SDPA)', ('ScaledDotProduct',)),
-    ('layer norm (or its fold)', ('LayerNormBackward', 'MeanBackward', 'SubBackward')),
-    ('score normalisation / GELU', ('GeluBackward', 'L2NormGELU', 'LinalgVectorNormBackward', 'ClampMinBackward',
-                                    'DivBackward', 'WhereBackward')),
-)
-
-#: Every operator under this scope is the optimizer's (``torch.optim`` names its step so).
-OPTIMIZER_SCOPE = 'Optimizer.step'
-
-
-def _category(ev) -> str:
-    """The category of one profiler event (``PROFILE_CATEGORIES``): the optimizer's for anything under
-    its step; else matrix products, attention and layer norm by the operator's own name; else the backward
-    node that ran it (``BACKWARD_CATEGORIES``); else the operator's name; else ``other``."""
-    node, parent = None, getattr(ev, 'cpu_parent', None)
-    while parent is not None:
-        if OPTIMIZER_SCOPE in parent.name:
-            return 'optimizer (AdamW)'
-        if node is None and parent.name.startswith('autograd::engine::evaluate_function: '):
-            node = parent.name
-        parent = parent.cpu_parent
-    if OPTIMIZER_SCOPE in ev.key:
-        return 'optimizer (AdamW)'
-    own = next((c for c, keys in PROFILE_CATEGORIES if any(k in ev.key for k in keys)), 'other')
-    if own in ('matmul', 'attention (SDPA)') or node is None:
-        return own
-    return next((c for c, keys in BACKWARD_CATEGORIES if any(k in node for k in keys)), own)
-
-
-def category_ms(events, on_gpu: bool, steps: int) -> dict:
-    """``{category: ms per step}`` of profiler ``events`` (``prof.events()``, whose parents say what ran an
-    operator; ``key_averages()`` rows work too, by name alone) by ``_category``.
-
-    On a GPU each operator's ``self_device_time_total`` already holds the kernels it launched, and
-    the kernels also appear as events of their own (device type CUDA, named after the kernel): only
-    operator events are counted, or every kernel would count twice ('other' would hold the kernels). On a CPU:
-    ``self_cpu_time_total`` of every event."""
-    from torch.autograd import DeviceType
-    totals = {}
-    for ev in events:
-        if on_gpu and ev.device_type != DeviceType.CPU:
-            continue
-        cat = _category(ev)
-        us = ev.self_device_time_total if on_gpu else ev.self_cpu_time_total
-        totals[cat] = totals.get(cat, 0.0) + us / 1000 / steps
-    return totals
-
-
-def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, amp=None, compile_=False) -> list:
-    """Self time of a training step per op category (``PROFILE_CATEGORIES``), per model, summed over
-    ``steps`` profiled steps after two warm-up steps (several steps smooth out OS noise); ``amp``:
-    ``'bf16'`` / ``'fp16'`` autocast or None; ``compile_``: the model ``torch.compile``'d (its fused kernels
-    counted by what they fuse).
-
-    Returns rows ``model, category, ms, share`` (``ms``: per step; share of the steps' total self time).
-    """
-    from torch.profiler import ProfilerActivity, profile
-    device = torch.device(device)
-    rows = []
-    for name in models:
-        step = ModelStep(name, 'train', batch_size, device, amp, compile_)
-        step()
-        step()
-        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
-        with profile(activities=acts) as prof:
-            for _ in range(steps):
-                step()
-            synchronize(device)
-        totals = category_ms(prof.events(), device.type == 'cuda', steps)
-        total = sum(totals.values())
-        for cat, ms in sorted(totals.items(), key=lambda kv: -kv[1]):
-            rows.append(dict(model=name, category=cat, ms=ms, share=ms / total))
-            log(f'{name:32s} {cat:28s} {ms:9.1f} ms  {100 * ms / total:5.1f}%')
-        del step
     return rows
 
 

@@ -12,7 +12,8 @@ import torch
 
 from ..utils.files import atomic_write
 from .benchmark import (COUNTERPARTS, benchmark_models, machine_info, markdown_table, matmul_peak_tflops,
-                        parse_model_spec, profile_breakdown)
+                        parse_model_spec)
+from .profile import profile_breakdown
 
 __all__ = ['PARTS', 'run_benchmark']
 

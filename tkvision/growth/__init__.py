@@ -1,7 +1,8 @@
 """Growth: progressive scaling of TokenFormers by parameter tokens (paper §3.3, Eq. 12-13), Net2Net
 widening of timm ViTs as the baseline, and growing the training state with the model.
 
-- `tokens`: kinds and sizes of a model, [`grow`][tkvision.growth.tokens.grow] (in memory), loading a smaller model's weights;
+- `tokens`: kinds and sizes of a model, [`grow`][tkvision.growth.tokens.grow] (in memory), loading a smaller model's
+weights;
 - `net2net`: [`net2net_widen`][tkvision.growth.net2net.net2net_widen];
 - `training`: optimizer moments, EMA and frozen rows across a growth step.
 

@@ -4,10 +4,10 @@ Growth appends parameter tokens (paper §3.3, Eq. 12-13); this is the other dire
 ``Θ(X K_Pᵀ) V_P`` restricted to its first k key/value tokens, ``Θ(X K_P[:k]ᵀ) V_P[:k]``, is a Pattention of
 k tokens, so the first k tokens of every Pattention (patch stem, Q, K, V, output, FFN) form a smaller
 TokenFormer nested in the larger one, and growth adds to the same ordering (new tokens come last). A
-model trained for it ([`SAMPLING`][tkvision.growth.elastic.SAMPLING], the ``elastic_*`` config keys) serves several budgets from one
-training run, as MatFormer does for a ViT's FFN widths (Devvrit et al., NeurIPS 2023,
-https://arxiv.org/abs/2310.07707, §3: nested FFN blocks trained jointly, and §3.2 Mix'n'Match: per-layer
-granularities chosen after training).
+model trained for it ([`SAMPLING`][tkvision.growth.elastic.SAMPLING], the ``elastic_*`` config keys) serves several
+budgets from one training run, as MatFormer does for a ViT's FFN widths (Devvrit et al., NeurIPS 2023,
+https://arxiv.org/abs/2310.07707, §3: nested FFN blocks trained jointly, and §3.2 Mix'n'Match: per-layer granularities
+chosen after training).
 
 A *prefix* is given as:
 
@@ -17,23 +17,24 @@ A *prefix* is given as:
 - a mapping ``{layer name: tokens}``;
 - ``None``: every token (the full model).
 
-What a fraction shrinks is the *nesting* ([`NESTING`][tkvision.growth.elastic.NESTING]): every Pattention (``'all'``, the default), only
-the FFNs' (``'ffn'``: MatFormer's choice, the like-for-like comparison with its ViT), or every one but the
-attention projections Q, K, V and output (``'no_attention'``: the patch stem and the FFNs). Layers outside
-the nesting keep every token at every prefix.
+What a fraction shrinks is the *nesting* ([`NESTING`][tkvision.growth.elastic.NESTING]): every Pattention (``'all'``,
+the default), only the FFNs' (``'ffn'``: MatFormer's choice, the like-for-like comparison with its ViT), or every one
+but the attention projections Q, K, V and output (``'no_attention'``: the patch stem and the FFNs). Layers outside the
+nesting keep every token at every prefix.
 
 An *elastic layer* is any module with ``num_tokens``, a settable ``prefix_tokens`` (``None`` or k),
 ``parameters_per_token`` and ``truncate(k)``: every [`Pattention`][tkvision.layers.pattention.Pattention] is one (so is
 the nested MLP of the MatFormer-style ViT the elastic study compares against, ``studies/elastic``). Running at a
 prefix slices the parameters (no copy);
-[`extract_prefix`][tkvision.growth.elastic.extract_prefix] copies a prefix out as a standalone model that ``timm.create_model`` builds with
-the matching ``num_tokens_*`` ([`prefix_model_kwargs`][tkvision.growth.elastic.prefix_model_kwargs]).
+[`extract_prefix`][tkvision.growth.elastic.extract_prefix] copies a prefix out as a standalone model that
+``timm.create_model`` builds with the matching ``num_tokens_*``
+([`prefix_model_kwargs`][tkvision.growth.elastic.prefix_model_kwargs]).
 
-τ at a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]): ``'kept'`` (the default) runs the prefix with the whole layer's τ;
-``'follow'`` scales it by ``default_tau(k) / default_tau(n_τ)`` (Eq. 5's √k for √n; n_τ: the layer's
-``tau_tokens``, the n its τ was set for, which growth keeps), so the k normalised scores keep the whole
-layer's scale. Both keep a grown layer's first k tokens' function. Trained for it at the quick recipe, the
-kept τ gave every prefix the higher validation top-1 (``docs/elastic.md``), hence the default.
+τ at a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]): ``'kept'`` (the default) runs the prefix with the
+whole layer's τ; ``'follow'`` scales it by ``default_tau(k) / default_tau(n_τ)`` (Eq. 5's √k for √n; n_τ: the layer's
+``tau_tokens``, the n its τ was set for, which growth keeps), so the k normalised scores keep the whole layer's scale.
+Both keep a grown layer's first k tokens' function. Trained for it at the quick recipe, the kept τ gave every prefix
+the higher validation top-1 (``docs/elastic.md``), hence the default.
 """
 import contextlib
 import copy
@@ -97,8 +98,8 @@ def _block_index(name: str) -> Optional[int]:
 
 
 def _nested(layer: nn.Module, nesting: str) -> bool:
-    """Whether a prefix shrinks ``layer`` under ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]; a layer without a ``kind``, such as
-    the MatFormer ViT's nested MLP, is always nested)."""
+    """Whether a prefix shrinks ``layer`` under ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]; a layer
+    without a ``kind``, such as the MatFormer ViT's nested MLP, is always nested)."""
     kind = getattr(layer, 'kind', None)
     return kind is None or kind in NESTING[nesting]
 
@@ -155,11 +156,13 @@ def prefix_counts(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> Dic
 
 def set_prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Dict[str, int]:
     """Run ``model`` at ``prefix`` (module docstring) until the next call; ``None`` restores every token.
-    No weights are copied. ``tau``: τ of a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]); ``nesting``: the layers a fraction
-    shrinks ([`NESTING`][tkvision.growth.elastic.NESTING]). Returns [`prefix_counts`][tkvision.growth.elastic.prefix_counts].
+    No weights are copied. ``tau``: τ of a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]); ``nesting``:
+    the layers a fraction shrinks ([`NESTING`][tkvision.growth.elastic.NESTING]). Returns
+    [`prefix_counts`][tkvision.growth.elastic.prefix_counts].
 
     Raises:
-        ValueError: as [`prefix_counts`][tkvision.growth.elastic.prefix_counts], or an unknown ``tau``; then nothing is changed.
+        ValueError: as [`prefix_counts`][tkvision.growth.elastic.prefix_counts], or an unknown ``tau``; then nothing
+            is changed.
     """
     if tau not in PREFIX_TAU:
         raise ValueError(f'unknown prefix tau {tau!r}; choose one of {", ".join(PREFIX_TAU)}')
@@ -182,8 +185,9 @@ def _tau_scale(layer: nn.Module, k: int) -> float:
 
 @contextlib.contextmanager
 def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Iterator[Dict[str, int]]:
-    """``with prefix(model, 0.5): logits = model(x)``: [`set_prefix`][tkvision.growth.elastic.set_prefix] inside the block, the layers'
-    previous prefixes restored after it (also on an error). Yields [`prefix_counts`][tkvision.growth.elastic.prefix_counts]."""
+    """``with prefix(model, 0.5): logits = model(x)``: [`set_prefix`][tkvision.growth.elastic.set_prefix] inside the
+    block, the layers' previous prefixes restored after it (also on an error). Yields
+    [`prefix_counts`][tkvision.growth.elastic.prefix_counts]."""
     layers = elastic_layers(model)
     before = {name: (layer.prefix_tokens, getattr(layer, 'prefix_tau_scale', 1.0)) for name, layer in layers.items()}
     try:
@@ -196,12 +200,12 @@ def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = '
 
 
 def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept', nesting: str = 'all') -> nn.Module:
-    """A standalone copy of ``model`` at ``prefix`` (with ``tau`` and ``nesting`` as [`set_prefix`][tkvision.growth.elastic.set_prefix]; default: the prefix
-    it runs at now): every elastic layer keeps its first k tokens and the prefix's τ
-    ([`truncate`][tkvision.layers.pattention.Pattention.truncate]), and the model's
-    ``num_tokens_*`` say its new counts (one per kind, or one per block after a per-block prefix), so the
-    copy equals ``timm.create_model(name, **prefix_model_kwargs(copy), ...)`` loaded with its state dict,
-    and gives the prefix's outputs. ``model`` is not changed.
+    """A standalone copy of ``model`` at ``prefix`` (with ``tau`` and ``nesting`` as
+    [`set_prefix`][tkvision.growth.elastic.set_prefix]; default: the prefix it runs at now): every elastic layer keeps
+    its first k tokens and the prefix's τ ([`truncate`][tkvision.layers.pattention.Pattention.truncate]), and the
+    model's ``num_tokens_*`` say its new counts (one per kind, or one per block after a per-block prefix), so the copy
+    equals ``timm.create_model(name, **prefix_model_kwargs(copy), ...)`` loaded with its state dict, and gives the
+    prefix's outputs. ``model`` is not changed.
 
     Raises:
         ValueError: as ``prefix_counts``, and for a model without parameter tokens whatever ``prefix``.
@@ -239,16 +243,17 @@ def _counts_by_kind(model: nn.Module) -> Dict[str, Dict[Optional[int], int]]:
 
 def prefix_model_kwargs(model: nn.Module) -> dict:
     """The ``num_tokens_*`` keyword arguments that build ``model``'s shape with ``timm.create_model``
-    (e.g. of an [`extract_prefix`][tkvision.growth.elastic.extract_prefix] copy): ``dict(num_tokens_patch=18, num_tokens_qkv=18, ...)``, a
-    list per block where the blocks differ."""
+    (e.g. of an [`extract_prefix`][tkvision.growth.elastic.extract_prefix] copy): ``dict(num_tokens_patch=18,
+    num_tokens_qkv=18, ...)``, a list per block where the blocks differ."""
     inner = getattr(unwrap_model(model), 'encoder', unwrap_model(model))
     return {f'num_tokens_{kind}': getattr(inner, f'num_tokens_{kind}')
             for kind in ('patch', 'qkv', 'proj', 'ffn') if hasattr(inner, f'num_tokens_{kind}')}
 
 
 def prefix_parameters(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> int:
-    """Parameters of ``model`` at ``prefix`` under ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]; of its [`extract_prefix`][tkvision.growth.elastic.extract_prefix]
-    copy), counted without copying: every parameter, less the rows of the tokens the prefix leaves out."""
+    """Parameters of ``model`` at ``prefix`` under ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]; of its
+    [`extract_prefix`][tkvision.growth.elastic.extract_prefix] copy), counted without copying: every parameter, less
+    the rows of the tokens the prefix leaves out."""
     total = sum(p.numel() for p in unwrap_model(model).parameters())
     counts = prefix_counts(model, prefix, nesting)
     for name, layer in elastic_layers(model).items():
@@ -257,8 +262,8 @@ def prefix_parameters(model: nn.Module, prefix: Prefix, nesting: str = 'all') ->
 
 
 def step_fractions(fractions: Sequence[float], sampling: str, generator: torch.Generator) -> List[float]:
-    """The fractions one training step trains ([`SAMPLING`][tkvision.growth.elastic.SAMPLING]), largest first, drawn with ``generator``
-    (so a resumed run draws the same).
+    """The fractions one training step trains ([`SAMPLING`][tkvision.growth.elastic.SAMPLING]), largest first, drawn
+    with ``generator`` (so a resumed run draws the same).
 
     Raises:
         ValueError: an unknown ``sampling``, or no fractions.

@@ -1,10 +1,10 @@
 """Net2Net widening of a plain timm ViT's MLPs (Chen et al. 2016, https://arxiv.org/abs/1511.05641;
 the baseline of the TokenFormer paper's §4.3 and Eq. 14).
 
-[`net2net_widen`][tkvision.growth.net2net.net2net_widen] widens the MLP hidden layer without changing the function: new hidden units
-copy existing ones (fc1 rows duplicated) and each copied unit's outgoing fc2 column is split among
-its copies. It lets a ``growth.schedule`` with ``to: {mlp_hidden: N}`` run for a ViT, the baseline
-of ``docs/growth.md``.
+[`net2net_widen`][tkvision.growth.net2net.net2net_widen] widens the MLP hidden layer without changing the function:
+new hidden units copy existing ones (fc1 rows duplicated) and each copied unit's outgoing fc2 column is split among
+its copies. It lets a ``growth.schedule`` with ``to: {mlp_hidden: N}`` run for a ViT, the baseline of
+``docs/growth.md``.
 """
 import torch
 from timm.layers import Mlp

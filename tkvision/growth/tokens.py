@@ -137,8 +137,8 @@ def _sync_token_attrs(model: torch.nn.Module):
 
 
 def model_size(model: torch.nn.Module) -> dict:
-    """What growth changes: [`token_counts`][tkvision.growth.tokens.token_counts] of a TokenFormer, ``{'mlp_hidden': N}`` of a
-    model without Pattentions whose MLPs are timm ``Mlp`` (a ViT), ``{}`` for anything else.
+    """What growth changes: [`token_counts`][tkvision.growth.tokens.token_counts] of a TokenFormer, ``{'mlp_hidden':
+    N}`` of a model without Pattentions whose MLPs are timm ``Mlp`` (a ViT), ``{}`` for anything else.
 
     Raises:
         ValueError: MLPs of different hidden sizes (or token counts that differ within a kind).

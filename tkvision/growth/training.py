@@ -54,16 +54,15 @@ def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer
                         **add) -> dict:
     """Grow a model in the middle of training, with the state that trains it (paper §3.3).
 
-    ``model`` grows in place by ``add`` (``{kind: tokens}``) or to ``to`` (see [`grow`][tkvision.growth.tokens.grow]); the
-    optimizer is remapped to the new parameters (`grow_optimizer_state`: old rows keep their
-    moments, new rows start at zero); the EMA copy, if any, grows to the same counts and takes the
-    new rows from the live model (an average of rows that did not exist would be meaningless); ``tau``
-    as [`grow`][tkvision.growth.tokens.grow] says, for both. Call
-    it with the same torch seed on every rank so all ranks append identical tokens.
+    ``model`` grows in place by ``add`` (``{kind: tokens}``) or to ``to`` (see [`grow`][tkvision.growth.tokens.grow]);
+    the optimizer is remapped to the new parameters (`grow_optimizer_state`: old rows keep their moments, new rows
+    start at zero); the EMA copy, if any, grows to the same counts and takes the new rows from the live model (an
+    average of rows that did not exist would be meaningless); ``tau`` as [`grow`][tkvision.growth.tokens.grow] says,
+    for both. Call it with the same torch seed on every rank so all ranks append identical tokens.
 
     A model without Pattentions (a timm ViT) is widened by Net2Net instead, ``to={'mlp_hidden': N}``
-    ([`net2net_widen`][tkvision.growth.net2net.net2net_widen]); its optimizer moments follow the copied units and the EMA copy is
-    widened with the same units.
+    ([`net2net_widen`][tkvision.growth.net2net.net2net_widen]); its optimizer moments follow the copied units and the
+    EMA copy is widened with the same units.
 
     Returns:
         `model_size` after growth (``{kind: num_tokens}`` or ``{'mlp_hidden': N}``).
@@ -128,7 +127,8 @@ def freeze_old_tokens(model: torch.nn.Module, old_counts: dict, optimizer=None, 
     those rows are restored after every step, so weight decay cannot move them either.
 
     Args:
-        old_counts: ``{kind: rows to freeze}``, e.g. the pre-growth [`token_counts`][tkvision.growth.tokens.token_counts].
+        old_counts: ``{kind: rows to freeze}``, e.g. the pre-growth
+            [`token_counts`][tkvision.growth.tokens.token_counts].
         optimizer: the optimizer that will train the model (for the post-step restore).
 
     Returns:

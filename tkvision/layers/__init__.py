@@ -1,5 +1,6 @@
-"""Layers of tkvision: [`Pattention`][tkvision.layers.pattention.Pattention] (paper Eq. 4-5) and its score-normalisation registry; the
-TokenFormer stem ([`PatchEmbed`][tkvision.layers.patch_embed.PatchEmbed]) and block ([`Block`][tkvision.layers.block.Block], [`Attention`][tkvision.layers.block.Attention])."""
+"""Layers of tkvision: [`Pattention`][tkvision.layers.pattention.Pattention] (paper Eq. 4-5) and its
+score-normalisation registry; the TokenFormer stem ([`PatchEmbed`][tkvision.layers.patch_embed.PatchEmbed]) and block
+([`Block`][tkvision.layers.block.Block], [`Attention`][tkvision.layers.block.Attention])."""
 from .block import Attention, Block
 from .patch_embed import FlexPatchPattention, PatchEmbed, PatchPattention
 from .pattention import (BACKWARD_MODES, DECODER_KINDS, ENCODER_KINDS, PATTENTION_KINDS, SCORE_NORMS, Normalize,

@@ -23,17 +23,17 @@ computes it"). The table below is the registry's (``tests/test_pattention.py`` h
 ``softmax``        τ · softmax(A)       (Table 4, e^x)  n               no                      no
 =================  ==================================  ===============  ======================  ==============
 
-A new normalisation is one [`register_score_norm`][tkvision.layers.pattention.register_score_norm] call in this file (its function, default τ,
-whether zero-initialised new keys leave the output unchanged, and whether scaling the scores leaves Θ
-unchanged) plus its row above: validation,
-error messages, growth's exactness warning and every test that loops over normalisations follow
-the registry.
+A new normalisation is one [`register_score_norm`][tkvision.layers.pattention.register_score_norm] call in this
+file (its function, default τ, whether zero-initialised new keys leave the output unchanged, and whether scaling the
+scores leaves Θ unchanged) plus its row above: validation, error messages, growth's exactness warning and every test
+that loops over normalisations follow the registry.
 
 τ is a fixed number stored in the module (buffer ``tau``, saved in every checkpoint), set at
 construction (default above, from the construction-time n) and **not** recomputed when tokens are
 appended: recomputing √(n+m) would break the function preservation of Appendix B.
-[`Pattention.make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable] turns it into a learned 0-d parameter under the same state-dict
-key (a lever of ``docs/comparison.md``); such a layer is differentiated by plain autograd.
+[`Pattention.make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable] turns it into a learned
+0-d parameter under the same state-dict key (a lever of ``docs/comparison.md``); such a layer is differentiated by
+plain autograd.
 
 Each Pattention has a ``kind`` (`PATTENTION_KINDS`: ``patch``, ``qkv``, ``proj``, ``ffn`` and
 the MAE decoder's ``decoder_*``), set by the model that builds it; growth groups layers by kind.
@@ -59,7 +59,8 @@ ENCODER_KINDS = ('patch', 'qkv', 'proj', 'ffn')
 DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 'decoder_pred')
 #: Every kind a Pattention can have.
 PATTENTION_KINDS = ENCODER_KINDS + DECODER_KINDS
-#: How a training forward of ``l2_norm_gelu`` is differentiated ([`Pattention`][tkvision.layers.pattention.Pattention]'s ``backward_mode``).
+#: How a training forward of ``l2_norm_gelu`` is differentiated
+#: ([`Pattention`][tkvision.layers.pattention.Pattention]'s ``backward_mode``).
 BACKWARD_MODES = ('closed_form', 'compiled', 'lean', 'autograd')
 
 
@@ -204,7 +205,8 @@ class Pattention(nn.Module):
         out_features: d_out, width of the output tokens.
         num_tokens: n, number of key/value parameter token pairs.
         score_norm: normalisation Θ, one of `SCORE_NORMS` (default: the paper's Eq. 5).
-        tau: fixed scale τ; ``None`` gives [`default_tau`][tkvision.layers.pattention.default_tau] of the construction-time n.
+        tau: fixed scale τ; ``None`` gives [`default_tau`][tkvision.layers.pattention.default_tau] of the
+            construction-time n.
         eps: lower bound on the score norm (float32).
         key_std: std of the normal init of the key tokens (0.02, the public TokenFormer code's).
         value_std: std of the normal init of the value tokens (0.02 here; the model passes the
@@ -236,16 +238,17 @@ class Pattention(nn.Module):
             same key after [`make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable].
         score_normalization: the registry's Θ module of ``score_norm`` (no parameters).
         prefix_tokens: ``None`` (all n tokens), or k: the layer runs as the sub-layer of its first k
-            key/value tokens (slices of the parameters, no copy; [`tkvision.growth.elastic`][tkvision.growth.elastic]), with
-            τ as [`active_tau`][tkvision.layers.pattention.Pattention.active_tau] says.
+            key/value tokens (slices of the parameters, no copy;
+            [`tkvision.growth.elastic`][tkvision.growth.elastic]), with τ as
+            [`active_tau`][tkvision.layers.pattention.Pattention.active_tau] says.
         centre_keys: ``False``, or ``True`` when the LayerNorm in front of the layer is folded into its keys
             (set by ``tkvision.layers.Block``, ``norm_fold``): the scores use each key token centred
             over its ``in_features`` entries, ``K_c = K − mean(K)``, so ``x · K_cᵀ = (x − mean(x)) · Kᵀ``;
             with a scale-invariant Θ the 1/σ(x) of the LayerNorm cancels. The stored keys are unchanged.
-        tau_tokens: the n that τ belongs to: the construction n, kept by [`grow`][tkvision.layers.pattention.Pattention.grow] (τ is kept), n after
-            growth with a recomputed τ or after [`truncate`][tkvision.layers.pattention.Pattention.truncate]. A prefix whose τ follows k scales τ by
-            ``default_tau(k) / default_tau(tau_tokens)``, so the first k tokens of a grown layer keep
-            their function.
+        tau_tokens: the n that τ belongs to: the construction n, kept by
+            [`grow`][tkvision.layers.pattention.Pattention.grow] (τ is kept), n after growth with a recomputed τ or
+            after [`truncate`][tkvision.layers.pattention.Pattention.truncate]. A prefix whose τ follows k scales τ by
+            ``default_tau(k) / default_tau(tau_tokens)``, so the first k tokens of a grown layer keep their function.
 
     Raises:
         ValueError: unknown ``score_norm`` (whatever ``tau``), unknown ``kind`` or ``backward_mode``, or a
@@ -330,7 +333,8 @@ class Pattention(nn.Module):
 
     def active_tau(self) -> torch.Tensor:
         """τ of the tokens the layer runs with: the stored τ, times ``prefix_tau_scale`` at a prefix (1, or
-        ``default_tau(k) / default_tau(tau_tokens)`` when τ follows k: [`tkvision.growth.elastic.set_prefix`][tkvision.growth.elastic.set_prefix])."""
+        ``default_tau(k) / default_tau(tau_tokens)`` when τ follows k:
+        [`tkvision.growth.elastic.set_prefix`][tkvision.growth.elastic.set_prefix])."""
         if self.prefix_tokens is None:
             return self.tau
         return self.tau * self.prefix_tau_scale
@@ -433,9 +437,10 @@ class Pattention(nn.Module):
     @torch.no_grad()
     def truncate(self, num_tokens: int):
         """Keep only the first ``num_tokens`` key/value parameter tokens, in place: the layer becomes the
-        sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs; τ as [`active_tau`][tkvision.layers.pattention.Pattention.active_tau]).
-        The inverse of [`grow`][tkvision.layers.pattention.Pattention.grow] for its first rows. Parameters are replaced by new ``nn.Parameter``
-        objects; ``prefix_tokens`` is cleared.
+        sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs; τ as
+        [`active_tau`][tkvision.layers.pattention.Pattention.active_tau]). The inverse of
+        [`grow`][tkvision.layers.pattention.Pattention.grow] for its first rows. Parameters are replaced by new
+        ``nn.Parameter`` objects; ``prefix_tokens`` is cleared.
 
         Returns:
             self.

@@ -1,7 +1,7 @@
 """timm's ViT contract beyond ``forward`` (timm ``models/vision_transformer.py``): intermediate features,
-pruning, a new input or patch size, the patch size. A mixin of [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT],
-so every family built on it (the recurrent ones too) has it; ``tests/test_timm_clients.py`` holds it
-to timm's ViT's behaviour.
+pruning, a new input or patch size, the patch size. A mixin of
+[`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT], so every family built on it (the recurrent ones
+too) has it; ``tests/test_timm_clients.py`` holds it to timm's ViT's behaviour.
 
 The model it is mixed into has timm's ViT attributes: ``patch_embed`` (``img_size``, ``patch_size``,
 ``grid_size``, ``set_input_size``, ``dynamic_feat_size``), ``blocks``, ``norm``, ``pos_embed``
@@ -38,9 +38,9 @@ class ViTContract:
     @torch.jit.ignore
     def set_input_size(self, img_size=None, patch_size=None):
         """Change the input size and / or the patch size in place, as timm's ViT does: the stem changes
-        ([`tkvision.layers.PatchEmbed.set_input_size`][tkvision.layers.patch_embed.PatchEmbed.set_input_size]: a new patch size resamples the key tokens,
-        keeping the scores of resized patches), a learned position embedding is resampled to the new grid
-        (timm's ``resample_abs_pos_embed``), a sin-cos one is rebuilt for it.
+        ([`tkvision.layers.PatchEmbed.set_input_size`][tkvision.layers.patch_embed.PatchEmbed.set_input_size]: a new
+        patch size resamples the key tokens, keeping the scores of resized patches), a learned position embedding is
+        resampled to the new grid (timm's ``resample_abs_pos_embed``), a sin-cos one is rebuilt for it.
 
         Raises:
             ValueError: an image size not divisible by the patch size.

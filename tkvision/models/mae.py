@@ -311,7 +311,8 @@ class MaskedAutoencoder(nn.Module):
     def forward(self, images, mask_ratio: Optional[float] = None, noise: Optional[torch.Tensor] = None):
         """``images [B, C, H, W]`` -> ``(loss, pred [B, N, p·p·C], mask [B, N])`` (1 = masked):
         ``mask_ratio`` defaults to the model's; ``noise [B, N]`` fixes which patches are kept (the
-        lowest), random otherwise. Raises as [`forward_encoder`][tkvision.models.mae.MaskedAutoencoder.forward_encoder] does."""
+        lowest), random otherwise. Raises as
+        [`forward_encoder`][tkvision.models.mae.MaskedAutoencoder.forward_encoder] does."""
         ratio = self.mask_ratio if mask_ratio is None else mask_ratio
         latent, mask, ids_restore = self.forward_encoder(images, ratio, noise)
         pred = self.decoder(latent, ids_restore)
@@ -319,7 +320,8 @@ class MaskedAutoencoder(nn.Module):
 
 
 def is_mae_state_dict(state_dict: dict) -> bool:
-    """True for the weights of a [`MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] (``encoder.*`` and ``decoder.*`` tensors)."""
+    """True for the weights of a [`MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] (``encoder.*`` and
+    ``decoder.*`` tensors)."""
     return any(k.startswith('encoder.') for k in state_dict) and any(k.startswith('decoder.') for k in state_dict)
 
 

@@ -66,10 +66,10 @@ class NaFlexTokenFormer(NaFlexVit):
         num_classes: classifier outputs (as timm).
         img_size: the default image size (an int, or height and width); sets the learned position grid
             (``img_size / patch_size``) unless ``pos_embed_grid_size`` is given.
-        num_tokens: shorthand as in [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]: patch embedding, Q/K/V and
-            output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
-            ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each (the block kinds take one
-            count or one per block, as the fixed-grid family).
+        num_tokens: shorthand as in [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]: patch
+            embedding, Q/K/V and output projection ``num_tokens`` parameter tokens, the FFN ``4 * num_tokens``;
+            ``num_tokens_patch`` / ``_qkv`` / ``_proj`` / ``_ffn`` override each (the block kinds take one count or
+            one per block, as the fixed-grid family).
         score_norm: every Pattention's Θ, as the fixed-grid family's.
         key_std: initial std of the blocks' key parameter tokens, as the fixed-grid family's.
         value_std: initial std of the blocks' value parameter tokens, as the fixed-grid family's.
@@ -144,7 +144,9 @@ class NaFlexTokenFormer(NaFlexVit):
             patch_valid: Optional[torch.Tensor] = None,
             attn_mask: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """NaFlexVit's forward, after [`check_inputs`][tkvision.models.naflex_tokenformer.NaFlexTokenFormer.check_inputs] (a bad input is one error naming what is wrong)."""
+        """NaFlexVit's forward, after
+        [`check_inputs`][tkvision.models.naflex_tokenformer.NaFlexTokenFormer.check_inputs] (a bad input is one error
+        naming what is wrong)."""
         if not is_fx_symbolic_tracing():
             self.check_inputs(x, patch_coord, patch_valid)
         return super().forward(x, patch_coord, patch_valid, attn_mask)

@@ -189,8 +189,9 @@ class _RecurrentViT(TokenFormerViT):
     """A ViT whose trunk is one shared `RingBlock` (``self.shared``) run over ``self.blocks``, an
     ``nn.ModuleList`` of ``depth`` `Level` s. Everything else (stem, position embedding, class
     and register tokens, pooling, head, ``forward_intermediates`` per level, ``features_only``,
-    gradient checkpointing per level) is [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s. TorchScript is not supported (a
-    level is passed to the shared block as an argument); fx and ``torch.compile`` are."""
+    gradient checkpointing per level) is [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s.
+    TorchScript is not supported (a level is passed to the shared block as an argument); fx and ``torch.compile``
+    are."""
 
     def _run_block(self, level: nn.Module, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The shared block at ``level`` (the trunk runs the levels in order)."""
@@ -211,8 +212,8 @@ class _RecurrentViT(TokenFormerViT):
 class RingFormerViT(_RecurrentViT):
     """RingFormer ViT (paper §3, Fig. 1d; App. A.1), timm-compatible.
 
-    Args (besides [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s stem, pooling, head and dropout arguments):
-        embed_dim, depth (levels), num_heads, mlp_ratio: the shared block's width, recurrences, heads,
+    Args (besides [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s stem, pooling, head and dropout
+        arguments): embed_dim, depth (levels), num_heads, mlp_ratio: the shared block's width, recurrences, heads,
             FFN hidden size ``mlp_ratio * embed_dim``.
         rank: rank r of the level signals (default ``embed_dim // 16``, the paper's).
         level_signal: ``'lowrank'`` (RingFormer) or ``'none'`` (no signals: a recurrent Transformer with
@@ -220,8 +221,8 @@ class RingFormerViT(_RecurrentViT):
         qkv_bias: biases of W_Q, W_K, W_V (ViT's, default True).
         pos_embed: default ``'sincos'`` (fixed; the paper's parameter counts have no learned one).
 
-    Shapes as [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]. Raises ValueError: embed_dim not divisible by num_heads, or
-    an unknown ``level_signal``.
+    Shapes as [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]. Raises ValueError: embed_dim not
+    divisible by num_heads, or an unknown ``level_signal``.
     """
 
     def __init__(self, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4., rank=None, level_signal='lowrank',
@@ -261,14 +262,15 @@ class TokenRingViT(_RecurrentViT):
     """Ring x Token: a recurrent TokenFormer, one shared TokenFormer block (Pattention Q/K/V/output/FFN)
     run ``depth`` times with per-level affine LayerNorms and level signals.
 
-    Args (besides [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s, whose ``num_tokens*`` size the shared Pattentions and the stem):
-        level_signal: ``'lowrank'`` (RingFormer's M_i x, rank ``rank``, default ``embed_dim // 16``) or
+    Args (besides [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT]'s, whose ``num_tokens*`` size the
+        shared Pattentions and the stem): level_signal: ``'lowrank'`` (RingFormer's M_i x, rank ``rank``, default
+        ``embed_dim // 16``) or
             ``'tokens'`` (``level_tokens`` key/value tokens per level for Q, K, V and output, four
             times as many for the FFN; default ``num_tokens_qkv // 32``), or ``'none'``.
         pos_embed: default ``'sincos'``, as RingFormer.
 
-    Growth ([`tkvision.growth.grow`][tkvision.growth.tokens.grow]): the shared Pattentions are the kinds ``patch``, ``qkv``,
-    ``proj``, ``ffn``, so every level gains the same new tokens; level tokens are not grown.
+    Growth ([`tkvision.growth.grow`][tkvision.growth.tokens.grow]): the shared Pattentions are the kinds ``patch``,
+    ``qkv``, ``proj``, ``ffn``, so every level gains the same new tokens; level tokens are not grown.
     Raises ValueError as [`RingFormerViT`][tkvision.models.ringformer.RingFormerViT].
     """
 

@@ -14,8 +14,8 @@ Choices where the paper is silent (``docs/background.md``):
       paper reports 109M, which no simple token choice reproduces.
 
 Layout follows timm's model files: model class, checkpoint filter, builder, cfgs, entrypoints; the layers
-([`PatchEmbed`][tkvision.layers.patch_embed.PatchEmbed], [`Block`][tkvision.layers.block.Block]) live in `tkvision.layers`,
-where the recurrent families, the NaFlex family and the MAE decoder reuse them.
+([`PatchEmbed`][tkvision.layers.patch_embed.PatchEmbed], [`Block`][tkvision.layers.block.Block]) live in
+`tkvision.layers`, where the recurrent families, the NaFlex family and the MAE decoder reuse them.
 """
 import contextlib
 import math
@@ -108,8 +108,8 @@ class TokenFormerViT(ViTContract, nn.Module):
             its default (√n of its own n): above 1 the GELU sees larger normalised scores (more
             nonlinear), below 1 smaller (closer to linear). A lever of docs/comparison.md.
         learn_tau: make every Pattention's τ a learned scalar started at that value
-            ([`make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable]; same checkpoint keys, so a fixed-τ
-            checkpoint loads). Such layers train through plain autograd, not the closed-form backward.
+            ([`make_tau_learnable`][tkvision.layers.pattention.Pattention.make_tau_learnable]; same checkpoint keys,
+            so a fixed-τ checkpoint loads). Such layers train through plain autograd, not the closed-form backward.
         block_norm_weight: a learnable LayerNorm weight in the blocks (Table 5).
         block_norm_bias: a learnable LayerNorm bias in the blocks (needs ``block_norm_weight``).
         block_norm_fold: fold each block's LayerNorms into the keys of the Pattentions they feed where that
@@ -356,7 +356,8 @@ class TokenFormerViT(ViTContract, nn.Module):
     @torch.jit.unused
     def _run_block(self, block: nn.Module, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """One block of the trunk, recomputed in backward when gradient checkpointing is on (TorchScript
-        cannot pass a module as an argument: a scripted model runs the blocks in [`forward_blocks`][tkvision.models.tokenformer_vit.TokenFormerViT.forward_blocks])."""
+        cannot pass a module as an argument: a scripted model runs the blocks in
+        [`forward_blocks`][tkvision.models.tokenformer_vit.TokenFormerViT.forward_blocks])."""
         if self.grad_checkpointing:
             return checkpoint(block, x, attn_mask, use_reentrant=False)
         return block(x, attn_mask)
@@ -392,7 +393,8 @@ class TokenFormerViT(ViTContract, nn.Module):
 
     def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
         """Images ``[B, in_chans, H, W]`` -> logits ``[B, num_classes]`` (features ``[B, embed_dim]`` when
-        ``num_classes=0``); ``attn_mask`` as in [`forward_features`][tkvision.models.tokenformer_vit.TokenFormerViT.forward_features]."""
+        ``num_classes=0``); ``attn_mask`` as in
+        [`forward_features`][tkvision.models.tokenformer_vit.TokenFormerViT.forward_features]."""
         return self.forward_head(self.forward_features(x, attn_mask))
 
     @torch.jit.ignore

@@ -1,0 +1,83 @@
+"""The context of a run: what it uses but does not save, by concern.
+
+[`RunContext`][tkvision.engine.context.RunContext] holds a run's processes, its data
+(``tkvision.engine.run_data.RunData``), its loss (``tkvision.engine.loss.RunLoss``) and its clock
+(``tkvision.engine.clock.RunClock``), each built from the config sections it reads by
+[`build_context`][tkvision.engine.context.build_context]; ``tkvision.engine.state.TrainState`` holds what is saved.
+"""
+import dataclasses
+import os
+from typing import Optional
+
+import torch
+
+from .checkpoint import LAST_CHECKPOINT
+from .clock import RunClock
+from .config import resolve_accum_steps
+from .distributed import Processes
+from .evaluate import evaluate, evaluate_mae
+from .loss import RunLoss
+from .run_data import RunData
+
+__all__ = ['RunContext', 'build_context']
+
+
+@dataclasses.dataclass
+class RunContext:
+    """What a run uses but does not save, by concern: its processes, data, loss and clock, and the run section's
+    few settings the trainer itself reads. Each stage receives the parts it reads (the epoch loop: data, loss,
+    clock; evaluation: data); ``tkvision.engine.state.TrainState`` holds what is saved.
+
+    Attributes:
+        settings: the config's run section (``task``, ``seed``, ``amp``, ``output``, ``eval_every``, ...).
+        processes: this process among the job's. data: datasets, loaders, preprocessing. loss: the step's
+            targets and prefixes. clock: checks, checkpoints, stop signals.
+        model_name: the model's registry name. epochs: the run's epochs.
+        writer: TensorBoard's ``SummaryWriter`` (rank 0 with ``tensorboard: true``), else None.
+    """
+    settings: dict
+    processes: Processes
+    data: RunData
+    loss: RunLoss
+    clock: RunClock
+    model_name: str
+    epochs: int
+    writer: Optional[object] = None
+
+    @property
+    def task(self) -> str:
+        """``'classify'``, ``'mae'`` or ``'linprobe'``."""
+        return self.settings['task']
+
+    @property
+    def out(self) -> str:
+        """The run's output folder."""
+        return self.settings['output']
+
+    @property
+    def main(self) -> bool:
+        """Whether this process is rank 0 (it prints and writes the run's files)."""
+        return self.processes.main
+
+    def evaluate(self, net: torch.nn.Module, loader) -> dict:
+        """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks)
+        of ``net`` on ``loader`` with the run's device, preprocessing and precision."""
+        device, preprocess, amp = self.processes.device, self.data.preprocess, self.settings['amp']
+        if self.task == 'mae':
+            return evaluate_mae(net, loader, device, preprocess, amp, self.settings['seed'])
+        return evaluate(net, loader, device, preprocess, amp)
+
+
+def build_context(
+        parts: dict,
+        processes: Processes,
+) -> RunContext:
+    """The run's data, loss and clock, each built from the sections it reads (``parts``: section name ->
+    section)."""
+    run, optim = parts['run'], parts['optim']
+    accum = resolve_accum_steps(optim, parts['data']['batch_size'], processes.world)
+    data = RunData(parts['data'], parts['model'], accum, run['seed'], processes)
+    loss = RunLoss(run['task'], optim, parts['elastic'], parts['distillation'], run['seed'], data.batches_per_epoch,
+                   processes.device)
+    clock = RunClock(run, processes, os.path.join(run['output'], LAST_CHECKPOINT))
+    return RunContext(run, processes, data, loss, clock, parts['model']['model'], optim['epochs'])
