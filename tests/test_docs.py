@@ -180,3 +180,48 @@ def _importable(importlib, dotted: str) -> bool:
             obj = getattr(obj, part)
         return True
     return False
+
+
+#: Decimals typed into the prose of a results page's checked part, each with where it comes from: targets and
+#: settings, not measurements (a measured figure is an inline value marker that a results file renders).
+TYPED_DECIMALS = {
+    ('docs/comparison.md#3', '0.3'): "the quick recipe's seed spread, as docs/comparison.md §1 measures it",
+    ('docs/elastic.md', '0.3'): 'the target: every prefix within 0.3 validation points of its twin',
+    ('docs/elastic.md', '1.5'): "the target: at most 1.5x the largest model's training compute",
+    ('docs/elastic.md', '1.3'): "the stretch target: at most 1.3x the largest model's training compute",
+}
+#: The parts of results pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None).
+CHECKED_PARTS = [('docs/comparison.md', '## 3. The long recipe', '## Levers only parameter tokens have'),
+                 ('docs/elastic.md', None, None)]
+
+
+def typed_decimals(text: str) -> list:
+    """The decimals of ``text`` outside tables, inline value markers, code and links: figures typed by hand."""
+    import re
+    text = re.sub(r'<!-- value .*? -->.*?<!-- end -->', '', text, flags=re.S)
+    text = re.sub(r'```.*?```', '', text, flags=re.S)
+    text = re.sub(r'<!--.*?-->', '', text, flags=re.S)
+    found = []
+    for line in text.splitlines():
+        if line.lstrip().startswith('|'):
+            continue
+        line = re.sub(r'`[^`]*`', '', re.sub(r'\]\([^)]*\)', ']', line))
+        found += re.findall(r'(?<![\w.])\d+\.\d+(?![\w.])', line)
+    return found
+
+
+def test_results_pages_type_no_figure_a_results_file_does_not_hold():
+    """In the checked parts of the results pages every decimal outside a table or an inline value (which a results
+    file renders, held equal by the test above) is listed in TYPED_DECIMALS with its source."""
+    loose = []
+    for page, first, last in CHECKED_PARTS:
+        text = open(os.path.join(ROOT, page), encoding='utf-8').read()
+        if first:
+            text = text[text.index(first):text.index(last) if last else None]
+        key = page + ('#' + first.split()[1].rstrip('.') if first else '')
+        loose += [f'{key}: {d}' for d in typed_decimals(text) if (key, d) not in TYPED_DECIMALS]
+    assert loose == [], loose
+
+
+def test_a_typed_figure_in_a_checked_part_is_caught():
+    assert typed_decimals('the gap is 0.92 points\n| 1.5 |\n<!-- value x | {a} -->0.5<!-- end --> `0.1`') == ['0.92']

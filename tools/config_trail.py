@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Mapping
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -26,23 +27,33 @@ def _module(frame) -> str:
 
 
 def _is_config(value, keys) -> bool:
-    return isinstance(value, dict) and keys <= value.keys()
+    """A mapping of config keys: the whole config or a section of it (at least two keys, all of them known)."""
+    return isinstance(value, Mapping) and len(value) >= 2 and all(isinstance(k, str) for k in value) \
+        and set(value) <= keys
+
+
+def _carries_config(value, keys) -> bool:
+    """An object built from the config that keeps a part of it as an attribute."""
+    attributes = getattr(value, '__dict__', None)
+    if not isinstance(attributes, dict) or isinstance(value, type):
+        return False
+    return any(_is_config(v, keys) for v in attributes.values())
 
 
 def _holds_config(frame, keys) -> bool:
-    """An argument of the call is the whole config, or an object that carries it (``.cfg``: the run's context
-    and state, which hand it on as surely as passing it)."""
+    """An argument of the call is the config, a section of it, or an object that carries one (the run's context,
+    data, loss, clock and state, which hand it on as surely as passing it)."""
     code = frame.f_code
     names = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
     values = [frame.f_locals.get(n) for n in names]
-    return any(_is_config(v, keys) or _is_config(getattr(v, 'cfg', None), keys) for v in values)
+    return any(_is_config(v, keys) or _carries_config(v, keys) for v in values)
 
 
 def trail(verbose: bool = False) -> dict:
     """``dict(handoffs, modules, returns, edges)`` of a tiny run (module docstring)."""
     from tkvision.engine.config import DEFAULTS, load_config
     from tkvision.engine.trainer import train
-    keys = set(DEFAULTS)
+    keys = set(DEFAULTS) | set(DEFAULTS['growth'])
     edges, visited = {}, {'tkvision.engine.trainer'}
 
     def profile(frame, event, arg):

@@ -133,8 +133,9 @@ def config_changes_from(reference: dict, cfg: dict) -> str:
 
 def comparison_rows(configs: list, points: list, reference: str) -> list:
     """One row per config that has finished points, in ``configs``' order, with ``*_vs_reference``
-    ratios (img/s, minutes, training compute) to the row named ``reference`` and the ``changes`` its
-    config makes to the reference's (`config_changes_from`).
+    ratios (img/s, minutes, training compute) to the row named ``reference``, the differences of its seed means
+    of validation and test top-1 from the reference's (``top1_gap``, ``test_top1_gap``, points, from the unrounded
+    means), and the ``changes`` its config makes to the reference's (`config_changes_from`).
 
     Raises:
         UsageError: no finished point of the reference config (the ratios would have no base).
@@ -147,10 +148,14 @@ def comparison_rows(configs: list, points: list, reference: str) -> list:
                          f"{', '.join(r['config'] for r in rows) or 'none'}): train it, or report from a points file")
     paths = {_name(c): c for c in configs}
     reference_cfg = load_config(paths[reference])
+    mean = {(name, key): statistics.mean(p[key] for p in points if p['config'] == name)
+            for name in {r['config'] for r in rows} for key in ('top1', 'test_top1')}
     for r in rows:
         r.update(img_per_s_vs_reference=round(r['img_per_s'] / base['img_per_s'], 3),
                  minutes_vs_reference=round(r['minutes'] / base['minutes'], 3),
                  compute_vs_reference=round(r['train_tflops'] / base['train_tflops'], 3),
+                 top1_gap=round(mean[r['config'], 'top1'] - mean[reference, 'top1'], 2),
+                 test_top1_gap=round(mean[r['config'], 'test_top1'] - mean[reference, 'test_top1'], 2),
                  changes=config_changes_from(reference_cfg, load_config(paths[r['config']])))
     return rows
 

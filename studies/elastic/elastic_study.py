@@ -76,6 +76,7 @@ DISTILLED_TWINS = {0.25: 'tokenformer_tokens_18_distilled', 0.5: 'tokenformer_to
 #: Elastic training runs: config name -> method name in the tables.
 ELASTIC = {'elastic': 'elastic', 'elastic_tau_follow': 'elastic_tau_follow', 'elastic_random': 'elastic_random',
            'elastic_all': 'elastic_all', 'elastic_distill': 'elastic_distill',
+           'elastic_distill_mixed': 'elastic_distill_mixed',
            'elastic_sandwich_distill': 'elastic_sandwich_distill', 'elastic_ffn': 'elastic_ffn',
            'matformer_vit': 'matformer_vit'}
 #: Methods whose prefixes have other sizes than the twins' (only the MLPs or FFNs shrink): set against the
