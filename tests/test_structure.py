@@ -18,6 +18,8 @@ MAX_MODULE_LINES = 450
 LONG_MODULES = {
     'tkvision.models.tokenformer_vit': "timm's model-file order in one file (paper docstring, model, checkpoint "
                                        'filter, pretrained cfgs, entrypoints), as timm\'s vision_transformer.py',
+    'tkvision.models.mae': "MAE's decoder, masking, loss and builder in one file, as MAE's models_mae.py, with "
+                           'every signature of several parameters one per line',
     'tkvision.layers.pattention': 'the layer with its Θ registry: a new normalisation is one register_score_norm '
                                   'call beside the layer that reads it (the module docstring\'s table)',
 }
@@ -273,3 +275,46 @@ def test_the_whole_config_travels_no_further_than_the_edge():
     trail = config_trail.trail()
     assert trail['handoffs'] <= 106 and trail['returns'] <= 50, trail
     assert any(e[4] == '_start' for e in trail['edges'])  # the probe sees the trail: it is not empty by accident
+
+
+def _public_functions():
+    """``(module path, function node)`` of every public function and public method (``__init__`` included) of a
+    public class in a public module of the package."""
+    for name, path in sorted(_modules().items()):
+        if any(part.startswith('_') for part in name.split('.')):
+            continue
+        for node in ast.parse(open(path).read()).body:
+            if isinstance(node, ast.FunctionDef) and not node.name.startswith('_'):
+                yield path, node
+            elif isinstance(node, ast.ClassDef) and not node.name.startswith('_'):
+                for sub in node.body:
+                    if isinstance(sub, ast.FunctionDef) and (not sub.name.startswith('_') or sub.name == '__init__'):
+                        yield path, sub
+
+
+def _parameters(fn: ast.FunctionDef) -> list:
+    a = fn.args
+    every = a.posonlyargs + a.args + a.kwonlyargs + [x for x in (a.vararg, a.kwarg) if x]
+    return [p for p in every if p.arg not in ('self', 'cls')]
+
+
+def test_the_public_api_is_typed_one_parameter_per_line():
+    """timm's style, held by this rule rather than by eye (ruff's annotation rules cannot exempt private helpers):
+    every public function and method annotates each parameter and (``__init__`` aside) its return, and one with
+    four parameters or more writes one per line."""
+    untyped, crowded = [], []
+    for path, fn in _public_functions():
+        where = f'{os.path.relpath(path, ROOT)}:{fn.lineno} {fn.name}'
+        params = _parameters(fn)
+        missing = [p.arg for p in params if p.annotation is None]
+        if missing or (fn.returns is None and fn.name != '__init__'):
+            untyped.append(f'{where} {missing or "return"}')
+        if len(params) >= 4 and len({p.lineno for p in params}) != len(params):
+            crowded.append(where)
+    assert untyped == [] and crowded == [], (untyped, crowded)
+
+
+def test_the_typing_rule_catches_an_untyped_or_crowded_signature(tmp_path):
+    fn = ast.parse('def f(a, b: int, c: int, d: int) -> None: pass').body[0]
+    assert [p.arg for p in _parameters(fn) if p.annotation is None] == ['a']
+    assert len({p.lineno for p in _parameters(fn)}) == 1  # four parameters on one line

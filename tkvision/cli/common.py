@@ -5,6 +5,7 @@ import errno
 import os
 import sys
 import traceback
+from typing import Callable, Optional, Sequence
 
 import torch.distributed as dist
 import yaml
@@ -21,7 +22,7 @@ _ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, er
 DEBUG_ENV = 'TKVISION_DEBUG'
 
 
-def run_cli(tool, argv=None) -> int:
+def run_cli(tool: Callable[[Optional[Sequence[str]]], int], argv: Optional[Sequence[str]] = None) -> int:
     """Run ``tool(argv)`` for a command-line tool, with the rule every tkvision command shares: errors from
     `USER_ERRORS` and the machine's errors a user fixes (disk full, read-only or
     forbidden path) print one line ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1

@@ -1,6 +1,7 @@
 """``tools/make_shards.py`` (``tkvision-make-shards``) and ``tools/make_subset.py`` (``tkvision-make-subset``)."""
 import argparse
 import os
+from typing import Optional, Sequence
 
 from ..data.fashion_mnist import parse_sizes, write_image_folder
 from ..data.shards import INFO_NAME, make_shards
@@ -25,7 +26,7 @@ def _make_shards(argv) -> int:
     return 0
 
 
-def make_shards_main(argv=None) -> int:
+def make_shards_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-make-shards`` / ``tools/make_shards.py``: see ``--help``; user errors are one line (exit 2)."""
     return run_cli(_make_shards, argv)
 
@@ -67,6 +68,6 @@ def _make_subset(argv) -> int:
     return 0
 
 
-def make_subset_main(argv=None) -> int:
+def make_subset_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-make-subset`` / ``tools/make_subset.py``: see ``--help``; user errors are one line (exit 2)."""
     return run_cli(_make_subset, argv)

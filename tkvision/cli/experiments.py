@@ -2,6 +2,7 @@
 ``tools/sweep.py``, ``tools/benchmark.py``)."""
 import argparse
 import os
+from typing import Optional, Sequence
 
 import timm
 import torch
@@ -36,7 +37,7 @@ def benchmark_parser(parts: dict = PARTS) -> argparse.ArgumentParser:
     return ap
 
 
-def parse_benchmark_args(ap: argparse.ArgumentParser, argv) -> argparse.Namespace:
+def parse_benchmark_args(ap: argparse.ArgumentParser, argv: Optional[Sequence[str]]) -> argparse.Namespace:
     """``ap``'s arguments, a model that timm does not know refused by name (one line, exit 2)."""
     args = ap.parse_args(argv)
     unknown = [m for m in args.models if not timm.is_model(parse_model_spec(m)[0])]
@@ -45,7 +46,7 @@ def parse_benchmark_args(ap: argparse.ArgumentParser, argv) -> argparse.Namespac
     return args
 
 
-def benchmark_main(argv=None) -> int:
+def benchmark_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-benchmark`` / ``tools/benchmark.py``; see ``--help``. Writes ``<out>.md``, ``.csv``, ``.json``;
     a user error is one line (exit 2)."""
     return run_cli(_benchmark, argv)
@@ -57,7 +58,7 @@ def _benchmark(argv) -> int:
     return 0
 
 
-def sweep_main(argv=None) -> int:
+def sweep_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-sweep`` / ``tools/sweep.py``; see ``--help``. Exit 1 when every point failed, 2 on a bad setting,
     `EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
     return run_cli(_sweep, argv)

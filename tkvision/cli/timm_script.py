@@ -12,13 +12,14 @@ config comes from the pretrained config, 224 px, as for timm's own ViT), ``--in-
 import os
 import runpy
 import sys
+from typing import Optional, Sequence
 
 import tkvision  # noqa: F401  (registers the tokenformer / ringformer families with timm)
 
 __all__ = ['main']
 
 
-def main(argv=None) -> int:
+def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run ``argv[0]`` (a timm script) as ``__main__`` with ``argv[1:]`` as its arguments.
 
     Raises:

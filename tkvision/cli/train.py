@@ -3,12 +3,21 @@ import argparse
 import os
 import sys
 import time
+from typing import Optional, Sequence, Tuple, Union
 
 import torch.distributed as dist
 
 from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
-from ..engine.checkpoint import (BEST_WEIGHTS, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
-                                 RECONSTRUCTION_FILE, checkpoint_config, model_for_checkpoint)
+from ..engine.checkpoint import (
+    BEST_WEIGHTS,
+    CURVES_FILE,
+    LAST_CHECKPOINT,
+    LAST_WEIGHTS,
+    METRICS_FILE,
+    RECONSTRUCTION_FILE,
+    checkpoint_config,
+    model_for_checkpoint,
+)
 from ..engine.config import DEFAULTS, load_config, parse_overrides, section
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
@@ -31,7 +40,7 @@ class _ListRecipes(argparse.Action):
         parser.exit()
 
 
-def parse_train_args(argv=None):
+def parse_train_args(argv: Optional[Sequence[str]] = None) -> Tuple[dict, Union[None, bool, str]]:
     """``--config``, ``--data-dir``, ``--resume [PATH]``, ``--list-recipes``; every other ``--key value``
     overrides the config. ``--resume`` without ``--config`` starts from the checkpoint's own config.
 
@@ -93,7 +102,7 @@ def _train(argv) -> int:
     return 0
 
 
-def train_main(argv=None) -> int:
+def train_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-train`` / ``tools/train.py``: one line per user error (``--debug`` for the traceback);
     exit 0 when done, 2 on a bad setting, `EXIT_PREEMPTED` after a
     stop signal's checkpoint."""
@@ -141,7 +150,7 @@ def _validate(argv) -> int:
     return 0
 
 
-def validate_main(argv=None) -> int:
+def validate_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-validate`` / ``tools/validate.py``: evaluate a weights file; see ``--help``. A user
     error (missing file, weights that do not fit, bad setting) is one line on stderr, exit 2."""
     return run_cli(_validate, argv)

@@ -3,6 +3,7 @@
 weights through [`tkvision.engine.checkpoint.model_for_checkpoint`][tkvision.engine.checkpoint.model_for_checkpoint],
 so a run that grew during training loads at its grown size."""
 import argparse
+from typing import Optional, Sequence
 
 from ..data import build_dataset
 from ..engine.checkpoint import checkpoint_config, grow_weights_file, model_for_checkpoint
@@ -46,7 +47,7 @@ def _grow(argv) -> int:
     return 0
 
 
-def grow_main(argv=None) -> int:
+def grow_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-grow`` / ``tools/grow.py``: grow a weights file; see ``--help``. Refuses to write over
     its input and to take ``--to`` together with ``--add-<kind>``; user errors are one line (exit 2)."""
     return run_cli(_grow, argv)
@@ -70,7 +71,7 @@ def _export(argv) -> int:
     return 0
 
 
-def export_main(argv=None) -> int:
+def export_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-export`` / ``tools/export.py``: see ``--help``; user errors are one line (exit 2)."""
     return run_cli(_export, argv)
 
@@ -104,6 +105,6 @@ def _mae_visualize(argv) -> int:
     return 0
 
 
-def mae_visualize_main(argv=None) -> int:
+def mae_visualize_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tools/mae_visualize.py`` / ``tkvision-mae-visualize``: see ``--help``; user errors are one line, exit 2."""
     return run_cli(_mae_visualize, argv)

@@ -16,6 +16,7 @@ training images (1,000 per class) validate, 50,000 train. With 0 the dataset's o
 validates and there is no test split (ImageNet's convention: its ``val/`` is what papers report).
 """
 import os
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from torch.utils.data import Dataset, Subset
@@ -33,7 +34,7 @@ __all__ = ['build_dataset', 'holdout_indices', 'has_test_split', 'train_class_ma
 SPLITS = ('train', 'val', 'test')
 
 
-def dataset_classes(dataset) -> dict:
+def dataset_classes(dataset: Dataset) -> dict:
     """``{class name: index}`` of a dataset built by `build_dataset` (None for Fashion-MNIST)."""
     while isinstance(dataset, (Subset, SeededDataset)):
         dataset = dataset.dataset
@@ -45,7 +46,7 @@ def dataset_classes(dataset) -> dict:
     return None
 
 
-def holdout_indices(labels, fraction: float):
+def holdout_indices(labels: Sequence[int], fraction: float) -> Tuple[np.ndarray, np.ndarray]:
     """Indices ``(train, val)`` of a stratified hold-out: of each class's images, ``round(fraction * n)``
     validate, chosen by a generator seeded from ``('val_split',)`` alone, so every run and seed holds out
     the same images. Both index arrays are sorted (int64).
@@ -118,7 +119,14 @@ def _evaluation_split(data: dict, split: str, seed: int, class_to_idx, rank: int
     return ReaderDataset(create_split_reader(data, split, class_to_idx), build_transform(data, train, seed))
 
 
-def build_dataset(data: dict, split: str, seed: int, rank: int = 0, world_size: int = 1, class_to_idx=None) -> Dataset:
+def build_dataset(
+        data: dict,
+        split: str,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        class_to_idx: Optional[Dict[str, int]] = None,
+) -> Dataset:
     """The ``split`` (``'train'``, ``'val'`` or ``'test'``) of the data section ``data`` (resolved:
     `resolve_data_cfg`); ``seed``: the run's seed.
 
@@ -151,7 +159,7 @@ def build_dataset(data: dict, split: str, seed: int, rank: int = 0, world_size: 
     return Subset(ds, range(min(limit, len(ds)))) if limit else ds
 
 
-def train_class_map(data: dict):
+def train_class_map(data: dict) -> Optional[Dict[str, int]]:
     """For the data section ``data``, the training split's ``{class: index}`` without reading it whole (for
     evaluation alone): the sorted class folders of ``<data_dir>/train``, or a shard manifest's class list; None
     otherwise."""
@@ -165,6 +173,6 @@ def train_class_map(data: dict):
     return None
 
 
-def dataset_size(dataset) -> int:
+def dataset_size(dataset: Dataset) -> int:
     """Images in one epoch of ``dataset`` over all ranks (a stream's ``num_samples``)."""
     return getattr(dataset, 'num_samples', None) or len(dataset)

@@ -4,6 +4,7 @@
 """
 import gzip
 import os
+from typing import Callable, Optional, Sequence, Tuple
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -37,7 +38,11 @@ def _read_idx(path: str) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
-def load_fashion_mnist(split: str = 'train', data_dir=None, download: bool = False):
+def load_fashion_mnist(
+        split: str = 'train',
+        data_dir: Optional[str] = None,
+        download: bool = False,
+) -> Tuple[np.ndarray, np.ndarray]:
     """Fashion-MNIST ``split`` ('train': 60k, 'test': 10k) as ``(images uint8 [N, 28, 28], labels int64 [N])``.
 
     Looks in ``data_dir`` (if given), then `FASHION_MNIST_DIR`, for the idx files, plain or
@@ -74,7 +79,7 @@ class ArrayDataset(Dataset):
     """In-memory images ``uint8 [N, H, W]`` or ``[N, H, W, C]`` with labels; items are
     ``(transform(image) [C, H, W] float32, label int)``."""
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform=None):
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Optional[Callable] = None):
         self.images = images if images.ndim == 4 else images[..., None]
         self.labels, self.transform = labels, transform
 
@@ -117,8 +122,14 @@ def _resized(image: np.ndarray, height: int, width: int):
     return img.crop((left, top, left + width, top + height))
 
 
-def write_image_folder(out: str, size: int = 224, train_per_class: int = 100, val_per_class: int = 20,
-                       data_dir=None, sizes=None) -> dict:
+def write_image_folder(
+        out: str,
+        size: int = 224,
+        train_per_class: int = 100,
+        val_per_class: int = 20,
+        data_dir: Optional[str] = None,
+        sizes: Optional[Sequence[int]] = None,
+) -> dict:
     """Write Fashion-MNIST as an ImageNet-layout folder of RGB JPEGs (``<out>/train/<class>/*.JPEG``
     from the training images, ``<out>/val/<class>/*.JPEG`` from the test images; the first
     ``train_per_class`` / ``val_per_class`` of each class), upscaled to ``size`` px (bicubic): real

@@ -6,6 +6,7 @@ never from a worker's own random state, so the augmentations do not depend on ``
 run resumed in the middle of an epoch sees exactly the images an uninterrupted run would.
 """
 import random
+from typing import Callable, Optional
 
 import numpy as np
 import torch
@@ -27,11 +28,17 @@ class ResumableSampler(DistributedSampler):
     (a resumed run skips the batches it already consumed); the next ``set_epoch`` starts from 0.
     """
 
-    def __init__(self, dataset, num_replicas=1, rank=0, seed=0):
+    def __init__(
+            self,
+            dataset: Dataset,
+            num_replicas: int = 1,
+            rank: int = 0,
+            seed: int = 0,
+    ):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=True)
         self.start = 0
 
-    def set_epoch(self, epoch: int, start: int = 0):
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Shuffle for ``epoch`` and skip its first ``start`` samples of this rank (a resumed epoch)."""
         super().set_epoch(epoch)
         self.start = start
@@ -44,7 +51,12 @@ class ResumableSampler(DistributedSampler):
         return self.num_samples - self.start
 
 
-def seed_sample(transform, seed: int, epoch: int, index):
+def seed_sample(
+        transform: Optional[Callable],
+        seed: int,
+        epoch: int,
+        index: int,
+) -> None:
     """Seed one sample's augmentation from (seed, epoch, index): albumentations' generators of
     ``transform`` and Python's / NumPy's global ones, which timm's RandAugment draws from."""
     _seed_transform(transform, derive_seed(seed, epoch, index))
@@ -76,8 +88,14 @@ class SeededDataset(Dataset):
         return self.dataset[index]
 
 
-def build_loader(dataset: Dataset, data: dict, train: bool, seed: int, rank: int = 0,
-                 world_size: int = 1) -> DataLoader:
+def build_loader(
+        dataset: Dataset,
+        data: dict,
+        train: bool,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+) -> DataLoader:
     """DataLoader of ``dataset`` with the data section's ``batch_size`` and ``num_workers``, yielding
     ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
 
@@ -109,7 +127,7 @@ def batches_per_epoch(loader: DataLoader) -> int:
     return loader.sampler.num_samples // loader.batch_size
 
 
-def set_loader_epoch(loader: DataLoader, epoch: int, start_batch: int = 0):
+def set_loader_epoch(loader: DataLoader, epoch: int, start_batch: int = 0) -> None:
     """Make ``loader`` yield epoch ``epoch`` from its batch ``start_batch`` on (a resumed run)."""
     if isinstance(loader.dataset, IterableDataset):
         loader.dataset.set_epoch(epoch, skip_batches=start_batch)

@@ -18,6 +18,7 @@ Source: ``timm.data.naflex_loader`` / ``naflex_dataset`` (timm 1.0.31), ``train.
 """
 import random
 from functools import partial
+from typing import Any, Optional, Union
 
 import numpy as np
 import torch
@@ -60,7 +61,7 @@ class NaFlexImages(Dataset):
     ``(None, path)``, which the collate leaves out (`build_naflex_loader`).
     """
 
-    def __init__(self, dataset: Dataset, seed=None):
+    def __init__(self, dataset: Dataset, seed: Optional[int] = None):
         _innermost(dataset).transform = _decoded
         self.dataset, self.seed, self.transform = dataset, seed, None
         self.epoch = None  # a SharedCount, set by ResumableNaFlexDataset
@@ -98,7 +99,7 @@ class ResumableNaFlexDataset(NaFlexMapDatasetWrapper):
     images timm's wrapper skipped while building the batch, counted as our other loaders count them.
     """
 
-    def __init__(self, images: NaFlexImages, **kwargs):
+    def __init__(self, images: NaFlexImages, **kwargs: Any):
         super().__init__(images, **kwargs)
         self.skip = SharedCount(0)
         images.epoch = self.shared_epoch
@@ -108,7 +109,7 @@ class ResumableNaFlexDataset(NaFlexMapDatasetWrapper):
         """Batches of one whole epoch on this rank (``tkvision.data.batches_per_epoch``)."""
         return len(self)
 
-    def set_epoch(self, epoch: int, skip_batches: int = 0):
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Make the next iteration yield epoch ``epoch`` from its batch ``skip_batches`` on."""
         super().set_epoch(epoch)
         self.skip.value = skip_batches
@@ -128,7 +129,7 @@ class NaFlexPreprocessor:
     tensor of the dictionary moved to ``device`` (``seq_len``, an int, stays). Called as
     `BatchPreprocessor` is."""
 
-    def __init__(self, device):
+    def __init__(self, device: Union[str, torch.device]):
         self.device = torch.device(device)
 
     def __call__(self, batch: dict, train: bool = False) -> dict:
@@ -146,8 +147,15 @@ def _collate_with_bad(collate, batch):
     return batch, labels, bad
 
 
-def build_naflex_loader(dataset: Dataset, data: dict, train: bool, seed: int, patch_size: int,
-                        rank: int = 0, world_size: int = 1) -> DataLoader:
+def build_naflex_loader(
+        dataset: Dataset,
+        data: dict,
+        train: bool,
+        seed: int,
+        patch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+) -> DataLoader:
     """A NaFlex loader of ``dataset`` (one of `build_dataset`'s) for the resolved data
     section ``data``: items ``(batch dict, labels [B], [])`` as the module docstring says.
 

@@ -8,6 +8,7 @@ map; a class present in only one split is an error naming it.
 """
 import io
 import os
+from typing import Callable, Dict, Optional, Sequence
 
 import numpy as np
 from PIL import Image
@@ -63,7 +64,7 @@ class ReaderDataset(Dataset):
         reader: the timm reader (``class_to_idx``, ``filename(i)``).
     """
 
-    def __init__(self, reader, transform=None):
+    def __init__(self, reader: object, transform: Optional[Callable] = None):
         self.reader, self.transform = reader, transform
 
     def __len__(self):
@@ -79,7 +80,7 @@ class ReaderDataset(Dataset):
         return self.transform(image=image)['image'], label
 
 
-def collate_skip_bad(batch):
+def collate_skip_bad(batch: Sequence[tuple]) -> tuple:
     """Collate ``(image, label)`` pairs, dropping ``('bad', path)`` items.
 
     Returns:
@@ -150,7 +151,7 @@ def _refuse_empty_classes(folder: str, class_folders: list, samples: list):
                          'add images or remove the folder')
 
 
-def check_same_classes(train_classes, val_classes, where: str):
+def check_same_classes(train_classes: Dict[str, int], val_classes: Dict[str, int], where: str) -> None:
     """Check that two splits name the same classes (their label indices depend on it).
 
     Args:
@@ -169,7 +170,7 @@ def check_same_classes(train_classes, val_classes, where: str):
                          + (f'only in val: {only_val}' if only_val else ''))
 
 
-def create_split_reader(data: dict, split: str, class_to_idx=None):
+def create_split_reader(data: dict, split: str, class_to_idx: Optional[Dict[str, int]] = None) -> object:
     """A timm reader of ``split`` for the ``folder`` / ``imagenet``, ``tar`` and ``hfds/...`` datasets of the
     data section ``data``.
 

@@ -28,6 +28,7 @@ import json
 import os
 import random
 import tarfile
+from typing import Callable, Optional, Sequence
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -69,7 +70,7 @@ def _with_markers(samples, errors: list):
         yield {'__bad_shard__': errors.pop(0)}
 
 
-def check_shard(path: str):
+def check_shard(path: str) -> None:
     """Refuse a shard that cannot be streamed, before any training: missing, empty (0 bytes), not a tar,
     or a tar without a sample. (A shard damaged further in is skipped and counted while streaming.)
 
@@ -113,8 +114,19 @@ class ShardStream(IterableDataset):
             (`check_shard`, naming it).
     """
 
-    def __init__(self, root, split, transform, train, batch_size, num_workers=0, rank=0, world=1, seed=0,
-                 limit=None):
+    def __init__(
+            self,
+            root: str,
+            split: str,
+            transform: Optional[Callable],
+            train: bool,
+            batch_size: int,
+            num_workers: int = 0,
+            rank: int = 0,
+            world: int = 1,
+            seed: int = 0,
+            limit: Optional[int] = None,
+    ):
         info = read_info(root)
         if split not in info.get('splits', {}):
             raise FileNotFoundError(f"split {split!r} not in {os.path.join(root, INFO_NAME)} "
@@ -144,7 +156,7 @@ class ShardStream(IterableDataset):
             return self.batches_per_epoch * self.batch_size
         return -(-self.num_samples // self.world)  # evaluation: about this rank's share
 
-    def set_epoch(self, epoch: int, skip_batches: int = 0):
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         """Stream epoch ``epoch``, leaving out its first ``skip_batches`` batches (a resumed run)."""
         self.epoch, self.skip_batches = epoch, skip_batches
 
@@ -221,8 +233,14 @@ class ShardStream(IterableDataset):
         return self.transform(image=image)['image'], int(sample['cls'])
 
 
-def make_shards(src: str, out: str, splits=('train', 'val'), max_count: int = 10000, max_size: float = 1e9,
-                progress: bool = True) -> dict:
+def make_shards(
+        src: str,
+        out: str,
+        splits: Sequence[str] = ('train', 'val'),
+        max_count: int = 10000,
+        max_size: float = 1e9,
+        progress: bool = True,
+) -> dict:
     """Write WebDataset shards of an ImageNet-layout folder (``<src>/<split>/<class>/<image>``).
 
     Images are stored as their original encoded bytes (``<key>.<ext>``), labels as ``<key>.cls``

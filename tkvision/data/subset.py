@@ -9,6 +9,7 @@ import os
 import random
 import shutil
 import tempfile
+from typing import Optional, Sequence
 
 from ..utils.errors import UsageError
 from .shards import make_shards
@@ -25,8 +26,17 @@ def _images(folder):
     return sorted(f for f in os.listdir(folder) if os.path.splitext(f)[1].lower() in exts)
 
 
-def make_subset(src: str, out: str, num_classes: int = None, classes=None, train_per_class: int = None,
-                val_per_class: int = None, seed: int = 0, fmt: str = 'folder', link: bool = False) -> dict:
+def make_subset(
+        src: str,
+        out: str,
+        num_classes: int = None,
+        classes: Optional[Sequence[str]] = None,
+        train_per_class: int = None,
+        val_per_class: int = None,
+        seed: int = 0,
+        fmt: str = 'folder',
+        link: bool = False,
+) -> dict:
     """Write a subset of ``src`` (``<src>/train/<class>/*``, ``<src>/val/<class>/*``) to ``out``.
 
     Args:

@@ -13,6 +13,8 @@ albumentations and OpenCV are imported where a pipeline is built, so the rest of
 (Fashion-MNIST, readers, `resolve_data_cfg`) imports without them: a GPU image without
 albumentations runs the GPU report (``studies/performance/gpu_report.py``).
 """
+from typing import Sequence, Union
+
 import numpy as np
 import timm
 import timm.data
@@ -72,7 +74,12 @@ def _interpolations(name: str, train: bool) -> list:
     return [getattr(cv2, _CV2_INTERPOLATION[name])]
 
 
-def build_transform(data: dict, train: bool, seed: int, resize: bool = True) -> 'albumentations.Compose':  # noqa: F821
+def build_transform(
+        data: dict,
+        train: bool,
+        seed: int,
+        resize: bool = True,
+) -> 'albumentations.Compose':  # noqa: F821 (albumentations is imported inside: a lazy dependency)
     """albumentations pipeline of the data section ``data`` (resolved: `resolve_data_cfg`):
     uint8 HWC array -> uint8 tensor ``[C, img_size, img_size]``; ``seed`` seeds its generators until a
     sample's own seed replaces it (`tkvision.data.loader.seed_sample`).
@@ -136,7 +143,13 @@ class BatchPreprocessor:
         device: where the batches are processed (copies are non-blocking from pinned memory).
     """
 
-    def __init__(self, mean, std, device, reprob: float = 0.0):
+    def __init__(
+            self,
+            mean: Sequence[float],
+            std: Sequence[float],
+            device: Union[str, torch.device],
+            reprob: float = 0.0,
+    ):
         self.device = torch.device(device)
         self.mean = torch.tensor(mean, device=self.device).view(1, -1, 1, 1) * 255
         self.std = torch.tensor(std, device=self.device).view(1, -1, 1, 1) * 255

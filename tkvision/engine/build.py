@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+from typing import Any
 
 import timm
 import torch
@@ -43,7 +44,7 @@ def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch
     return create_model(model['model'], **kwargs)
 
 
-def create_model(name: str, **kwargs) -> torch.nn.Module:
+def create_model(name: str, **kwargs: Any) -> torch.nn.Module:
     """``timm.create_model(name, **kwargs)``, its refusals (an unknown kwarg, a value it rejects) as
     `ConfigError` naming ``model_kwargs`` and the model.
 

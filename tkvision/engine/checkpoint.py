@@ -24,14 +24,14 @@ family's checkpoint filter, grow the model to the checkpoint's size if the run g
 import csv
 import os
 import pickle
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import yaml
 from safetensors.torch import save_file
 
 from ..growth import grow, grow_to_checkpoint, load_grown_state_dict, token_counts
-from ..models import adapt_state_dict, check_fit, load_state_dict_file
-from ..models import encoder_weights, is_mae_state_dict
+from ..models import adapt_state_dict, check_fit, encoder_weights, is_mae_state_dict, load_state_dict_file
 from ..utils.errors import UsageError, refused_pickle
 from ..utils.files import atomic_write, safetensors_os_errors
 from .build import model_for_config
@@ -54,7 +54,7 @@ RECONSTRUCTION_FILE = 'reconstruction.png'
 FORMAT_VERSION = 1
 
 
-def training_checkpoint(state) -> dict:
+def training_checkpoint(state: object) -> dict:
     """The ``last.pth`` format: everything a run needs to continue exactly, from a
     `TrainState` ``state``.
 
@@ -78,12 +78,12 @@ def training_checkpoint(state) -> dict:
                 elapsed_seconds=state.elapsed_seconds(), format_version=FORMAT_VERSION)
 
 
-def save_training_checkpoint(state, path: str):
+def save_training_checkpoint(state: object, path: str) -> None:
     """Write `training_checkpoint` of ``state`` to ``path`` atomically (``torch.save``)."""
     atomic_write(path, lambda tmp: torch.save(training_checkpoint(state), tmp))
 
 
-def load_training_checkpoint(path: str, map_location='cpu', mmap: bool = False) -> dict:
+def load_training_checkpoint(path: str, map_location: Union[str, torch.device] = 'cpu', mmap: bool = False) -> dict:
     """A ``last.pth`` (``weights_only=True``), its config migrated to today's keys
     (`tkvision.engine.config.migrate`).
 
@@ -122,7 +122,7 @@ def checkpoint_config(path: str) -> dict:
     return load_training_checkpoint(path, mmap=True)['config']
 
 
-def save_weights(state_dict: dict, path: str, metadata: dict = None):
+def save_weights(state_dict: dict, path: str, metadata: dict = None) -> None:
     """Write a model state dict as ``.safetensors`` atomically (tensors made contiguous, on CPU);
     ``metadata`` values are stored as strings.
 
@@ -135,12 +135,12 @@ def save_weights(state_dict: dict, path: str, metadata: dict = None):
         atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
 
 
-def save_yaml(obj, path: str):
+def save_yaml(obj: object, path: str) -> None:
     """Write ``obj`` as YAML atomically (keys in their order)."""
     atomic_write(path, lambda f: yaml.safe_dump(obj, f, sort_keys=False), text=True)
 
 
-def save_rows(rows: list, path: str):
+def save_rows(rows: list, path: str) -> None:
     """Write a list of dicts as CSV atomically; the columns are every key, in order of appearance."""
     keys = []
     for row in rows:
@@ -153,7 +153,14 @@ def save_rows(rows: list, path: str):
     atomic_write(path, write, text=True)
 
 
-def keep_best(best: dict, candidates: list, metric: str, mode: str, path: str = None, metadata: dict = None) -> dict:
+def keep_best(
+        best: dict,
+        candidates: list,
+        metric: str,
+        mode: str,
+        path: str = None,
+        metadata: dict = None,
+) -> dict:
     """The best evaluation so far, saving the winner's weights to ``path`` when it improves (timm's
     ``CheckpointSaver`` keeps the top-k by one metric the same way).
 
@@ -212,7 +219,7 @@ def load_fitting_weights(model: torch.nn.Module, state_dict: dict, source: str =
     return grown
 
 
-def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True):
+def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True) -> Tuple[torch.nn.Module, dict]:
     """The model of ``cfg`` with the weights of ``path`` loaded (`load_fitting_weights`). A
     classifier gets the file's head size unless ``model_kwargs`` sets ``num_classes``.
 
@@ -228,7 +235,7 @@ def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True):
     return model, load_fitting_weights(model, weights, path)
 
 
-def load_init_weights(model: torch.nn.Module, path: str, task: str):
+def load_init_weights(model: torch.nn.Module, path: str, task: str) -> Tuple[dict, str]:
     """``init_from``: start ``model`` from the weights at ``path``: an MAE checkpoint's encoder for a
     classifier (`tkvision.models.mae.encoder_weights`), else a same-size or smaller model's
     weights; a smaller TokenFormer's tokens go into the first rows
@@ -263,8 +270,15 @@ def _names(names, limit: int = 4) -> str:
     return ', '.join(heads[:limit]) + (f' and {len(heads) - limit} more' if len(heads) > limit else '')
 
 
-def grow_weights_file(checkpoint: str, cfg: dict, out: str, to=None, add=None, key_init='zeros',
-                      value_init='normal') -> dict:
+def grow_weights_file(
+        checkpoint: str,
+        cfg: dict,
+        out: str,
+        to: Union[None, str, Dict[str, int]] = None,
+        add: Optional[Dict[str, int]] = None,
+        key_init: str = 'zeros',
+        value_init: str = 'normal',
+) -> dict:
     """Grow a weights file on disk: build the model of ``cfg`` (the checkpoint's architecture: ``model``,
     ``model_kwargs``), load ``checkpoint`` (`load_fitting_weights`), grow to ``to`` (variant name
     or counts) or by ``add`` (``{kind: m}``), and write ``out`` as safetensors (atomic).

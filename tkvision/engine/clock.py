@@ -8,13 +8,13 @@ run section's timing keys and nothing else of the config.
 import os
 import signal
 import time
-
 import torch
 import torch.distributed as dist
 
 from ..utils.errors import NonFiniteLossError
 from .checkpoint import save_training_checkpoint
 from .distributed import Processes
+from .state import TrainState
 
 __all__ = ['RunClock', 'STOP_SIGNALS']
 
@@ -50,19 +50,19 @@ class RunClock:
         self.last_save = time.monotonic()
         self.checked_update = 0
 
-    def on_signal(self, signum, _frame):
+    def on_signal(self, signum: int, _frame: object) -> None:
         """Signal handler: remember the signal; the loop saves its state and stops at its next check
         (every update on one process)."""
         self.stop_signal = signal.Signals(signum).name
 
-    def save(self, state):
+    def save(self, state: TrainState) -> None:
         """Write ``last.pth`` of ``state`` (a ``tkvision.engine.state.TrainState``; rank 0, atomic) and restart
         the checkpoint clock."""
         if self.processes.main:
             save_training_checkpoint(state, self.checkpoint_path)
         self.last_save = time.monotonic()
 
-    def check(self, state, force: bool = False) -> bool:
+    def check(self, state: TrainState, force: bool = False) -> bool:
         """At a sync point (every ``log_interval`` / ``checkpoint_every_steps`` updates, or ``force``):
         one host synchronisation that checks the loss of the updates since the last check on every
         rank, agrees on a stop signal and on a time-based checkpoint, and writes it if due.

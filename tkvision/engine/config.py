@@ -21,6 +21,7 @@ paper, Appendix A.2 (table in ``docs/reference/background.md``, "Recipes").
 import copy
 import os
 import re
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -224,7 +225,12 @@ def _coerce(value):
     return float(value) if isinstance(value, str) and _SCI.fullmatch(value) else value
 
 
-def merge(base: dict, over: dict, where: str = 'config', schema: dict = DEFAULTS) -> dict:
+def merge(
+        base: dict,
+        over: dict,
+        where: str = 'config',
+        schema: dict = DEFAULTS,
+) -> dict:
     """Recursively merge ``over`` into a copy of ``base``, checking keys against ``schema``.
 
     Mappings merge key by key (so a child config or ``--model_kwargs {score_norm: softmax}`` changes
@@ -287,7 +293,7 @@ def _read_yaml(path: str, seen=()) -> dict:
     return merge(base_cfg, data, path)
 
 
-def parse_overrides(args) -> dict:
+def parse_overrides(args: Any) -> dict:
     """``['--lr', '1e-3', '--growth.every_epochs', '2']`` → ``{'lr': 1e-3, 'growth': {'every_epochs': 2}}``.
 
     Also accepts ``--key=value``. Values are parsed as YAML.
@@ -324,7 +330,11 @@ def parse_overrides(args) -> dict:
     return out
 
 
-def load_config(path=None, overrides=None, base: dict = None) -> dict:
+def load_config(
+        path: Optional[str] = None,
+        overrides: Union[None, dict, Sequence[str]] = None,
+        base: dict = None,
+) -> dict:
     """Config from ``path`` (or ``base``, a config such as a checkpoint's, or the defaults) with
     ``overrides`` (a dict or ``--key value`` list). ``path``: a YAML file, or the name of a shipped
     recipe (``imagenet/tokenformer_vit_b16``: `tkvision.engine.recipes.config_path`).
@@ -356,7 +366,7 @@ def migrate(cfg: dict) -> dict:
     return merge(DEFAULTS, {'val_split_fraction': 0.0, **cfg}, 'checkpoint config')
 
 
-def config_changes(old: dict, new: dict):
+def config_changes(old: dict, new: dict) -> Tuple[List[str], List[str]]:
     """What differs between a checkpoint's config ``old`` and the config ``new`` of a resumed run.
 
     Returns:

@@ -7,7 +7,7 @@
 """
 import dataclasses
 import os
-from typing import Optional
+from typing import Iterable, Optional
 
 import torch
 
@@ -59,7 +59,7 @@ class RunContext:
         """Whether this process is rank 0 (it prints and writes the run's files)."""
         return self.processes.main
 
-    def evaluate(self, net: torch.nn.Module, loader) -> dict:
+    def evaluate(self, net: torch.nn.Module, loader: Iterable) -> dict:
         """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks)
         of ``net`` on ``loader`` with the run's device, preprocessing and precision."""
         device, preprocess, amp = self.processes.device, self.data.preprocess, self.settings['amp']

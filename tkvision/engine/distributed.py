@@ -13,6 +13,7 @@ import dataclasses
 import os
 import warnings
 from datetime import timedelta
+from typing import Union
 
 import torch
 import torch.distributed as dist
@@ -47,7 +48,7 @@ def available_cores() -> int:
     return max(1, cores // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', 1))))
 
 
-def setup_threads(run: dict):
+def setup_threads(run: dict) -> None:
     """``torch.set_num_threads`` for the config's run section: ``threads`` when set, else
     ``available_cores``, so OpenMP threads never outnumber the cores (OpenMP threads that spin
     waiting for a busy core slow every update many times over).
@@ -63,7 +64,7 @@ def setup_threads(run: dict):
     torch.set_num_threads(threads)
 
 
-def init_distributed(run: dict):
+def init_distributed(run: dict) -> Processes:
     """Start ``torch.distributed`` when launched by torchrun or SLURM, pick the device, set TF32.
 
     ``run``: the config's run section. The device is ``run['device']``, else ``cuda:<local rank>`` when CUDA is
@@ -87,7 +88,7 @@ def init_distributed(run: dict):
     return Processes(info['global_rank'], info['world_size'], torch.device(info['device']))
 
 
-def all_ranks_agree(ok: bool, device) -> bool:
+def all_ranks_agree(ok: bool, device: Union[str, torch.device]) -> bool:
     """True when ``ok`` holds on every rank (one all-reduce under torch.distributed, else ``ok``)."""
     if not (dist.is_available() and dist.is_initialized()):
         return ok

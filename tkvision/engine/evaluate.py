@@ -6,6 +6,7 @@ the MAE reconstruction loss with fixed masks.
 Fashion-MNIST test set.
 """
 import time
+from typing import Callable, Iterable, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -21,7 +22,13 @@ AMP_DTYPES = {None: None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader, device, preprocess, amp=None) -> dict:
+def evaluate(
+        model: torch.nn.Module,
+        loader: Iterable,
+        device: Union[str, torch.device],
+        preprocess: Callable,
+        amp: Optional[str] = None,
+) -> dict:
     """Top-1 / top-5 accuracy (%), mean cross-entropy and img/s of ``model`` over ``loader``.
 
     ``loader`` yields ``(uint8 images [B, C, H, W], labels [B], bad_paths)``
@@ -59,7 +66,12 @@ def evaluate(model: torch.nn.Module, loader, device, preprocess, amp=None) -> di
                 skipped=int(skipped))
 
 
-def mask_noise(batch_index: int, batch_size: int, num_patches: int, seed: int = 0) -> torch.Tensor:
+def mask_noise(
+        batch_index: int,
+        batch_size: int,
+        num_patches: int,
+        seed: int = 0,
+) -> torch.Tensor:
     """The fixed masking noise ``[batch_size, num_patches]`` of validation batch ``batch_index`` (CPU
     generator seeded from ``('mae_val', seed, batch_index)``), so every evaluation masks the same patches."""
     g = torch.Generator().manual_seed(derive_seed('mae_val', seed, batch_index))
@@ -67,7 +79,14 @@ def mask_noise(batch_index: int, batch_size: int, num_patches: int, seed: int = 
 
 
 @torch.no_grad()
-def evaluate_mae(model: torch.nn.Module, loader, device, preprocess, amp=None, seed: int = 0) -> dict:
+def evaluate_mae(
+        model: torch.nn.Module,
+        loader: Iterable,
+        device: Union[str, torch.device],
+        preprocess: Callable,
+        amp: Optional[str] = None,
+        seed: int = 0,
+) -> dict:
     """Mean MAE reconstruction loss of ``model`` (a
     [`tkvision.models.mae.MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder], possibly DDP / compiled) over
     ``loader``, with the same masks at every call (`mask_noise`), weighted by images and reduced over ranks.

@@ -9,6 +9,7 @@ weights.
 """
 
 import os
+from typing import Optional
 
 import timm
 import torch
@@ -25,7 +26,7 @@ __all__ = ['EXPORT_FILES', 'export_model', 'export_checkpoint', 'check_export_ta
 EXPORT_FILES = frozenset({'model.safetensors', 'config.json'})
 
 
-def check_export_target(out: str, force: bool):
+def check_export_target(out: str, force: bool) -> None:
     """Refuse, before any work, an export folder that holds files: without ``force`` any; with ``force``
     any file an export did not write (`EXPORT_FILES`), so ``--force`` replaces an earlier export and
     never removes a run's checkpoint, its config, its metrics, a live run's ``.lock``, or anything else.
@@ -48,8 +49,13 @@ def check_export_target(out: str, force: bool):
                          'run or anything else; export into another folder')
 
 
-def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data_config: dict = None,
-                 force: bool = False) -> str:
+def export_model(
+        model: torch.nn.Module,
+        out: str,
+        model_args: dict = None,
+        data_config: dict = None,
+        force: bool = False,
+) -> str:
     """Write ``model`` to the folder ``out`` with timm's ``save_for_hf`` (safetensors), atomically
     (`tkvision.utils.files.atomic_folder`: a full disk or a kill leaves no half-written folder);
     returns ``out``.
@@ -74,8 +80,14 @@ def export_model(model: torch.nn.Module, out: str, model_args: dict = None, data
     return out
 
 
-def export_checkpoint(checkpoint: str, out: str, use_ema: bool = True, model: str = None, model_kwargs=None,
-                      force: bool = False) -> dict:
+def export_checkpoint(
+        checkpoint: str,
+        out: str,
+        use_ema: bool = True,
+        model: str = None,
+        model_kwargs: Optional[dict] = None,
+        force: bool = False,
+) -> dict:
     """Export a training checkpoint (``last.pth``: its config names the model) or a weights file
     (``.safetensors``, with ``model`` and ``model_kwargs``) as a ``save_for_hf`` folder; a run that
     grew is exported at its grown size

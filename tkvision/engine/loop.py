@@ -34,7 +34,12 @@ from .state import TrainState
 __all__ = ['train_one_epoch', 'seed_step', 'NonFiniteLossError', 'Preempted']
 
 
-def seed_step(seed: int, epoch: int, batch: int, rank: int = 0):
+def seed_step(
+        seed: int,
+        epoch: int,
+        batch: int,
+        rank: int = 0,
+) -> None:
     """Seed Python, NumPy and torch (timm's ``random_seed``) for micro-batch ``batch`` of ``epoch`` on
     ``rank``, from ``derive_seed('step', seed, epoch, batch)`` (31 bits: timm adds the rank)."""
     random_seed(derive_seed('step', seed, epoch, batch, bits=31), rank)

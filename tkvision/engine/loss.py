@@ -18,7 +18,7 @@ A distilled loss is timm's logit distillation (``timm.task.LogitDistillationTask
 al., "Distilling the Knowledge in a Neural Network", 2015, §2: the T² keeps the gradients' scale).
 """
 import os
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -114,7 +114,7 @@ class RunLoss:
         self.teacher = load_teacher(distillation['teacher'], device) if self.mode == 'teacher' else None
         self.mixup = self.criterion = None  # set by set_classes once the model (and its num_classes) exists
 
-    def set_classes(self, num_classes: int):
+    def set_classes(self, num_classes: int) -> None:
         """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
         with soft-target cross-entropy, label smoothing, or plain cross-entropy."""
         optim = self.optim
@@ -128,7 +128,7 @@ class RunLoss:
         else:
             self.criterion = torch.nn.CrossEntropyLoss()
 
-    def targets(self, images: torch.Tensor, labels: torch.Tensor):
+    def targets(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(images, labels)`` of a classifier's step: mixed by timm's Mixup / CutMix when the recipe says
         (which needs an even batch: an odd one, after a skipped image, loses its last image)."""
         if self.mixup is None:
@@ -152,7 +152,7 @@ class RunLoss:
         chosen = elastic.step_fractions(fractions, self.elastic['elastic_sampling'], generator)
         return [None if f == 1 else f for f in chosen]
 
-    def set_prefix(self, model: torch.nn.Module, fraction: Optional[float]):
+    def set_prefix(self, model: torch.nn.Module, fraction: Optional[float]) -> None:
         """Run ``model`` at ``fraction`` of an elastic step (None: every token) with the run's τ and nesting."""
         elastic.set_prefix(model, fraction, self.elastic['elastic_tau'], self.elastic['elastic_nesting'])
 

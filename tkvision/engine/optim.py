@@ -23,6 +23,8 @@ one schedule over the whole run, as without growth; after a step the scheduled l
 ``lr_scale x (t + 1) / (W + 1)`` for the stage's first ``W = warmup_epochs x updates_per_epoch``
 updates (``t = 0 .. W - 1``, a short linear re-warm) and by ``lr_scale`` after them.
 """
+from typing import Optional
+
 import torch
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -52,7 +54,12 @@ def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.opt
     return split_parameter_tokens(optimizer, model, weight_decay, lr_scale)
 
 
-def split_parameter_tokens(optimizer: torch.optim.Optimizer, model: torch.nn.Module, weight_decay, lr_scale: float):
+def split_parameter_tokens(
+        optimizer: torch.optim.Optimizer,
+        model: torch.nn.Module,
+        weight_decay: float,
+        lr_scale: float,
+) -> torch.optim.Optimizer:
     """Split every param group of ``optimizer`` in place, before its first step, in two: the group's other
     parameters, unchanged, then the key / value parameter tokens of ``model``'s Pattentions (paper Eq. 4's
     K_P and V_P) with ``weight_decay`` (None: the group's) and the group's ``lr_scale`` times ``lr_scale``
@@ -98,7 +105,7 @@ class StagedScheduler:
     def __init__(self, schedulers: list):
         self.schedulers = schedulers
 
-    def step_update(self, num_updates: int, metric=None):
+    def step_update(self, num_updates: int, metric: Optional[float] = None) -> None:
         """Set the lr for update ``num_updates`` (counted from the run's start) from the stage it falls in."""
         start, sched = [s for s in self.schedulers if s[0] <= num_updates][-1]
         sched.step_update(num_updates - start, metric)
@@ -113,10 +120,10 @@ class RewarmScheduler:
         steps: ``[(first update of the stage, warmup updates W, lr_scale)]`` in order.
     """
 
-    def __init__(self, base, optimizer, steps: list):
+    def __init__(self, base: object, optimizer: torch.optim.Optimizer, steps: list):
         self.base, self.optimizer, self.steps = base, optimizer, steps
 
-    def step_update(self, num_updates: int, metric=None):
+    def step_update(self, num_updates: int, metric: Optional[float] = None) -> None:
         """Set the base schedule's lr for update ``num_updates``, then scale it by the last growth step's
         ``lr_scale``, ramped up over that step's warmup updates."""
         self.base.step_update(num_updates, metric)
@@ -129,7 +136,13 @@ class RewarmScheduler:
                 group['lr'] *= factor
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, optim: dict, growth: dict, lr: float, updates_per_epoch: int):
+def build_scheduler(
+        optimizer: torch.optim.Optimizer,
+        optim: dict,
+        growth: dict,
+        lr: float,
+        updates_per_epoch: int,
+) -> object:
     """The lr schedule of the optim section (``sched``, ``epochs``, ``warmup_epochs``, ``min_lr``, ...) in updates;
     with ``growth.schedule``, a `StagedScheduler` of one such schedule per stage
     (``growth.stage_lr: restart``) or a `RewarmScheduler` (``continue``).

@@ -15,7 +15,12 @@ def train_loss_label(optim: dict) -> str:
     return 'train loss' + (f" (as trained: {', '.join(parts)})" if parts else '')
 
 
-def plot_curves(history, path: str, title: str = '', train_label: str = 'train loss'):
+def plot_curves(
+        history: list,
+        path: str,
+        title: str = '',
+        train_label: str = 'train loss',
+) -> None:
     """Loss (train, val) and top-1 (val, EMA) against epoch, side by side, saved as PNG at ``path``
     (the loss panel alone for an MAE run, which has no top-1).
 

@@ -10,9 +10,12 @@ The trainer writes ``reconstruction.png`` at the end of every ``task: mae`` run;
 ``tools/mae_visualize.py --checkpoint RUN/last.pth --out recon.png`` draws one from a checkpoint
 (the run's config is in it).
 """
+from typing import Optional, Sequence, Tuple, Union
+
 import numpy as np
 import torch
 from PIL import Image
+from torch.utils.data import Dataset
 
 from ..data import BatchPreprocessor
 from ..models.mae import MaskedAutoencoder, patchify, unpatchify
@@ -23,7 +26,12 @@ __all__ = ['reconstruct', 'reconstruction_grid', 'save_reconstructions']
 
 
 @torch.no_grad()
-def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, mask_ratio=None, seed: int = 0):
+def reconstruct(
+        model: MaskedAutoencoder,
+        images: torch.Tensor,
+        mask_ratio: Optional[float] = None,
+        seed: int = 0,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``images [B, C, H, W]`` (normalised) -> ``(masked, recon, pasted)``, each ``[B, C, H, W]`` in
     the same normalised space; the masks are those of validation batch 0 (`mask_noise`)."""
     model.eval()
@@ -41,8 +49,14 @@ def reconstruct(model: MaskedAutoencoder, images: torch.Tensor, mask_ratio=None,
     return images * (1 - m) + grey * m, recon, images * (1 - m) + recon * m
 
 
-def reconstruction_grid(model: MaskedAutoencoder, images: torch.Tensor, mean, std, mask_ratio=None,
-                        scale: int = 4) -> np.ndarray:
+def reconstruction_grid(
+        model: MaskedAutoencoder,
+        images: torch.Tensor,
+        mean: Sequence[float],
+        std: Sequence[float],
+        mask_ratio: Optional[float] = None,
+        scale: int = 4,
+) -> np.ndarray:
     """A ``[B·H·scale, 4·W·scale, 3]`` uint8 picture: per image, original | masked | reconstruction |
     reconstruction + visible patches, un-normalised with ``mean`` / ``std`` (per channel) and
     enlarged ``scale`` times (nearest)."""
@@ -57,8 +71,16 @@ def reconstruction_grid(model: MaskedAutoencoder, images: torch.Tensor, mean, st
     return (grid.permute(1, 2, 0).cpu().numpy() * 255).round().astype(np.uint8)
 
 
-def save_reconstructions(model: MaskedAutoencoder, dataset, mean, std, path: str, num_images: int = 8,
-                         mask_ratio=None, device='cpu'):
+def save_reconstructions(
+        model: MaskedAutoencoder,
+        dataset: Dataset,
+        mean: Sequence[float],
+        std: Sequence[float],
+        path: str,
+        num_images: int = 8,
+        mask_ratio: Optional[float] = None,
+        device: Union[str, torch.device] = 'cpu',
+) -> None:
     """Write `reconstruction_grid` of the first ``num_images`` images of ``dataset`` (items
     ``(uint8 image [C, H, W], label)``, normalised with ``mean`` / ``std``) to the PNG ``path``
     (atomically)."""

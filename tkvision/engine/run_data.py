@@ -8,6 +8,7 @@ memory check that refuses lengths that cannot fit before any work.
 """
 import math
 import signal
+from typing import Iterable, Union
 
 import cv2
 import torch
@@ -83,7 +84,7 @@ class RunData:
                               'lower batch_size or num_workers')
         self.updates_per_epoch = math.ceil(self.batches_per_epoch / accum)
 
-    def test_loader(self):
+    def test_loader(self) -> Iterable:
         """A loader of the test split (``tkvision.data.build_dataset`` ``'test'``), built when asked for: the
         trainer asks once, at the end of a run (kept for `close`)."""
         ds = build_dataset(self.data, 'test', self.seed, self.processes.rank, self.processes.world,
@@ -106,7 +107,7 @@ class RunData:
             return 1.0
         return naflex_loss_scale(self.data['naflex_loss_scale'], images, self.data['batch_size'])
 
-    def close(self):
+    def close(self) -> None:
         """Stop the loaders' worker processes, on every way out of a run (an error included).
 
         Persistent workers live in ``loader._iterator`` until it is dropped; its shutdown sets their
@@ -122,7 +123,7 @@ class RunData:
                 iterator._shutdown_workers()
 
 
-def naflex_patch_size(model: dict, data: dict, device='cpu') -> int:
+def naflex_patch_size(model: dict, data: dict, device: Union[str, torch.device] = 'cpu') -> int:
     """The patch size of the model section's model (built on the meta device), which NaFlex evaluation batches
     use; the data section's sequence lengths checked against ``device``'s memory (`check_naflex_memory`).
 
@@ -140,7 +141,7 @@ def naflex_patch_size(model: dict, data: dict, device='cpu') -> int:
     return patch[0]
 
 
-def check_naflex_memory(data: dict, net: torch.nn.Module, device):
+def check_naflex_memory(data: dict, net: torch.nn.Module, device: Union[str, torch.device]) -> None:
     """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in ``device``'s memory: the
     longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
     each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: the attention mask

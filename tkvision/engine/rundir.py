@@ -32,10 +32,11 @@ import fcntl
 import os
 import re
 import socket
+from typing import Union
 
 from ..utils.errors import RunError
 from ..utils.files import FILE_MODE
-from .distributed import all_ranks_agree
+from .distributed import Processes, all_ranks_agree
 
 __all__ = ['LOCK_NAME', 'RESTART_COUNTS', 'RunDirLock', 'claim_output', 'claim_output_dir',
            'run_files', 'remove_stale_temporaries',
@@ -111,7 +112,7 @@ class RunDirLock:
     def __init__(self, path: str, fd: int):
         self.path, self.fd = path, fd
 
-    def release(self):
+    def release(self) -> None:
         """Unlock and close the lock file; a second call does nothing."""
         if self.fd is not None:
             fcntl.lockf(self.fd, fcntl.LOCK_UN)
@@ -160,9 +161,9 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
 
 def claim_output(
         output: str,
-        processes,
+        processes: Processes,
         checkpoint: str,
-        resume,
+        resume: Union[None, bool, str],
 ) -> tuple:
     """Claim ``output`` for a run of ``processes`` (a ``tkvision.engine.distributed.Processes``): rank 0 locks it
     ([`claim_output_dir`][tkvision.engine.rundir.claim_output_dir]); every rank fails if it could not. A run resumed

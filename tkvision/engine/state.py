@@ -9,7 +9,7 @@ model, the optimizer's moments, the EMA and the frozen rows always move together
 import math
 import time
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence
+from typing import Mapping, Optional, Sequence, Union
 
 import torch
 from timm.utils import ModelEmaV3
@@ -67,7 +67,7 @@ class TrainState:
             amp: Optional[str],
             num_classes: int,
             lr: float,
-            device,
+            device: Union[str, torch.device],
             world: int,
             updates_per_epoch: int,
             mae: Optional[dict] = None,
@@ -142,7 +142,14 @@ class TrainState:
         """`tkvision.growth.model_size` of the live model (what a growth step changes)."""
         return growth.model_size(self.model)
 
-    def reset_meter(self, loss_sum=0.0, seen=0, skipped=0, seconds=0.0, data_seconds=0.0):
+    def reset_meter(
+            self,
+            loss_sum: float = 0.0,
+            seen: int = 0,
+            skipped: int = 0,
+            seconds: float = 0.0,
+            data_seconds: float = 0.0,
+    ) -> None:
         """The running epoch's sums: loss (on the device, no host sync per step), images, skipped images,
         training seconds and the seconds of those spent waiting for the loader (a checkpoint written before
         this was counted resumes with 0)."""
@@ -155,14 +162,14 @@ class TrainState:
         compile_ = self.model_section['compile']
         return compile_ is True or (compile_ == 'auto' and self.device.type == 'cuda')
 
-    def wrap(self):
+    def wrap(self) -> None:
         """(Re)build the compiled / DDP forward (``self.net``) over the current parameters."""
         net = torch.compile(self.model) if self.compiled() else self.model
         if self.world > 1:
             net = DDP(net, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
         self.net = net
 
-    def grow(self, due: dict, seed: int):
+    def grow(self, due: dict, seed: int) -> dict:
         """Grow model, optimizer state and EMA as ``due`` says (``{'add': {kind: n}}`` or a
         ``growth.schedule`` step), the same new tokens on every rank (``seed``); rewrap.
 
@@ -202,7 +209,7 @@ class TrainState:
         """The ``last.pth`` dict (`tkvision.engine.checkpoint.training_checkpoint`)."""
         return training_checkpoint(self)
 
-    def load_state_dict(self, state: dict):
+    def load_state_dict(self, state: dict) -> None:
         """Restore from `state_dict`; the schedule is rebuilt from the current config at the
         saved update, so changed schedule keys take effect from here on.
 

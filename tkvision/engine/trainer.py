@@ -23,6 +23,7 @@ import csv
 import os
 import signal
 import time
+from typing import Iterable, Union
 
 import torch
 from timm.utils import random_seed
@@ -35,9 +36,21 @@ from ..models import input_shape
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.seeding import derive_seed
 from .build import create_model, default_num_classes
-from .checkpoint import (BEST_WEIGHTS, CONFIG_FILE, CURVES_FILE, LAST_CHECKPOINT, LAST_WEIGHTS, METRICS_FILE,
-                         RECONSTRUCTION_FILE, keep_best, load_training_checkpoint, model_for_checkpoint, save_rows,
-                         save_weights, save_yaml)
+from .checkpoint import (
+    BEST_WEIGHTS,
+    CONFIG_FILE,
+    CURVES_FILE,
+    LAST_CHECKPOINT,
+    LAST_WEIGHTS,
+    METRICS_FILE,
+    RECONSTRUCTION_FILE,
+    keep_best,
+    load_training_checkpoint,
+    model_for_checkpoint,
+    save_rows,
+    save_weights,
+    save_yaml,
+)
 from .clock import STOP_SIGNALS
 from .config import SECTIONS, config_changes, resolve_lr, section
 from .config_rules import validate_config
@@ -64,7 +77,7 @@ def resolve_run_config(cfg: dict) -> dict:
     return {**cfg, **resolve_data_cfg(section(cfg, 'data'), cfg['model'], cfg['model_kwargs'])}
 
 
-def check_model_input(model: dict, data: dict):
+def check_model_input(model: dict, data: dict) -> None:
     """Refuse, before any work, a model (the model section) that cannot take the data section's images:
     Fashion-MNIST's are ``img_size`` px with one channel, and another input would only fail at the first batch
     (the model is built on the meta device: no memory).
@@ -111,7 +124,12 @@ def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> di
     return out
 
 
-def evaluate_prefixes(run: RunContext, state: TrainState, loader, split: str = '') -> dict:
+def evaluate_prefixes(
+        run: RunContext,
+        state: TrainState,
+        loader: Iterable,
+        split: str = '',
+) -> dict:
     """An elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader``
     (``tkvision.growth.elastic.prefix``): top-1, ``{'top1@0.25': ..., ...}``, or for ``task: mae`` the
     reconstruction loss (the same masks every time), ``{'val_loss@0.25': ...}``; keys prefixed by ``split``
@@ -169,7 +187,7 @@ def growth_due(growth: dict, epochs: int, epoch: int) -> dict:
     return dict(add=dict(growth['add_tokens']))
 
 
-def log_epoch(run: RunContext, history: list, row: dict):
+def log_epoch(run: RunContext, history: list, row: dict) -> None:
     """Append ``row`` to ``metrics.csv`` (atomically rewritten), TensorBoard and one printed line (rank 0)."""
     if not run.main:
         return
@@ -235,8 +253,13 @@ def _check_head(model: torch.nn.Module, weights: dict, path: str):
                    f'model_kwargs: {{num_classes: {head.shape[0]}}}')
 
 
-def build_state(cfg: dict, device: torch.device, world: int, updates_per_epoch: int,
-                started: float | None = None) -> TrainState:
+def build_state(
+        cfg: dict,
+        device: torch.device,
+        world: int,
+        updates_per_epoch: int,
+        started: float | None = None,
+) -> TrainState:
     """The ``TrainState`` (model, optimizer, schedule, EMA, scaler) of a resolved run config
     (``resolve_run_config``), each part built from its own section.
 
@@ -361,7 +384,7 @@ def _finish(run: RunContext, state: TrainState, history: list, mae: dict):
                              mae['mask_ratio'], run.processes.device)
 
 
-def train(cfg: dict, resume=None) -> dict:
+def train(cfg: dict, resume: Union[None, bool, str] = None) -> dict:
     """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, test_top1, ema_test_top1,
     best_test_top1, best_source, best_epoch, epochs, output, model, history, ema)``: ``top1`` / ``top5`` /
     ``best_top1`` on the validation split; ``test_top1`` / ``ema_test_top1`` / ``best_test_top1`` on the test

@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import Callable, Optional, Sequence, Tuple, Union
 
 import timm
 import torch
@@ -100,7 +101,7 @@ def machine_info(device: torch.device) -> str:
     return f'{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads'
 
 
-def synchronize(device: torch.device):
+def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA); nothing on a CPU."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
@@ -141,7 +142,7 @@ def matmul_peak_tflops(
     return 2 * size ** 3 / statistics.median(times) / 1e12
 
 
-def parse_model_spec(spec: str):
+def parse_model_spec(spec: str) -> Tuple[str, dict]:
     """``'name@key=value@key2=value2'`` -> ``(name, {key: value, ...})`` (values parsed as YAML), so a
     benchmark can compare a model option, e.g. ``tokenformer_vit_b16_matched@qk_norm=true``.
     ``backward_mode`` is set on every Pattention of the model (``@backward_mode=lean``; ``autograd``: the
@@ -173,7 +174,15 @@ class ModelStep:
         ValueError: an unknown ``backward_mode``; timm's errors for an unknown model or argument.
     """
 
-    def __init__(self, name: str, mode: str, batch_size: int, device: torch.device, amp, compile_: bool):
+    def __init__(
+            self,
+            name: str,
+            mode: str,
+            batch_size: int,
+            device: torch.device,
+            amp: Optional[str],
+            compile_: bool,
+    ):
         self.name, self.mode, self.device = name, mode, device
         base, kwargs = parse_model_spec(name)
         backward_mode = kwargs.pop('backward_mode', None)
@@ -219,7 +228,7 @@ class ModelStep:
         return counter.get_total_flops() / len(self.x)
 
 
-def saved_activation_mib(model: torch.nn.Module, x: torch.Tensor, amp=None) -> float:
+def saved_activation_mib(model: torch.nn.Module, x: torch.Tensor, amp: Optional[str] = None) -> float:
     """MiB that autograd keeps for backward in one forward of ``model`` on ``x``, parameters excluded
     (unique storages, counted through ``torch.autograd.graph.saved_tensors_hooks``): the activation
     memory of a training step, independent of the allocator."""
@@ -273,7 +282,7 @@ def available_memory_mib() -> float:
     return available_memory_bytes('cpu') / 2 ** 20
 
 
-def check_train_memory(runners, batch_size: int, log=print) -> float:
+def check_train_memory(runners: Sequence, batch_size: int, log: Callable[..., None] = print) -> float:
     """Refuse, before any timed step, a CPU training benchmark that would not fit in memory: every
     model's weights, gradients and AdamW moments (4 copies of its parameters) plus twice the largest
     model's activations kept for backward (measured at batch 1, times ``batch_size``; twice: the
@@ -298,7 +307,13 @@ def check_train_memory(runners, batch_size: int, log=print) -> float:
     return need
 
 
-def time_rounds(runners, device: torch.device, warmup: int, steps: int, repeats: int) -> dict:
+def time_rounds(
+        runners: Sequence,
+        device: torch.device,
+        warmup: int,
+        steps: int,
+        repeats: int,
+) -> dict:
     """``{name: [seconds per step of each round]}``: ``warmup`` steps each, then ``repeats`` rounds in
     which every runner runs ``steps`` steps, interleaved (A B A B ...)."""
     for r in runners:
@@ -317,8 +332,20 @@ def time_rounds(runners, device: torch.device, warmup: int, steps: int, repeats:
     return times
 
 
-def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cpu', amp=None, compile_=False,
-                     warmup=2, steps=2, repeats=5, memory=True, reference=None, log=print) -> list:
+def benchmark_models(
+        models: Sequence[str],
+        modes: Sequence[str] = ('infer', 'train'),
+        batch_size: int = 64,
+        device: Union[str, torch.device] = 'cpu',
+        amp: Optional[str] = None,
+        compile_: bool = False,
+        warmup: int = 2,
+        steps: int = 2,
+        repeats: int = 5,
+        memory: bool = True,
+        reference: Optional[str] = None,
+        log: Callable[..., None] = print,
+) -> list:
     """Interleaved throughput of ``models`` per mode; returns one dict per (model, mode).
 
     Each dict: ``model, mode, batch_size, img_per_s, step_ms, params, gflops_per_img, tflops_per_s,
@@ -369,7 +396,7 @@ def benchmark_models(models, modes=('infer', 'train'), batch_size=64, device='cp
     return rows
 
 
-def time_call(fn, steps: int, repeats: int) -> float:
+def time_call(fn: Callable[[], object], steps: int, repeats: int) -> float:
     """Median seconds of one call of ``fn`` over ``repeats`` rounds of ``steps`` calls, after one warm-up call."""
     fn()
     out = []

@@ -7,12 +7,19 @@ loses nothing measured. The layer and data benchmarks of ``docs/performance.md``
 import csv
 import json
 import time
+from typing import Any
 
 import torch
 
 from ..utils.files import atomic_write
-from .benchmark import (COUNTERPARTS, benchmark_models, machine_info, markdown_table, matmul_peak_tflops,
-                        parse_model_spec)
+from .benchmark import (
+    COUNTERPARTS,
+    benchmark_models,
+    machine_info,
+    markdown_table,
+    matmul_peak_tflops,
+    parse_model_spec,
+)
 from .profile import profile_breakdown
 
 __all__ = ['PARTS', 'run_benchmark']
@@ -78,7 +85,7 @@ def _profile_part(args) -> tuple:
 PARTS = {'peak': _peak_part, 'models': _models_part, 'profile': _profile_part}
 
 
-def run_benchmark(args, command: str, parts: dict = None) -> dict:
+def run_benchmark(args: Any, command: str, parts: dict = None) -> dict:
     """Run the parts ``args.parts`` of ``parts`` (default `PARTS`; each ``fn(args) -> (rows, markdown
     lines)``) with the options of ``tkvision-benchmark`` (its parsed arguments ``args``), writing
     ``<args.out>.md / .csv / .json`` with the machine, the date and ``command`` after each part. Returns

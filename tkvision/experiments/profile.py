@@ -5,6 +5,8 @@ sums the operators' time by category (`PROFILE_CATEGORIES`): an operator run by 
 node's category (Θ's closed-form backward as Θ, not as the elementwise operators it is made of), an operator
 inside the optimizer's step as the optimizer. ``tools/benchmark.py --parts profile`` prints the table.
 """
+from typing import Callable, Iterable, Optional, Sequence, Union
+
 import torch
 
 from .benchmark import ModelStep, synchronize
@@ -63,7 +65,7 @@ def _category(ev) -> str:
     return next((c for c, keys in BACKWARD_CATEGORIES if any(k in node for k in keys)), own)
 
 
-def category_ms(events, on_gpu: bool, steps: int) -> dict:
+def category_ms(events: Iterable, on_gpu: bool, steps: int) -> dict:
     """``{category: ms per step}`` of profiler ``events`` (``prof.events()``, whose parents say what ran an
     operator; ``key_averages()`` rows work too, by name alone) by ``_category``.
 
@@ -82,7 +84,15 @@ def category_ms(events, on_gpu: bool, steps: int) -> dict:
     return totals
 
 
-def profile_breakdown(models, batch_size=8, device='cpu', log=print, steps=3, amp=None, compile_=False) -> list:
+def profile_breakdown(
+        models: Sequence[str],
+        batch_size: int = 8,
+        device: Union[str, torch.device] = 'cpu',
+        log: Callable[..., None] = print,
+        steps: int = 3,
+        amp: Optional[str] = None,
+        compile_: bool = False,
+) -> list:
     """Self time of a training step per op category (``PROFILE_CATEGORIES``), per model, summed over
     ``steps`` profiled steps after two warm-up steps (several steps smooth out OS noise); ``amp``:
     ``'bf16'`` / ``'fp16'`` autocast or None; ``compile_``: the model ``torch.compile``'d (its fused kernels

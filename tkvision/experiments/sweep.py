@@ -19,6 +19,7 @@ import statistics
 import subprocess
 import sys
 import traceback
+from typing import Callable, Sequence
 
 import torch
 
@@ -75,7 +76,16 @@ def _run_point(config, seed, run_dir, extra):
                 threads=torch.get_num_threads())
 
 
-def run_sweep(configs, seeds, out, launcher='local', nproc=1, print_commands=False, extra=(), log=print) -> list:
+def run_sweep(
+        configs: Sequence[str],
+        seeds: Sequence[int],
+        out: str,
+        launcher: str = 'local',
+        nproc: int = 1,
+        print_commands: bool = False,
+        extra: Sequence[str] = (),
+        log: Callable[..., None] = print,
+) -> list:
     """Run every (config, seed) not yet finished; returns all records (finished, new, failed).
 
     A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, test_top1, params, img_per_s,
@@ -170,13 +180,13 @@ def mean_std(values: list, digits: int = None) -> tuple:
     return mean, std
 
 
-def plus_minus(mean: float, std, spec: str = '.2f') -> str:
+def plus_minus(mean: float, std: Sequence[float], spec: str = '.2f') -> str:
     """A report's ``'mean ± std'`` cell (``spec`` formats the mean, e.g. ``'+.2f'`` for a delta); ``'mean
     (one seed)'`` where `mean_std` gave no spread."""
     return f'{mean:{spec}} (one seed)' if std is None else f'{mean:{spec}} ± {std:.2f}'
 
 
-def summarize(records, out, title='Ablation sweep') -> list:
+def summarize(records: Sequence[dict], out: str, title: str = 'Ablation sweep') -> list:
     """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
     parameters) and ``results_points.csv`` (every finished config and seed) in ``out``; returns one row per config:
     ``config, seeds, top1_mean, top1_std, test_top1_mean, test_top1_std, params, img_per_s, minutes, failed``
@@ -224,7 +234,7 @@ def summarize(records, out, title='Ablation sweep') -> list:
     return rows
 
 
-def expand_configs(patterns) -> list:
+def expand_configs(patterns: Sequence[str]) -> list:
     """Config files of the sweep: each pattern's glob matches (sorted), or the pattern itself; shared
     bases (``_base_*.yaml``, names starting with ``_``) are not points."""
     configs = [c for pattern in patterns for c in sorted(glob.glob(pattern)) or [pattern]]

@@ -9,8 +9,20 @@ weights;
 Growing a weights *file* is `tkvision.engine.checkpoint.grow_weights_file` (``tools/grow.py``).
 """
 from .net2net import mlps, net2net_widen
-from .tokens import (check_reachable, checkpoint_size, grow, grow_to, grow_to_checkpoint, load_grown_state_dict,
-                     model_size, pattention_layers, schedule_sizes, target_counts, target_size, token_counts)
+from .tokens import (
+                     check_reachable,
+                     checkpoint_size,
+                     grow,
+                     grow_to,
+                     grow_to_checkpoint,
+                     load_grown_state_dict,
+                     model_size,
+                     pattention_layers,
+                     schedule_sizes,
+                     target_counts,
+                     target_size,
+                     token_counts,
+)
 from .training import freeze_old_tokens, grow_optimizer_state, grow_training_state
 
 __all__ = ['check_reachable', 'pattention_layers', 'token_counts', 'target_counts', 'grow', 'model_size', 'target_size',

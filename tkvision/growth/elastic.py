@@ -154,7 +154,12 @@ def prefix_counts(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> Dic
     return out
 
 
-def set_prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Dict[str, int]:
+def set_prefix(
+        model: nn.Module,
+        prefix: Prefix,
+        tau: str = 'kept',
+        nesting: str = 'all',
+) -> Dict[str, int]:
     """Run ``model`` at ``prefix`` (module docstring) until the next call; ``None`` restores every token.
     No weights are copied. ``tau``: τ of a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]); ``nesting``:
     the layers a fraction shrinks ([`NESTING`][tkvision.growth.elastic.NESTING]). Returns
@@ -184,7 +189,12 @@ def _tau_scale(layer: nn.Module, k: int) -> float:
 
 
 @contextlib.contextmanager
-def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = 'all') -> Iterator[Dict[str, int]]:
+def prefix(
+        model: nn.Module,
+        prefix: Prefix,
+        tau: str = 'kept',
+        nesting: str = 'all',
+) -> Iterator[Dict[str, int]]:
     """``with prefix(model, 0.5): logits = model(x)``: [`set_prefix`][tkvision.growth.elastic.set_prefix] inside the
     block, the layers' previous prefixes restored after it (also on an error). Yields
     [`prefix_counts`][tkvision.growth.elastic.prefix_counts]."""
@@ -199,7 +209,12 @@ def prefix(model: nn.Module, prefix: Prefix, tau: str = 'kept', nesting: str = '
                 layer.prefix_tau_scale = scale
 
 
-def extract_prefix(model: nn.Module, prefix: Prefix = None, tau: str = 'kept', nesting: str = 'all') -> nn.Module:
+def extract_prefix(
+        model: nn.Module,
+        prefix: Prefix = None,
+        tau: str = 'kept',
+        nesting: str = 'all',
+) -> nn.Module:
     """A standalone copy of ``model`` at ``prefix`` (with ``tau`` and ``nesting`` as
     [`set_prefix`][tkvision.growth.elastic.set_prefix]; default: the prefix it runs at now): every elastic layer keeps
     its first k tokens and the prefix's τ ([`truncate`][tkvision.layers.pattention.Pattention.truncate]), and the
@@ -293,8 +308,12 @@ def monotone_prefixes(depth: int, fractions: Sequence[float]) -> List[List[float
     return [list(c) for c in itertools.combinations_with_replacement(ordered, depth)]
 
 
-def mix_n_match(model: nn.Module, fractions: Sequence[float], max_parameters: int, nesting: str = 'all'
-                ) -> List[float]:
+def mix_n_match(
+        model: nn.Module,
+        fractions: Sequence[float],
+        max_parameters: int,
+        nesting: str = 'all',
+) -> List[float]:
     """MatFormer's rule of thumb for Mix'n'Match (§4.1.1): the per-block prefix of most parameters within
     ``max_parameters``, among those whose fraction never decreases with depth; of equal sizes the one
     that changes fraction least often (the flattest).

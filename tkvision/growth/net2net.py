@@ -6,6 +6,8 @@ new hidden units copy existing ones (fc1 rows duplicated) and each copied unit's
 its copies. It lets a ``growth.schedule`` with ``to: {mlp_hidden: N}`` run for a ViT, the baseline of
 ``docs/growth.md``.
 """
+from typing import Optional
+
 import torch
 from timm.layers import Mlp
 from timm.utils import unwrap_model
@@ -18,7 +20,12 @@ def mlps(model: torch.nn.Module) -> dict:
     return {n: m for n, m in unwrap_model(model).named_modules() if isinstance(m, Mlp)}
 
 
-def net2net_widen(model: torch.nn.Module, mlp_hidden: int, split: str = 'random', plan=None) -> dict:
+def net2net_widen(
+        model: torch.nn.Module,
+        mlp_hidden: int,
+        split: str = 'random',
+        plan: Optional[dict] = None,
+) -> dict:
     """Widen every timm ``Mlp`` (fc1 -> act -> fc2) of ``model`` to ``mlp_hidden`` units, in place,
     keeping the function (Net2WiderNet, Chen et al. 2016; paper Eq. 14, §4.3).
 

@@ -16,6 +16,7 @@ What a size is (`model_size`): ``{kind: num_tokens}`` for a TokenFormer, ``{'mlp
 for a timm ViT widened by Net2Net (`net2net`).
 """
 import copy as copy_module
+from typing import Dict, Union
 
 import timm
 import torch
@@ -59,15 +60,25 @@ def token_counts(model: torch.nn.Module) -> dict:
     return counts
 
 
-def target_counts(variant: str, **model_kwargs) -> dict:
+def target_counts(variant: str, **model_kwargs: dict) -> dict:
     """``{kind: num_tokens}`` of the registered ``variant`` (built on the meta device, no memory)."""
     with torch.device('meta'):
         return token_counts(timm.create_model(variant, **model_kwargs))
 
 
-def grow(model: torch.nn.Module, patch: int = 0, qkv: int = 0, proj: int = 0, ffn: int = 0, to=None,
-         key_init: str = 'zeros', value_init: str = 'normal', copy: bool = False, tau: str = 'keep',
-         **decoder) -> torch.nn.Module:
+def grow(
+        model: torch.nn.Module,
+        patch: int = 0,
+        qkv: int = 0,
+        proj: int = 0,
+        ffn: int = 0,
+        to: Union[None, str, Dict[str, int]] = None,
+        key_init: str = 'zeros',
+        value_init: str = 'normal',
+        copy: bool = False,
+        tau: str = 'keep',
+        **decoder: int,
+) -> torch.nn.Module:
     """Append parameter tokens to every Pattention of ``model``, by kind.
 
     Args:
@@ -151,7 +162,7 @@ def model_size(model: torch.nn.Module) -> dict:
     return {'mlp_hidden': sizes.pop()} if sizes else {}
 
 
-def target_size(to) -> dict:
+def target_size(to: Union[None, str, Dict[str, int]]) -> dict:
     """The `model_size` a growth target names: a registered variant's token counts, or the
     mapping itself (``{kind: tokens}`` or ``{'mlp_hidden': N}``)."""
     return target_counts(to) if isinstance(to, str) else dict(to)
@@ -166,7 +177,7 @@ def schedule_sizes(size: dict, schedule: list) -> list:
     return sizes
 
 
-def check_reachable(size: dict, schedule: list = (), add_tokens: dict = None):
+def check_reachable(size: dict, schedule: list = (), add_tokens: dict = None) -> None:
     """Check that a model of `model_size` ``size`` can take every step of a ``growth.schedule``
     (each ``to`` as `target_size` reads it) and the kinds of ``growth.add_tokens``, before any
     training: a TokenFormer grows by the token kinds it has, to counts no smaller than its own; a timm

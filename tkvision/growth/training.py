@@ -8,6 +8,8 @@ docs/growth.md). The step count is kept, so Adam's bias correction divides the n
 instead of by the small ``1 - β^k`` of a fresh start; how large their first updates then are depends on β2
 (docs/growth.md).
 """
+from typing import Dict, Optional, Union
+
 import torch
 from timm.utils import unwrap_model
 
@@ -17,7 +19,7 @@ from .tokens import grow, model_size, pattention_layers, token_counts
 __all__ = ['grow_optimizer_state', 'grow_training_state', 'freeze_old_tokens']
 
 
-def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict, expand=None):
+def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict, expand: Optional[dict] = None) -> None:
     """Point ``optimizer`` at grown parameters, keeping the old rows' state and zero-filling new rows.
 
     Args:
@@ -49,9 +51,16 @@ def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict, exp
         optimizer.state[new] = state
 
 
-def grow_training_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ema_model=None,
-                        key_init: str = 'zeros', value_init: str = 'normal', to=None, tau: str = 'keep',
-                        **add) -> dict:
+def grow_training_state(
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        ema_model: Optional[torch.nn.Module] = None,
+        key_init: str = 'zeros',
+        value_init: str = 'normal',
+        to: Union[None, str, Dict[str, int]] = None,
+        tau: str = 'keep',
+        **add: Optional[Dict[str, int]],
+) -> dict:
     """Grow a model in the middle of training, with the state that trains it (paper §3.3).
 
     ``model`` grows in place by ``add`` (``{kind: tokens}``) or to ``to`` (see [`grow`][tkvision.growth.tokens.grow]);
@@ -119,7 +128,12 @@ class _Unfreeze:
             param.requires_grad_(True)
 
 
-def freeze_old_tokens(model: torch.nn.Module, old_counts: dict, optimizer=None, trainable=('head',)):
+def freeze_old_tokens(
+        model: torch.nn.Module,
+        old_counts: dict,
+        optimizer: Optional[torch.optim.Optimizer] = None,
+        trainable: bool = ('head',),
+) -> list:
     """Parameter-efficient tuning (paper §5): train only appended tokens and ``trainable`` modules.
 
     Non-Pattention parameters outside ``trainable`` get ``requires_grad=False``; in each Pattention,

@@ -3,9 +3,21 @@ score-normalisation registry; the TokenFormer stem ([`PatchEmbed`][tkvision.laye
 ([`Block`][tkvision.layers.block.Block], [`Attention`][tkvision.layers.block.Attention])."""
 from .block import Attention, Block
 from .patch_embed import FlexPatchPattention, PatchEmbed, PatchPattention
-from .pattention import (BACKWARD_MODES, DECODER_KINDS, ENCODER_KINDS, PATTENTION_KINDS, SCORE_NORMS, Normalize,
-                         Pattention, ScoreNorm, default_tau, normalize_scores, register_score_norm, score_norm_entry,
-                         set_backward_mode)
+from .pattention import (
+                         BACKWARD_MODES,
+                         DECODER_KINDS,
+                         ENCODER_KINDS,
+                         PATTENTION_KINDS,
+                         SCORE_NORMS,
+                         Normalize,
+                         Pattention,
+                         ScoreNorm,
+                         default_tau,
+                         normalize_scores,
+                         register_score_norm,
+                         score_norm_entry,
+                         set_backward_mode,
+)
 
 __all__ = ['Attention', 'Block', 'FlexPatchPattention', 'PatchEmbed', 'PatchPattention', 'Pattention', 'SCORE_NORMS',
            'ScoreNorm', 'Normalize', 'register_score_norm', 'score_norm_entry', 'default_tau', 'normalize_scores',

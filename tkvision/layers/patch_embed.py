@@ -6,7 +6,7 @@ Design choice where the paper is silent (``docs/reference/background.md``, "The 
 embedding is a Pattention over flattened ``p x p`` patches with ``num_tokens`` tokens.
 """
 import math
-from typing import List, Optional, Tuple
+from typing import Any, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +32,15 @@ class PatchPattention(Pattention):
 
     key_name = 'weight'
 
-    def __init__(self, in_chans, patch_size, out_features, num_tokens, score_norm='l2_norm_gelu', **kwargs):
+    def __init__(
+            self,
+            in_chans: int,
+            patch_size: Union[int, Tuple[int, int]],
+            out_features: int,
+            num_tokens: Optional[int],
+            score_norm: str = 'l2_norm_gelu',
+            **kwargs: Any,
+    ):
         kwargs.setdefault('kind', 'patch')
         super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
         self.patch_size = patch_size
@@ -64,7 +72,15 @@ class FlexPatchPattention(Pattention):
 
     key_name = 'weight'
 
-    def __init__(self, in_chans, patch_size, out_features, num_tokens, score_norm='l2_norm_gelu', **kwargs):
+    def __init__(
+            self,
+            in_chans: int,
+            patch_size: Union[int, Tuple[int, int]],
+            out_features: int,
+            num_tokens: Optional[int],
+            score_norm: str = 'l2_norm_gelu',
+            **kwargs: Any,
+    ):
         kwargs.setdefault('kind', 'patch')
         super().__init__(in_chans * patch_size * patch_size, out_features, num_tokens, score_norm, **kwargs)
         self.in_chans, self.patch_size = in_chans, patch_size
@@ -100,8 +116,16 @@ class PatchEmbed(nn.Module):
             or is not a multiple of ``patch_size``.
     """
 
-    def __init__(self, img_size=224, patch_size=16, in_chans=3, embed_dim=768, num_tokens=768,
-                 score_norm='l2_norm_gelu', strict_img_size=True):
+    def __init__(
+            self,
+            img_size: Union[int, Tuple[int, int]] = 224,
+            patch_size: Union[int, Tuple[int, int]] = 16,
+            in_chans: int = 3,
+            embed_dim: int = 768,
+            num_tokens: Optional[int] = 768,
+            score_norm: str = 'l2_norm_gelu',
+            strict_img_size: bool = True,
+    ):
         super().__init__()
         self.img_size = (img_size, img_size) if isinstance(img_size, int) else tuple(img_size)
         self.patch_size = (patch_size, patch_size)
@@ -113,7 +137,11 @@ class PatchEmbed(nn.Module):
         self.proj = PatchPattention(in_chans, patch_size, embed_dim, num_tokens, score_norm=score_norm)
 
     @torch.jit.ignore
-    def set_input_size(self, img_size=None, patch_size=None):
+    def set_input_size(
+            self,
+            img_size: Optional[Union[int, Tuple[int, int]]] = None,
+            patch_size: Optional[Union[int, Tuple[int, int]]] = None,
+    ) -> None:
         """Change the input size and / or the patch size in place (timm's ``PatchEmbed.set_input_size``).
 
         A new patch size resamples the key tokens as FlexiViT resamples a conv stem (timm's
@@ -140,7 +168,7 @@ class PatchEmbed(nn.Module):
         """Patch grid ``(H/p, W/p)`` of an image of ``img_size = (H, W)`` pixels."""
         return img_size[0] // self.patch_size[0], img_size[1] // self.patch_size[1]
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x [B, in_chans, H, W]`` -> ``[B, H/p * W/p, embed_dim]``, raising as the class docstring says."""
         _, _, H, W = x.shape
         p = self.patch_size[0]

@@ -41,7 +41,7 @@ the MAE decoder's ``decoder_*``), set by the model that builds it; growth groups
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -89,8 +89,12 @@ class ScoreNorm:
 SCORE_NORMS = {}
 
 
-def register_score_norm(name: str, default_tau: Callable[[int], float], zero_key_exact: bool,
-                        scale_invariant: bool = False):
+def register_score_norm(
+        name: str,
+        default_tau: Callable[[int], float],
+        zero_key_exact: bool,
+        scale_invariant: bool = False,
+) -> Callable:
     """Class decorator adding a ``Normalize`` subclass to ``SCORE_NORMS`` under ``name``
     (the fields of ``ScoreNorm``; ``scale_invariant`` defaults to False, which keeps a block's
     LayerNorm explicit in front of the new normalisation).
@@ -179,7 +183,12 @@ def default_tau(score_norm: str, num_tokens: int) -> float:
     return float(score_norm_entry(score_norm).default_tau(num_tokens))
 
 
-def normalize_scores(scores: torch.Tensor, score_norm: str, tau, eps: float = 1e-6) -> torch.Tensor:
+def normalize_scores(
+        scores: torch.Tensor,
+        score_norm: str,
+        tau: Optional[float],
+        eps: float = 1e-6,
+) -> torch.Tensor:
     """Θ of Eq. 5 (and its ablation variants) over the last axis of ``scores``, by name.
 
     Args:
@@ -271,8 +280,8 @@ class Pattention(nn.Module):
             value_std: float = 0.02,
             kind: Optional[str] = None,
             backward_mode: str = 'closed_form',
-            device=None,
-            dtype=None,
+            device: Optional[Union[str, torch.device]] = None,
+            dtype: Optional[torch.dtype] = None,
     ):
         super().__init__()
         if min(in_features, out_features, num_tokens) <= 0:
@@ -318,7 +327,7 @@ class Pattention(nn.Module):
         """K_P, whatever its attribute name (``key_name``)."""
         return getattr(self, self.key_name)
 
-    def reset_parameters(self):
+    def reset_parameters(self) -> None:
         """Re-draw K_P ~ N(0, key_std²) and V_P ~ N(0, value_std²)."""
         nn.init.normal_(self.keys, std=self.key_std)
         nn.init.normal_(self.value_param_tokens, std=self.value_std)
@@ -395,7 +404,7 @@ class Pattention(nn.Module):
         return self
 
     @torch.no_grad()
-    def grow(self, num_new_tokens: int, key_init: str = 'zeros', value_init: str = 'normal'):
+    def grow(self, num_new_tokens: int, key_init: str = 'zeros', value_init: str = 'normal') -> 'Pattention':
         """Append ``num_new_tokens`` key/value parameter tokens in place (Eq. 12-13).
 
         Old tokens keep rows ``[:n_old]``; τ is left as it is. The parameters are replaced by new
@@ -435,7 +444,7 @@ class Pattention(nn.Module):
         return self
 
     @torch.no_grad()
-    def truncate(self, num_tokens: int):
+    def truncate(self, num_tokens: int) -> 'Pattention':
         """Keep only the first ``num_tokens`` key/value parameter tokens, in place: the layer becomes the
         sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs; τ as
         [`active_tau`][tkvision.layers.pattention.Pattention.active_tau]). The inverse of
@@ -468,7 +477,7 @@ class Pattention(nn.Module):
                 f'num_tokens={self.num_tokens}{prefix}, score_norm={self.score_norm}, tau={tau}, kind={self.kind}')
 
 
-def set_backward_mode(model: nn.Module, backward_mode: str):
+def set_backward_mode(model: nn.Module, backward_mode: str) -> None:
     """Set ``backward_mode`` (`BACKWARD_MODES`) on every Pattention of ``model``.
 
     Raises:

@@ -113,7 +113,12 @@ class _L2NormGELUAttend(torch.autograd.Function):
         return grad_scores, grad_value, None, None
 
 
-def l2_norm_gelu_attend(scores: torch.Tensor, value: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+def l2_norm_gelu_attend(
+        scores: torch.Tensor,
+        value: torch.Tensor,
+        tau: torch.Tensor,
+        eps: float,
+) -> torch.Tensor:
     """``GELU(A · τ / max(‖A‖₂, ε)) · V`` for ``scores`` A ``[..., n]`` and ``value`` V ``[n, d_out]``,
     returning ``[..., d_out]`` in A's dtype, normalisation in float32, saving only A for backward (lean)."""
     return _L2NormGELUAttend.apply(scores, value, tau, eps)

@@ -27,7 +27,7 @@ from the encoder's ``patch``, ``qkv``, ``proj``, ``ffn``.
 Layout as timm's model files: helpers -> decoder -> model -> checkpoint filter -> factories.
 """
 import math
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import timm
 import torch
@@ -69,7 +69,12 @@ def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:
     return torch.einsum('nchpwq->nhwpqc', x).reshape(B, (H // p) * (W // p), p * p * C)
 
 
-def unpatchify(patches: torch.Tensor, patch_size: int, grid: Tuple[int, int], in_chans: int) -> torch.Tensor:
+def unpatchify(
+        patches: torch.Tensor,
+        patch_size: int,
+        grid: Tuple[int, int],
+        in_chans: int,
+) -> torch.Tensor:
     """Inverse of `patchify`: ``[B, N, p·p·C] -> [B, C, gh·p, gw·p]``."""
     B = patches.shape[0]
     p, (gh, gw) = patch_size, grid
@@ -77,7 +82,12 @@ def unpatchify(patches: torch.Tensor, patch_size: int, grid: Tuple[int, int], in
     return torch.einsum('nhwpqc->nchpwq', x).reshape(B, in_chans, gh * p, gw * p)
 
 
-def patch_targets(images: torch.Tensor, patch_size: int, norm_pix_loss: bool = True, eps: float = 1e-6):
+def patch_targets(
+        images: torch.Tensor,
+        patch_size: int,
+        norm_pix_loss: bool = True,
+        eps: float = 1e-6,
+) -> torch.Tensor:
     """What the decoder predicts: ``[B, N, p·p·C]`` pixels, each patch normalised to zero mean and unit
     variance when ``norm_pix_loss`` (MAE §3, "with normalised pixels": (x - mean) / sqrt(var + eps),
     the variance unbiased as in MAE's code)."""
@@ -89,7 +99,11 @@ def patch_targets(images: torch.Tensor, patch_size: int, norm_pix_loss: bool = T
     return target
 
 
-def random_masking(x: torch.Tensor, mask_ratio: float, noise: Optional[torch.Tensor] = None):
+def random_masking(
+        x: torch.Tensor,
+        mask_ratio: float,
+        noise: Optional[torch.Tensor] = None,
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-sample random masking by argsort of uniform noise (MAE §3, "Masking").
 
     Args:
@@ -137,8 +151,19 @@ class MAEDecoder(nn.Module):
         ValueError: unknown ``kind``, or ``embed_dim`` not divisible by ``num_heads``.
     """
 
-    def __init__(self, encoder_dim, num_patches_grid, num_prefix_tokens, out_dim, embed_dim=512, depth=8,
-                 num_heads=16, num_tokens=None, kind='tokenformer', score_norm='l2_norm_gelu'):
+    def __init__(
+            self,
+            encoder_dim: int,
+            num_patches_grid: Tuple[int, int],
+            num_prefix_tokens: int,
+            out_dim: int,
+            embed_dim: int = 512,
+            depth: int = 8,
+            num_heads: int = 16,
+            num_tokens: Optional[int] = None,
+            kind: str = 'tokenformer',
+            score_norm: str = 'l2_norm_gelu',
+    ):
         super().__init__()
         if kind not in ('tokenformer', 'vit'):
             raise ValueError(f"decoder kind must be 'tokenformer' or 'vit', got {kind!r}")
@@ -172,7 +197,7 @@ class MAEDecoder(nn.Module):
         if kind == 'vit':
             self.apply(_init_vit_decoder)
 
-    def forward(self, x, ids_restore):
+    def forward(self, x: torch.Tensor, ids_restore: torch.Tensor) -> torch.Tensor:
         """``x [B, P + K, d_enc]`` (prefix, then the K visible patches in shuffled order) and
         ``ids_restore [B, N]`` (each patch's place in that order) -> predicted pixels ``[B, N, p·p·C]``
         in the image's patch order; mask tokens fill the N - K masked places (MAE §3, "MAE decoder")."""
@@ -223,9 +248,18 @@ class MaskedAutoencoder(nn.Module):
             square patches; a ``mask_ratio`` that masks no patch or leaves none visible.
     """
 
-    def __init__(self, encoder: nn.Module, decoder_embed_dim=512, decoder_depth=8, decoder_num_heads=16,
-                 decoder_num_tokens=None, decoder_kind=None, mask_ratio=0.75, norm_pix_loss=True,
-                 sincos_pos_embed=True):
+    def __init__(
+            self,
+            encoder: nn.Module,
+            decoder_embed_dim: int = 512,
+            decoder_depth: int = 8,
+            decoder_num_heads: int = 16,
+            decoder_num_tokens: Optional[int] = None,
+            decoder_kind: Optional[str] = None,
+            mask_ratio: float = 0.75,
+            norm_pix_loss: bool = True,
+            sincos_pos_embed: bool = True,
+    ):
         super().__init__()
         missing = [a for a in ('patch_embed', 'cls_token', 'pos_embed', 'blocks', 'norm', 'num_prefix_tokens')
                    if not hasattr(encoder, a)]
@@ -260,18 +294,23 @@ class MaskedAutoencoder(nn.Module):
                                   decoder_num_heads, decoder_num_tokens, decoder_kind, score_norm=score_norm)
 
     @torch.jit.ignore
-    def no_weight_decay(self):
+    def no_weight_decay(self) -> set:
         """Encoder's class / register tokens and position embedding, and the mask token (timm convention)."""
         enc = {f'encoder.{n}' for n in ('pos_embed', 'cls_token', 'reg_token')
                if isinstance(getattr(self.encoder, n, None), torch.nn.Parameter)}
         return enc | {'decoder.mask_token'}
 
     @torch.jit.ignore
-    def set_grad_checkpointing(self, enable=True):
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute the encoder's block activations in backward."""
         self.encoder.set_grad_checkpointing(enable)
 
-    def forward_encoder(self, images, mask_ratio: float, noise=None):
+    def forward_encoder(
+            self,
+            images: torch.Tensor,
+            mask_ratio: float,
+            noise: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``[B, C, H, W] -> (latent [B, P + K, d], mask [B, N], ids_restore [B, N])``: the visible
         patches (in shuffled order) after the prefix tokens, through the encoder's blocks and norm."""
         enc = self.encoder
@@ -301,14 +340,19 @@ class MaskedAutoencoder(nn.Module):
             x = enc.blocks(x)
         return enc.norm(x), mask, ids_restore
 
-    def forward_loss(self, images, pred, mask):
+    def forward_loss(self, images: torch.Tensor, pred: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Mean over masked patches of the per-patch mean squared error (MAE §3, "Reconstruction
         target"); float32. ``images [B, C, H, W]``, ``pred [B, N, p·p·C]``, ``mask [B, N]``."""
         target = patch_targets(images, self.patch_size, self.norm_pix_loss)
         loss = ((pred.float() - target) ** 2).mean(dim=-1)
         return (loss * mask).sum() / mask.sum().clamp_min(1)
 
-    def forward(self, images, mask_ratio: Optional[float] = None, noise: Optional[torch.Tensor] = None):
+    def forward(
+            self,
+            images: torch.Tensor,
+            mask_ratio: Optional[float] = None,
+            noise: Optional[torch.Tensor] = None,
+    ) -> tuple:
         """``images [B, C, H, W]`` -> ``(loss, pred [B, N, p·p·C], mask [B, N])`` (1 = masked):
         ``mask_ratio`` defaults to the model's; ``noise [B, N]`` fixes which patches are kept (the
         lowest), random otherwise. Raises as
@@ -380,8 +424,15 @@ def linear_probe(model: nn.Module) -> nn.Module:
     return model
 
 
-def create_mae(encoder: str, decoder: str = 'base', mask_ratio: float = 0.75, norm_pix_loss: bool = True,
-               decoder_num_tokens=None, decoder_kind=None, **encoder_kwargs) -> MaskedAutoencoder:
+def create_mae(
+        encoder: str,
+        decoder: str = 'base',
+        mask_ratio: float = 0.75,
+        norm_pix_loss: bool = True,
+        decoder_num_tokens: Optional[int] = None,
+        decoder_kind: Optional[str] = None,
+        **encoder_kwargs: Any,
+) -> MaskedAutoencoder:
     """``MaskedAutoencoder(timm.create_model(encoder, num_classes=0, **encoder_kwargs), ...)``.
 
     Args:
@@ -401,31 +452,31 @@ def create_mae(encoder: str, decoder: str = 'base', mask_ratio: float = 0.75, no
                              decoder_kind, mask_ratio, norm_pix_loss)
 
 
-def mae_tokenformer_vit_b16(**kwargs) -> MaskedAutoencoder:
+def mae_tokenformer_vit_b16(**kwargs: Any) -> MaskedAutoencoder:
     """MAE with a TokenFormer-B/16 encoder (768 / 3072 tokens) and MAE's base decoder (512, 8, 16)."""
     return create_mae('tokenformer_vit_b16', **kwargs)
 
 
-def mae_tokenformer_vit_b16_matched(**kwargs) -> MaskedAutoencoder:
+def mae_tokenformer_vit_b16_matched(**kwargs: Any) -> MaskedAutoencoder:
     """MAE with a TokenFormer-B/16† encoder (ViT-B's parameter count) and MAE's base decoder."""
     return create_mae('tokenformer_vit_b16_matched', **kwargs)
 
 
-def mae_tokenformer_vit_l16(**kwargs) -> MaskedAutoencoder:
+def mae_tokenformer_vit_l16(**kwargs: Any) -> MaskedAutoencoder:
     """MAE with a TokenFormer-L/16 encoder and MAE's base decoder."""
     return create_mae('tokenformer_vit_l16', **kwargs)
 
 
-def mae_tokenformer_vit_l16_matched(**kwargs) -> MaskedAutoencoder:
+def mae_tokenformer_vit_l16_matched(**kwargs: Any) -> MaskedAutoencoder:
     """MAE with a TokenFormer-L/16† encoder (ViT-L's parameter count) and MAE's base decoder."""
     return create_mae('tokenformer_vit_l16_matched', **kwargs)
 
 
-def mae_vit_base_patch16_224(**kwargs) -> MaskedAutoencoder:
+def mae_vit_base_patch16_224(**kwargs: Any) -> MaskedAutoencoder:
     """The baseline: MAE's ViT-B/16 (timm's ``vit_base_patch16_224``) with MAE's ViT decoder."""
     return create_mae('vit_base_patch16_224', **kwargs)
 
 
-def mae_vit_large_patch16_224(**kwargs) -> MaskedAutoencoder:
+def mae_vit_large_patch16_224(**kwargs: Any) -> MaskedAutoencoder:
     """The baseline: MAE's ViT-L/16 (timm's ``vit_large_patch16_224``) with MAE's ViT decoder."""
     return create_mae('vit_large_patch16_224', **kwargs)

@@ -23,13 +23,13 @@ Layout follows timm's model files: model class, checkpoint filter, cfgs, entrypo
 import contextlib
 import dataclasses
 import math
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
 import torch
-from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, naflexvit, register_model
 from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
+from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from ..layers import Block, FlexPatchPattention
 from ._helpers import check_arguments, check_positive
@@ -104,9 +104,9 @@ class NaFlexTokenFormer(NaFlexVit):
             block_norm_weight: bool = False,
             block_norm_bias: bool = False,
             block_norm_fold: bool = True,
-            device=None,
-            dtype=None,
-            **kwargs,
+            device: Optional[Union[str, torch.device]] = None,
+            dtype: Optional[torch.dtype] = None,
+            **kwargs: Any,
     ):
         check_arguments(NaFlexTokenFormer.__init__, locals())
         check_positive(key_std=key_std, value_std=value_std)
@@ -152,7 +152,12 @@ class NaFlexTokenFormer(NaFlexVit):
         return super().forward(x, patch_coord, patch_valid, attn_mask)
 
     @torch.jit.ignore
-    def check_inputs(self, x, patch_coord: Optional[torch.Tensor] = None, patch_valid: Optional[torch.Tensor] = None):
+    def check_inputs(
+            self,
+            x: torch.Tensor,
+            patch_coord: Optional[torch.Tensor] = None,
+            patch_valid: Optional[torch.Tensor] = None,
+    ) -> None:
         """Refuse an input NaFlexVit would fail on cryptically, or accept wrongly.
 
         Raises:
@@ -267,7 +272,7 @@ default_cfgs = generate_default_cfgs({
 
 
 @register_model
-def naflexvit_tokenformer_ti16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
+def naflexvit_tokenformer_ti16(pretrained: bool = False, **kwargs: Any) -> NaFlexTokenFormer:
     """NaFlex TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (tokenformer_vit_ti16's)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
     return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_ti16', pretrained, checkpoint_filter_fn,
@@ -275,7 +280,7 @@ def naflexvit_tokenformer_ti16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
 
 
 @register_model
-def naflexvit_tokenformer_b16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
+def naflexvit_tokenformer_b16(pretrained: bool = False, **kwargs: Any) -> NaFlexTokenFormer:
     """NaFlex TokenFormer-B/16: d 768, 12 blocks, 12 heads, 768 / 3072 tokens (tokenformer_vit_b16's)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
     return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_b16', pretrained, checkpoint_filter_fn,
@@ -283,7 +288,7 @@ def naflexvit_tokenformer_b16(pretrained=False, **kwargs) -> NaFlexTokenFormer:
 
 
 @register_model
-def naflexvit_tokenformer_b16_matched(pretrained=False, **kwargs) -> NaFlexTokenFormer:
+def naflexvit_tokenformer_b16_matched(pretrained: bool = False, **kwargs: Any) -> NaFlexTokenFormer:
     """NaFlex TokenFormer-B/16†: ViT-B/16's parameter count, 576 / 2304 tokens (tokenformer_vit_b16_matched's)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
     return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_b16_matched', pretrained,

@@ -38,7 +38,7 @@ norms would make the levels' norms identical, leaving the signals as the only le
 Layout follows ``tokenformer_vit.py``: layers -> model -> checkpoint filter -> cfgs -> entrypoints. The
 model class is [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT] with another stem and trunk.
 """
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 import torch.nn.functional as F
@@ -71,12 +71,17 @@ class LevelSignal(nn.Module):
         self.up = nn.Linear(rank, out_features, bias=False)
         nn.init.zeros_(self.up.weight)
 
-    def forward(self, x):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``[..., d_in] -> [..., d_out]``: ``A (Bᵀ x)``."""
         return self.up(self.down(x))
 
 
-def attend_with_level_tokens(layer: Pattention, x, keys, values):
+def attend_with_level_tokens(
+        layer: Pattention,
+        x: torch.Tensor,
+        keys: torch.Tensor,
+        values: torch.Tensor,
+) -> torch.Tensor:
     """A shared Pattention extended by one level's key/value tokens: ``Θ([x K_Pᵀ, x K_iᵀ]) [V_P; V_i]``,
     one normalisation (``layer``'s Θ and τ) over shared and level scores. ``x [..., d_in]``,
     ``keys [m, d_in]``, ``values [m, d_out]`` -> ``[..., d_out]``."""
@@ -94,8 +99,16 @@ class Level(nn.Module):
     ``<name>_values`` N(0, value_std²)); ``kind='none'`` (or None): no signal (a plain shared block).
     """
 
-    def __init__(self, dim, kind: Optional[str], rank: int = 0, tokens: Optional[dict] = None, dims=None,
-                 drop_path=0., value_std=0.02):
+    def __init__(
+            self,
+            dim: int,
+            kind: Optional[str],
+            rank: int = 0,
+            tokens: Optional[dict] = None,
+            dims: Optional[dict] = None,
+            drop_path: float = 0.,
+            value_std: Optional[float] = 0.02,
+    ):
         super().__init__()
         if kind not in (None, 'none') + LEVEL_SIGNALS:
             raise ValueError(f"level_signal must be one of {LEVEL_SIGNALS} or 'none', got {kind!r}")
@@ -115,7 +128,7 @@ class Level(nn.Module):
                 self.register_parameter(f'{name}_values', nn.Parameter(torch.randn(m, d_out) * value_std))
         self.token_names = tuple(tokens) if kind == 'tokens' else ()
 
-    def project(self, name: str, layer: nn.Module, x):
+    def project(self, name: str, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``layer(x)`` at this level: plus the low-rank signal (Eq. 6), or with the level's tokens."""
         if name in self.token_names:
             return attend_with_level_tokens(layer, x, getattr(self, f'{name}_keys'), getattr(self, f'{name}_values'))
@@ -124,7 +137,7 @@ class Level(nn.Module):
             out = out + self.signals[name](x)
         return out
 
-    def ffn(self, layer: nn.Module, x):
+    def ffn(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The shared FFN at this level: ``layer(x + M_F x)`` (Eq. 7), or with the level's tokens."""
         if 'ffn' in self.token_names:
             return attend_with_level_tokens(layer, x, self.ffn_keys, self.ffn_values)
@@ -140,7 +153,18 @@ class RecurrentAttention(nn.Module):
     ``q_norm`` / ``k_norm`` (Identity unless ``qk_norm``) are where the mean-attention-distance study
     (``studies/ringformer/attention_distance.py``) reads q and k."""
 
-    def __init__(self, dim, num_heads, q, k, v, proj, qk_norm=False, attn_drop=0., proj_drop=0.):
+    def __init__(
+            self,
+            dim: int,
+            num_heads: int,
+            q: nn.Module,
+            k: nn.Module,
+            v: nn.Module,
+            proj: nn.Module,
+            qk_norm: bool = False,
+            attn_drop: float = 0.,
+            proj_drop: float = 0.,
+    ):
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
@@ -151,7 +175,7 @@ class RecurrentAttention(nn.Module):
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
-    def forward(self, x, level: Level, attn_mask: Optional[torch.Tensor] = None):
+    def forward(self, x: torch.Tensor, level: Level, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x [B, N, d] -> [B, N, d]`` at ``level``; ``attn_mask`` as ``F.scaled_dot_product_attention``
         takes it."""
         B, N, C = x.shape
@@ -168,12 +192,12 @@ class RingBlock(nn.Module):
     """The shared pre-norm block, run once per level (Fig. 1d): ``x + Attn_i(LN1_i(x))``, then
     ``h + FFN_i(LN2_i(h))``, the norms and signals of level i. ``[B, N, d] -> [B, N, d]``."""
 
-    def __init__(self, attn: RecurrentAttention, ffn: nn.Module, ffn_drop=0.):
+    def __init__(self, attn: RecurrentAttention, ffn: nn.Module, ffn_drop: float = 0.):
         super().__init__()
         self.attn, self.ffn = attn, ffn
         self.ffn_drop = nn.Dropout(ffn_drop)
 
-    def forward(self, x, level: Level, attn_mask: Optional[torch.Tensor] = None):
+    def forward(self, x: torch.Tensor, level: Level, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x [B, N, d] -> [B, N, d]``, the shared block run as ``level``."""
         x = x + level.drop_path(self.attn(level.norm1(x), level, attn_mask))
         return x + level.drop_path(self.ffn_drop(level.ffn(self.ffn, level.norm2(x))))
@@ -225,8 +249,18 @@ class RingFormerViT(_RecurrentViT):
     divisible by num_heads, or an unknown ``level_signal``.
     """
 
-    def __init__(self, embed_dim=768, depth=12, num_heads=12, mlp_ratio=4., rank=None, level_signal='lowrank',
-                 qkv_bias=True, pos_embed='sincos', **kwargs):
+    def __init__(
+            self,
+            embed_dim: int = 768,
+            depth: int = 12,
+            num_heads: int = 12,
+            mlp_ratio: float = 4.,
+            rank: Optional[int] = None,
+            level_signal: str = 'lowrank',
+            qkv_bias: bool = True,
+            pos_embed: str = 'sincos',
+            **kwargs: Any,
+    ):
         _check_rank(rank)
         self._ring = dict(mlp_ratio=mlp_ratio, rank=max(1, embed_dim // 16) if rank is None else rank,
                           level_signal=level_signal, qkv_bias=qkv_bias)
@@ -247,7 +281,7 @@ class RingFormerViT(_RecurrentViT):
         return nn.ModuleList([Level(d, r['level_signal'], r['rank'], dims=dims, drop_path=dpr[i])
                               for i in range(depth)])
 
-    def init_weights(self):
+    def init_weights(self) -> None:
         """The TokenFormer init, then timm ViT's init of the shared Linear layers (RingFormer's own)."""
         super().init_weights()
         if hasattr(self, 'shared'):
@@ -274,7 +308,14 @@ class TokenRingViT(_RecurrentViT):
     Raises ValueError as [`RingFormerViT`][tkvision.models.ringformer.RingFormerViT].
     """
 
-    def __init__(self, level_signal='lowrank', rank=None, level_tokens=None, pos_embed='sincos', **kwargs):
+    def __init__(
+            self,
+            level_signal: str = 'lowrank',
+            rank: Optional[int] = None,
+            level_tokens: Optional[bool] = None,
+            pos_embed: str = 'sincos',
+            **kwargs: Any,
+    ):
         _check_rank(rank)
         if level_tokens is not None and not (isinstance(level_tokens, int) and level_tokens >= 1):
             raise ValueError(f'level_tokens must be an integer >= 1 or None, got level_tokens={level_tokens!r}')
@@ -319,42 +360,42 @@ default_cfgs = generate_default_cfgs({
 
 
 @register_model
-def ringformer_vit_small_patch16_224(pretrained=False, **kwargs) -> RingFormerViT:
+def ringformer_vit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> RingFormerViT:
     """RingFormer, ImageNet-small (Table 2): d 512, FFN 2048, 6 levels, 8 heads, 100 classes: 4.40M (paper 4.4M)."""
     args = dict(patch_size=16, embed_dim=512, depth=6, num_heads=8)  # 100 classes: the cfg's (a file's head wins)
     return _create(RingFormerViT, 'ringformer_vit_small_patch16_224', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def ringformer_vit_base_patch16_224(pretrained=False, **kwargs) -> RingFormerViT:
+def ringformer_vit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> RingFormerViT:
     """RingFormer, ImageNet-1K (Table 3): d 768, FFN 3072, 12 levels, 12 heads: 12.02M (paper 12.02M)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
     return _create(RingFormerViT, 'ringformer_vit_base_patch16_224', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def ringformer_vit_base_wide_patch16_224(pretrained=False, **kwargs) -> RingFormerViT:
+def ringformer_vit_base_wide_patch16_224(pretrained: bool = False, **kwargs: Any) -> RingFormerViT:
     """RingFormer^s, upscaled (Table 3): d 1284, FFN 5120, 12 levels, 12 heads, rank 80: 31.95M (paper 31.95M)."""
     args = dict(patch_size=16, embed_dim=1284, depth=12, num_heads=12, mlp_ratio=5120 / 1284)
     return _create(RingFormerViT, 'ringformer_vit_base_wide_patch16_224', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_ring_vit_small_patch16_224(pretrained=False, **kwargs) -> TokenRingViT:
+def tokenformer_ring_vit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> TokenRingViT:
     """Ring x Token at RingFormer's ImageNet-small size: d 512, 6 levels, 8 heads, 512 / 2048 shared tokens."""
     args = dict(patch_size=16, embed_dim=512, depth=6, num_heads=8, num_tokens=512)  # 100 classes: the cfg's
     return _create(TokenRingViT, 'tokenformer_ring_vit_small_patch16_224', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_ring_vit_base_patch16_224(pretrained=False, **kwargs) -> TokenRingViT:
+def tokenformer_ring_vit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> TokenRingViT:
     """Ring x Token at RingFormer-B size: d 768, 12 levels, 12 heads, 768 / 3072 shared tokens."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
     return _create(TokenRingViT, 'tokenformer_ring_vit_base_patch16_224', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_ring_vit_base_wide_patch16_224(pretrained=False, **kwargs) -> TokenRingViT:
+def tokenformer_ring_vit_base_wide_patch16_224(pretrained: bool = False, **kwargs: Any) -> TokenRingViT:
     """Ring x Token upscaled as RingFormer^s: d 1284, 12 levels, 12 heads, 1284 / 5136 shared tokens."""
     args = dict(patch_size=16, embed_dim=1284, depth=12, num_heads=12, num_tokens=1284)
     return _create(TokenRingViT, 'tokenformer_ring_vit_base_wide_patch16_224', pretrained, **dict(args, **kwargs))

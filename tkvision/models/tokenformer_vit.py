@@ -20,7 +20,7 @@ Layout follows timm's model files: model class, checkpoint filter, builder, cfgs
 import contextlib
 import math
 import os
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
@@ -279,7 +279,7 @@ class TokenFormerViT(ViTContract, nn.Module):
         block's token counts (`block_token_counts`)."""
         return nn.Sequential(*[Block(**block_kwargs, **tokens[i], drop_path=dpr[i]) for i in range(depth)])
 
-    def init_weights(self):
+    def init_weights(self) -> None:
         """timm ViT init for the non-Pattention parameters (Pattentions init themselves); the fixed
         sin-cos position embedding of ``pos_embed='sincos'`` (timm's ``build_sincos2d_pos_embed``)."""
         if self.pos_embed is not None and self.pos_embed_type == 'learn':
@@ -296,19 +296,19 @@ class TokenFormerViT(ViTContract, nn.Module):
             nn.init.zeros_(self.head.bias)
 
     @torch.jit.ignore
-    def no_weight_decay(self):
+    def no_weight_decay(self) -> set:
         """Parameter names that get no weight decay (timm convention); 1-d params are excluded too. A
         fixed sin-cos position table is a buffer, not a parameter, and is not listed."""
         return {n for n in ('pos_embed', 'cls_token', 'reg_token') if isinstance(getattr(self, n), nn.Parameter)}
 
     @torch.jit.ignore
-    def group_matcher(self, coarse=False):
+    def group_matcher(self, coarse: bool = False) -> dict:
         """Parameter groups for timm's layer-wise lr decay: stem, one group per block, then final norm."""
         return dict(stem=r'^cls_token|^reg_token|^pos_embed|^patch_embed',
                     blocks=[(r'^blocks\.(\d+)', None), (r'^norm', (99999,))])
 
     @torch.jit.ignore
-    def set_grad_checkpointing(self, enable=True):
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute block activations in backward (same outputs, less memory)."""
         self.grad_checkpointing = enable
 
@@ -317,7 +317,7 @@ class TokenFormerViT(ViTContract, nn.Module):
         """The classifier head (``nn.Identity`` when ``num_classes=0``), timm's contract."""
         return self.head
 
-    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None):
+    def reset_classifier(self, num_classes: int, global_pool: Optional[str] = None) -> None:
         """Replace the head with a fresh ``Linear(embed_dim, num_classes)`` (Identity for 0), on the
         device and in the dtype and train / eval mode of the model; ``global_pool`` None keeps the pooling."""
         self.num_classes = num_classes
@@ -381,7 +381,7 @@ class TokenFormerViT(ViTContract, nn.Module):
             x = self._run_block(block, x, attn_mask)
         return x
 
-    def forward_head(self, x, pre_logits: bool = False):
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         """Pool, fc_norm, dropout, classifier: ``[B, N', C] -> [B, num_classes]`` (``[B, C]`` if
         ``pre_logits``)."""
         if self.global_pool == 'avg':
@@ -391,7 +391,7 @@ class TokenFormerViT(ViTContract, nn.Module):
         x = self.head_drop(self.fc_norm(x))
         return x if pre_logits else self.head(x)
 
-    def forward(self, x, attn_mask: Optional[torch.Tensor] = None):
+    def forward(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Images ``[B, in_chans, H, W]`` -> logits ``[B, num_classes]`` (features ``[B, embed_dim]`` when
         ``num_classes=0``); ``attn_mask`` as in
         [`forward_features`][tkvision.models.tokenformer_vit.TokenFormerViT.forward_features]."""
@@ -405,7 +405,7 @@ class TokenFormerViT(ViTContract, nn.Module):
         return adapt_input_channels(checkpoint_filter_fn(state_dict, self), self)
 
 
-def checkpoint_filter_fn(state_dict, model: TokenFormerViT):
+def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: TokenFormerViT) -> Dict[str, torch.Tensor]:
     """Adapt a TokenFormer ViT checkpoint to ``model`` (timm's ``pretrained_filter_fn``).
 
     Unwraps ``{'state_dict_ema' | 'model_ema' | 'state_dict' | 'model': ...}`` (EMA first, as
@@ -450,9 +450,9 @@ def create_tokenformer(
         variant: str,
         pretrained: bool = False,
         filter_fn: Callable = checkpoint_filter_fn,
-        device=None,
-        dtype=None,
-        **kwargs,
+        device: Optional[Union[str, torch.device]] = None,
+        dtype: Optional[torch.dtype] = None,
+        **kwargs: Any,
 ) -> nn.Module:
     """Build a TokenFormer family's ``variant`` with timm's ``build_model_with_cfg`` (the builder every
     family's entrypoints share: fixed-grid, NaFlex, recurrent).
@@ -503,7 +503,7 @@ def _local_file_overlay(variant: str, kwargs: dict) -> dict:
     return overlay
 
 
-def tokenformer_cfg(url: str = '', **kwargs) -> dict:
+def tokenformer_cfg(url: str = '', **kwargs: Any) -> dict:
     """timm's pretrained cfg of a TokenFormer family's variant (ImageNet defaults; ``kwargs`` override)."""
     return {
         'url': url, 'num_classes': 1000, 'input_size': (3, 224, 224), 'pool_size': None,
@@ -526,42 +526,42 @@ default_cfgs = generate_default_cfgs({
 
 
 @register_model
-def tokenformer_vit_ti16(pretrained=False, **kwargs) -> TokenFormerViT:
+def tokenformer_vit_ti16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
     """TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (qkv, proj, patch / ffn)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_ti16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_s16(pretrained=False, **kwargs) -> TokenFormerViT:
+def tokenformer_vit_s16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
     """TokenFormer-S/16: d 384, 12 blocks, 6 heads, 384 / 1536 tokens."""
     args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, num_tokens=384)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_s16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_b16(pretrained=False, **kwargs) -> TokenFormerViT:
+def tokenformer_vit_b16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
     """TokenFormer-B/16 (Table 2, 'Ours 109M' row): d 768, 12 blocks, 12 heads, 768 / 3072 tokens."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_b16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_b16_matched(pretrained=False, **kwargs) -> TokenFormerViT:
+def tokenformer_vit_b16_matched(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
     """TokenFormer-B/16† (Table 2, 86M): ViT-B/16's parameter count, 576 / 2304 tokens."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_b16_matched', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_l16(pretrained=False, **kwargs) -> TokenFormerViT:
+def tokenformer_vit_l16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
     """TokenFormer-L/16 (Table 2, 407M): d 1024, 24 blocks, 16 heads, 1024 / 4096 tokens."""
     args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=1024)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_l16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_l16_matched(pretrained=False, **kwargs) -> TokenFormerViT:
+def tokenformer_vit_l16_matched(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
     """TokenFormer-L/16† (Table 2, 307M): ViT-L/16's parameter count, 768 / 3072 tokens."""
     args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=768)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_l16_matched', pretrained, **dict(args, **kwargs))

@@ -14,6 +14,7 @@ import errno
 import os
 import shutil
 import tempfile
+from typing import Callable, Iterator
 
 __all__ = ['atomic_write', 'atomic_folder', 'holds_files', 'umask', 'FILE_MODE', 'FOLDER_MODE', 'safetensors_os_errors']
 
@@ -33,7 +34,7 @@ def umask() -> int:
         return mask
 
 
-def atomic_write(path: str, write, text: bool = False):
+def atomic_write(path: str, write: Callable, text: bool = False) -> None:
     """Write ``path`` atomically.
 
     Args:
@@ -65,7 +66,7 @@ def atomic_write(path: str, write, text: bool = False):
 
 
 @contextlib.contextmanager
-def safetensors_os_errors(path: str):
+def safetensors_os_errors(path: str) -> Iterator[None]:
     """safetensors reports the file system's errors as its own ``SafetensorError``: a full disk becomes the
     ``OSError(ENOSPC)`` it is (which the commands print as one line), naming ``path``."""
     try:
@@ -81,7 +82,7 @@ def holds_files(path: str) -> bool:
     return os.path.exists(path) and (not os.path.isdir(path) or bool(os.listdir(path)))
 
 
-def atomic_folder(path: str, write, replace: bool = False):
+def atomic_folder(path: str, write: Callable, replace: bool = False) -> None:
     """Write the folder ``path`` atomically: ``write(tmp_folder)`` fills a temporary folder beside it,
     which is then renamed to ``path``, so a failed write (a full disk, a kill) leaves no folder that
     looks complete.

@@ -8,6 +8,7 @@ space may still grow by (``ulimit -v``, ``RLIMIT_AS``) and what its control grou
 """
 import os
 import resource
+from typing import Union
 
 import torch
 
@@ -51,7 +52,7 @@ def _cgroup_left() -> float:
         return float('inf')
 
 
-def available_memory_bytes(device) -> float:
+def available_memory_bytes(device: Union[str, torch.device]) -> float:
     """Bytes ``device`` can give now: on CUDA the allocator's free memory (``torch.cuda.mem_get_info``), on a
     CPU the least of ``MemAvailable``, the address space left under ``RLIMIT_AS`` and the control group's
     memory left (module docstring); inf where none can be read."""

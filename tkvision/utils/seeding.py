@@ -16,7 +16,7 @@ import hashlib
 __all__ = ['derive_seed']
 
 
-def derive_seed(*parts, bits: int = 32) -> int:
+def derive_seed(*parts: object, bits: int = 32) -> int:
     """A ``bits``-bit seed (``0 <= seed < 2**bits``) that depends only on ``parts`` (joined by ``/``).
 
     Args:
