@@ -295,3 +295,17 @@ def test_the_long_report_names_an_unfinished_run_and_a_missing_twin(tmp_path):
         study.report_long(str(tmp_path), 0, str(twins), str(tmp_path / 'out'))
     with pytest.raises(UsageError, match='seed 0 has not finished.*elastic_128.yaml'):
         study.report_long(str(tmp_path), 0, study.LONG_RESULTS, str(tmp_path / 'out'))
+
+
+def test_an_earlier_points_file_reads_back_as_the_report_wrote_it(tmp_path):
+    """``report --keep-points``: the rows of an earlier ``points.csv`` come back with their numbers (a per-block
+    Mix'n'Match prefix stays a string), and a file without the report's columns is refused by name."""
+    from studies.elastic import elastic_study as study
+    rows = [dict(method='elastic', config='elastic', seed=1, prefix=0.25, params=171388, top1=85.81, test_top1=84.53),
+            dict(method='mix_n_match', config='elastic', seed=0, prefix='0.5 0.5 1', params=422830, top1=86.9,
+                 test_top1=85.6)]
+    study._write_csv(rows, str(tmp_path / 'points.csv'), study.POINT_COLUMNS)
+    assert study.read_points(str(tmp_path / 'points.csv')) == rows
+    (tmp_path / 'other.csv').write_text('config,seed\nx,0\n')
+    with pytest.raises(Exception, match="lacks the columns"):
+        study.read_points(str(tmp_path / 'other.csv'))
