@@ -155,7 +155,8 @@ def check_same_classes(train_classes: Dict[str, int], val_classes: Dict[str, int
     """Check that two splits name the same classes (their label indices depend on it).
 
     Args:
-        train_classes, val_classes: class names of each split (any iterables of str).
+        train_classes: class names of each split (any iterables of str).
+        val_classes: class names of each split (any iterables of str).
         where: what the message names (the data section and split) so the user knows which folder to fix.
 
     Raises:

@@ -102,10 +102,15 @@ class ShardStream(IterableDataset):
     """One split of a shard folder as a stream of ``(transform(image), label)`` or ``('bad', key)``.
 
     Args:
-        root: the shard folder (with ``_info.json``). split: e.g. ``'train'`` or ``'val'``.
+        root: the shard folder (with ``_info.json``).
+        split: e.g. ``'train'`` or ``'val'``.
         transform: albumentations pipeline on uint8 HWC arrays (seeded per sample when ``train``).
-        train: shuffle shards and samples, fixed epoch length. batch_size, num_workers: of the loader.
-        rank, world: this process and the number of processes. seed: the run's seed.
+        train: shuffle shards and samples, fixed epoch length.
+        batch_size: the loader's batch size.
+        num_workers: the loader's worker processes.
+        rank: this process's rank.
+        world: the number of processes.
+        seed: the run's seed.
         limit: use at most this many samples of the split per epoch (``train_subset``).
 
     Raises:

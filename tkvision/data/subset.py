@@ -41,8 +41,9 @@ def make_subset(
 
     Args:
         num_classes: classes drawn (by ``seed``) from ``src/train``'s; or ``classes``: the names.
-        train_per_class, val_per_class: images drawn per class (by ``seed``); None keeps all. A class
-            with fewer keeps what it has (reported in the returned counts).
+        train_per_class: training images drawn per class (by ``seed``); None keeps all. A class with fewer
+            keeps what it has (reported in the returned counts).
+        val_per_class: validation images drawn per class, as ``train_per_class``.
         fmt: ``'folder'`` (ImageNet layout) or ``'shards'`` (WebDataset, with ``_info.json``).
         link: symbolic links instead of copies (folder format).
 

@@ -138,7 +138,8 @@ class BatchPreprocessor:
     N(0, 1) noise in normalised space, as timm's and MAE's recipes do.
 
     Args:
-        mean, std: per-channel values in [0, 1] units (timm's ``IMAGENET_DEFAULT_MEAN`` style).
+        mean: per-channel values in [0, 1] units (timm's ``IMAGENET_DEFAULT_MEAN`` style).
+        std: per-channel values in [0, 1] units (timm's ``IMAGENET_DEFAULT_MEAN`` style).
         reprob: random-erasing probability per image (0: off).
         device: where the batches are processed (copies are non-blocking from pinned memory).
     """

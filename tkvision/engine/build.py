@@ -22,7 +22,8 @@ def build_model(model: dict, mae: dict = None, num_classes: int = 1000) -> torch
     model as encoder (``mask_ratio``, ``norm_pix_loss``, ``decoder``).
 
     Args:
-        model: the config's model section. mae: its MAE section, for ``task: mae``; None otherwise.
+        model: the config's model section.
+        mae: its MAE section, for ``task: mae``; None otherwise.
         num_classes: classifier outputs unless ``model_kwargs`` sets ``num_classes``.
 
     Raises:

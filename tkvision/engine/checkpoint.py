@@ -167,7 +167,8 @@ def keep_best(
     Args:
         best: the best so far, ``{metric: value, 'epoch': e, 'source': s}``.
         candidates: ``[(source, value, model)]`` of this evaluation (``'model'``, ``'ema'``).
-        metric: the metric's name (``'top1'``, ``'val_loss'``). mode: ``'max'`` or ``'min'``.
+        metric: the metric's name (``'top1'``, ``'val_loss'``).
+        mode: ``'max'`` or ``'min'``.
         path: where to save the winner's weights (None: do not save, e.g. on ranks other than 0).
         metadata: stored with the weights, with the source, epoch and metric added.
 

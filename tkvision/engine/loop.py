@@ -69,10 +69,14 @@ def train_one_epoch(
     batches. Host synchronisations happen only at ``clock.check`` points.
 
     Args:
-        state: what is trained and saved. data: the loaders and preprocessing. loss: the step's targets and
-            prefixes. clock: checks, checkpoints and stop signals.
-        epoch: the epoch, counted from 0. epochs: the run's epochs (for the progress bar).
-        amp: ``None``, ``'bf16'`` or ``'fp16'``. progress: show a progress bar (rank 0 only).
+        state: what is trained and saved.
+        data: the loaders and preprocessing.
+        loss: the step's targets and prefixes.
+        clock: checks, checkpoints and stop signals.
+        epoch: the epoch, counted from 0.
+        epochs: the run's epochs (for the progress bar).
+        amp: ``None``, ``'bf16'`` or ``'fp16'``.
+        progress: show a progress bar (rank 0 only).
 
     Returns:
         ``dict(train_loss, img_per_s, epoch_time, data_wait, lr, skipped)`` over the whole epoch (all

@@ -116,7 +116,8 @@ class RewarmScheduler:
     scaled by the step's ``lr_scale`` and ramped up linearly over the step's warmup (module docstring).
 
     Args:
-        base: the run's timm scheduler. optimizer: the optimizer it drives.
+        base: the run's timm scheduler.
+        optimizer: the optimizer it drives.
         steps: ``[(first update of the stage, warmup updates W, lr_scale)]`` in order.
     """
 

@@ -31,13 +31,18 @@ class TrainState:
     """Everything a run needs to continue exactly, with `state_dict` / `load_state_dict`.
 
     Args:
-        model: the config's model section (`tkvision.engine.config.section`). optim: its optimisation
-            section. growth: its growth mapping.
-        task: ``'classify'``, ``'mae'`` or ``'linprobe'``. amp: ``None``, ``'bf16'`` or ``'fp16'``.
+        model: the config's model section (`tkvision.engine.config.section`).
+        optim: its optimisation section.
+        growth: its growth mapping.
+        task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
+        amp: ``None``, ``'bf16'`` or ``'fp16'``.
         num_classes: the classifier's outputs unless ``model_kwargs`` says (`default_num_classes`).
-        lr: the peak learning rate (`resolve_lr`). device: where the model lives.
-        world: number of processes. updates_per_epoch: optimizer updates per epoch (for the schedule).
-        mae: the MAE section, for ``task: mae``. elastic_fractions: the ``elastic_fractions`` key.
+        lr: the peak learning rate (`resolve_lr`).
+        device: where the model lives.
+        world: number of processes.
+        updates_per_epoch: optimizer updates per epoch (for the schedule).
+        mae: the MAE section, for ``task: mae``.
+        elastic_fractions: the ``elastic_fractions`` key.
         config_record: the whole config, read-only, written into every ``last.pth`` (a resumed run compares
             its own with it); nothing here reads settings from it.
         started: ``time.monotonic()`` when this process began the run (its set-up counts; default: now).

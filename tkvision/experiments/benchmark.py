@@ -167,8 +167,12 @@ class ModelStep:
     random inputs of the model's own size.
 
     Args:
-        name: a model spec (`parse_model_spec`). mode: ``'infer'`` or ``'train'``. batch_size: images
-            per step. device: where it runs. amp: ``'bf16'``, ``'fp16'`` or None. compile_: ``torch.compile``.
+        name: a model spec (`parse_model_spec`).
+        mode: ``'infer'`` or ``'train'``.
+        batch_size: images per step.
+        device: where it runs.
+        amp: ``'bf16'``, ``'fp16'`` or None.
+        compile_: ``torch.compile`` the model.
 
     Raises:
         ValueError: an unknown ``backward_mode``; timm's errors for an unknown model or argument.

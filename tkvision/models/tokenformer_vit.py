@@ -465,9 +465,11 @@ def create_tokenformer(
     tensors are created there (no CPU copy of a large model first), then cast to ``dtype``.
 
     Args:
-        model_cls: the family's model class. variant: its registered name. filter_fn: its checkpoint
-            filter (timm's ``pretrained_filter_fn``). kwargs: the model's arguments and timm's
-            (``pretrained_cfg_overlay``, ``out_indices``, ``features_only``, ...).
+        model_cls: the family's model class.
+        variant: its registered name.
+        filter_fn: its checkpoint filter (timm's ``pretrained_filter_fn``).
+        kwargs: the model's arguments and timm's (``pretrained_cfg_overlay``, ``out_indices``,
+            ``features_only``, ...).
 
     Raises:
         RuntimeError: ``pretrained=True`` without a weights file, naming how to give one.
