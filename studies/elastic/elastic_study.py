@@ -23,8 +23,10 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long r
   counted by `tkvision.experiments.benchmark.train_flops_per_image`, times the images the recipe
   trains, the elastic runs' mix of prefixes included) as a ratio to the largest TokenFormer trained alone,
   the validation and test top-1 (mean and sample std over seeds), and the gap to the independently trained
-  twin of the same size (validation).
-- ``speed.csv``: inference img/s of each exported sub-model's architecture (`extract_prefix` then
+  twin of the same size (validation, with its 95% interval: `gap_interval`).
+- ``speed.csv``: inference img/s of each exported sub-model (`export_speed_rows`: the elastic TokenFormer's, the
+  FFN-only one's and the MatFormer ViT's), and ``top1_vs_img_per_s.png`` from it (`plot_speed`); the long
+  report's img/s of each exported sub-model's architecture (`extract_prefix` then
   timm's builder: the same shapes) against the independently trained twin's, batch 256, timed interleaved.
 - ``top1_vs_params.png``: validation top-1 against parameters, one line per method.
 - ``meta.json``: the machine, the date, the seeds and the command of the report.
@@ -335,6 +337,76 @@ def speed_rows(cfg: dict, model: torch.nn.Module, fractions=FRACTIONS, batch_siz
                  vs_whole_model=round(r['ratio'], 3), machine=machine_info(torch.device('cpu'))) for r in rows]
 
 
+#: The nested families timed as exported sub-models: method -> config (a method not named here runs at the
+#: shapes of the family whose nesting it shares: every TokenFormer nesting all its Pattentions at the twins').
+SPEED_FAMILIES = {'elastic': 'elastic', 'elastic_ffn': 'elastic_ffn', 'matformer_vit': 'matformer_vit'}
+
+
+class _Inference:
+    """A timed runner (``tkvision.experiments.benchmark.time_rounds``): one forward of a module on a batch."""
+
+    def __init__(self, name: str, module: torch.nn.Module, images: torch.Tensor):
+        self.name, self.module, self.images = name, module.eval(), images
+
+    def __call__(self):
+        with torch.inference_mode():
+            return self.module(self.images)
+
+
+def export_speed_rows(seed: int, runs: str, batch_size: int = 256, repeats: int = 5) -> list:
+    """Inference img/s of every exported sub-model (`extract_prefix` at each of :data:`FRACTIONS`, under the
+    config's nesting) of each family of :data:`SPEED_FAMILIES`, timed interleaved in one run on the CPU. Speed
+    depends on the shapes alone, so the models are built from their configs (no trained weights are read).
+
+    Returns:
+        rows ``method, prefix, params, img_per_s, vs_whole_model`` (the ratio to that family's whole model).
+    """
+    from tkvision.engine.build import model_for_config
+    from tkvision.experiments.benchmark import time_rounds
+    runners, meta = [], {}
+    for method, name in SPEED_FAMILIES.items():
+        cfg = _config(name, seed, runs)
+        torch.manual_seed(0)
+        model = model_for_config(cfg)
+        size = cfg['model_kwargs']['img_size']
+        images = torch.randn(batch_size, cfg['model_kwargs'].get('in_chans', 3), size, size)
+        for fraction in FRACTIONS:
+            sub = elastic.extract_prefix(model, fraction, nesting=cfg['elastic_nesting'])
+            runners.append(_Inference(f'{method}@{fraction:g}', sub, images))
+            meta[runners[-1].name] = (method, fraction, sum(p.numel() for p in sub.parameters()))
+    times = time_rounds(runners, torch.device('cpu'), warmup=2, steps=3, repeats=repeats)
+    speed = {name: batch_size / statistics.median(t) for name, t in times.items()}
+    rows = []
+    for name, (method, fraction, params) in meta.items():
+        rows.append(dict(method=method, prefix=fraction, params=params, img_per_s=round(speed[name]),
+                         vs_whole_model=round(speed[name] / speed[f'{method}@1'], 3),
+                         machine=machine_info(torch.device('cpu'))))
+    return rows
+
+
+def plot_speed(results: list, speed: list, path: str):
+    """Validation top-1 against the inference img/s of the exported sub-model, one line per method (mean ±
+    std over seeds): a TokenFormer nesting every Pattention runs at the twins' shapes (the ``elastic`` row of
+    ``speed``), the FFN-only one and the MatFormer ViT at their own."""
+    family = lambda method: method if method in SPEED_FAMILIES else 'elastic'  # noqa: E731
+    rate = {(r['method'], float(r['prefix'])): r['img_per_s'] for r in speed}
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    methods = [m for m in dict.fromkeys(r['method'] for r in results if r.get('params'))
+               if not m.startswith(('post_hoc', 'mix_n_match'))]
+    for i, method in enumerate(methods):
+        rows = [r for r in results if r['method'] == method and (family(method), r['prefix']) in rate]
+        rows.sort(key=lambda r: rate[family(method), r['prefix']])
+        ax.errorbar([rate[family(method), r['prefix']] for r in rows], [r['top1_mean'] for r in rows],
+                    yerr=[r['top1_std'] or 0 for r in rows], marker='o', capsize=3, label=method, color=f'C{i % 10}')
+    ax.set(xlabel='inference img/s of the exported sub-model (CPU, batch 256)', ylabel='validation top-1 (%)',
+           title='Fashion-MNIST, quick recipe: accuracy against speed')
+    ax.grid(alpha=.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def plot(results: list, path: str):
     """Validation top-1 against parameters, one line per method (mean ± std over seeds): the whole range on
     the left (post-hoc truncation collapses), the methods that train for their prefixes on the right."""
@@ -410,9 +482,12 @@ def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = No
     results = summarize(points, compute)
     _write_csv(results, os.path.join(out, 'results.csv'))
     plot(results, os.path.join(out, 'top1_vs_params.png'))
-    if speed and _last_row(point_dir(runs, 'elastic', seed)):
-        _write_csv(speed_rows(_config('elastic', seed, runs), _model('elastic', seed, runs)),
-                   os.path.join(out, 'speed.csv'))
+    if speed:
+        _write_csv(export_speed_rows(seed, runs), os.path.join(out, 'speed.csv'))
+    with open(os.path.join(out, 'speed.csv'), encoding='utf-8') as f:
+        timed = [dict(r, prefix=float(r['prefix']), img_per_s=float(r['img_per_s'])) for r in csv.DictReader(f)]
+    if timed and 'method' in timed[0]:
+        plot_speed(results, timed, os.path.join(out, 'top1_vs_img_per_s.png'))
     meta = dict(machine=machine_info(torch.device('cpu')), date=time.strftime('%Y-%m-%d', time.gmtime()),
                 seeds=sorted({p['seed'] for p in points}),
                 command='python -m studies.elastic.elastic_study ' + portable_command(sys.argv[1:]))
