@@ -279,6 +279,8 @@ def summarize(points: list, compute: dict) -> list:
         mine = [p['top1'] for p in points if (p['method'], p['config'], p['prefix']) ==
                 (row['method'], row['config'], row['prefix'])]
         gap, low, high = gap_interval(mine, twin) if twin else (None, None, None)
+        if row['method'] == 'independent':  # a twin against itself: 0 by definition, no interval to read
+            low = high = None
         row.update(gap_to_twin=gap, gap_low=low, gap_high=high)
         out.append(row)
     if reference and all(c in compute for c in TWINS.values()):
@@ -304,7 +306,7 @@ def gap_interval(values: list, twin_values: list, digits: int = 2) -> tuple:
         a, b = statistics.variance(values) / n1, statistics.variance(twin_values) / n2
         se = (a + b) ** 0.5
         df = (a + b) ** 2 / (a ** 2 / (n1 - 1) + b ** 2 / (n2 - 1)) if a + b > 0 else n1 + n2 - 2
-    half = stats.t.ppf(0.975, df) * se
+    half = float(stats.t.ppf(0.975, df)) * se
     return round(gap, digits), round(gap - half, digits), round(gap + half, digits)
 
 
@@ -354,8 +356,8 @@ class _Inference:
 
 
 def export_speed_rows(seed: int, runs: str, batch_size: int = 256, repeats: int = 5) -> list:
-    """Inference img/s of every exported sub-model (`extract_prefix` at each of :data:`FRACTIONS`, under the
-    config's nesting) of each family of :data:`SPEED_FAMILIES`, timed interleaved in one run on the CPU. Speed
+    """Inference img/s of every exported sub-model (`extract_prefix` at each of `FRACTIONS`, under the
+    config's nesting) of each family of `SPEED_FAMILIES`, timed interleaved in one run on the CPU. Speed
     depends on the shapes alone, so the models are built from their configs (no trained weights are read).
 
     Returns:
@@ -471,6 +473,9 @@ def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = No
         fresh = {(p['config'], p['seed']) for p in points}
         points = [p for p in read_points(keep_points) if (p['config'], p['seed']) not in fresh
                   and p['seed'] in seeds] + points
+    order = {m: i for i, m in enumerate(['independent', 'independent_distilled', *ELASTIC.values(), 'post_hoc',
+                                         'post_hoc_tau_kept', 'mix_n_match'])}
+    points.sort(key=lambda p: (order.get(p['method'], len(order)), str(p['prefix']), p['seed']))
     if not points:
         raise UsageError(f'--runs {runs}: no finished run of seeds {list(seeds)} there; train them first '
                          '(python -m studies.elastic.elastic_study train)')

@@ -51,8 +51,9 @@ import torch.nn.functional as F
 from studies.performance.gpu_end_to_end import end_to_end
 from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import (ModelStep, benchmark_models, machine_info, markdown_table,
-                                            matmul_peak_tflops, parse_model_spec, profile_breakdown,
-                                            saved_activation_mib, synchronize, time_call)
+                                            matmul_peak_tflops, parse_model_spec, saved_activation_mib, synchronize,
+                                            time_call)
+from tkvision.experiments.profile import profile_breakdown
 from tkvision.layers import set_backward_mode
 from tkvision.models import input_shape
 from tkvision.models.mae import create_mae
