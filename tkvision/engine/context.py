@@ -30,9 +30,12 @@ class RunContext:
 
     Attributes:
         settings: the config's run section (``task``, ``seed``, ``amp``, ``output``, ``eval_every``, ...).
-        processes: this process among the job's. data: datasets, loaders, preprocessing. loss: the step's
-            targets and prefixes. clock: checks, checkpoints, stop signals.
-        model_name: the model's registry name. epochs: the run's epochs.
+        processes: this process among the job's.
+        data: datasets, loaders, preprocessing.
+        loss: the step's targets and prefixes.
+        clock: checks, checkpoints, stop signals.
+        model_name: the model's registry name.
+        epochs: the run's epochs.
         writer: TensorBoard's ``SummaryWriter`` (rank 0 with ``tensorboard: true``), else None.
     """
     settings: dict
@@ -72,8 +75,15 @@ def build_context(
         parts: dict,
         processes: Processes,
 ) -> RunContext:
-    """The run's data, loss and clock, each built from the sections it reads (``parts``: section name ->
-    section)."""
+    """The run's data, loss and clock, each built from the sections it reads.
+
+    Args:
+        parts: ``{section name: section}`` of a resolved config (``tkvision.engine.config.section``).
+        processes: this process among the job's.
+
+    Raises:
+        ConfigError: as ``RunData`` and ``RunLoss`` (a batch larger than the data, a teacher that cannot load).
+    """
     run, optim = parts['run'], parts['optim']
     accum = resolve_accum_steps(optim, parts['data']['batch_size'], processes.world)
     data = RunData(parts['data'], parts['model'], accum, run['seed'], processes)

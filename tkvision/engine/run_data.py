@@ -44,9 +44,13 @@ class RunData:
         processes: this process among the job's (``tkvision.engine.distributed.Processes``).
 
     Attributes:
-        train_ds, val_ds, train_loader, val_loader: the splits and their loaders.
+        train_ds: the training split.
+        val_ds: the validation split.
+        train_loader: the training split's loader.
+        val_loader: the validation split's loader.
         preprocess: ``preprocess(images, train)`` to normalised float images on the device.
-        batches_per_epoch, updates_per_epoch: micro-batches and optimizer updates of one epoch per process.
+        batches_per_epoch: micro-batches of one epoch per process.
+        updates_per_epoch: optimizer updates of one epoch.
         global_batch: images per optimizer update over every process.
 
     Raises:
