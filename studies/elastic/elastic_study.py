@@ -402,8 +402,13 @@ def plot_speed(results: list, speed: list, path: str):
                     yerr=[r['top1_std'] or 0 for r in rows], marker='o', capsize=3, label=method, color=f'C{i % 10}')
     ax.set(xlabel='inference img/s of the exported sub-model (CPU, batch 256)', ylabel='validation top-1 (%)',
            title='Fashion-MNIST, quick recipe: accuracy against speed')
+    _save_figure(fig, ax, path, legend_size=7)
+
+
+def _save_figure(fig, ax, path: str, legend_size: int):
+    """Grid and legend on ``ax``, then ``fig`` written to ``path`` (100 dpi) and closed."""
     ax.grid(alpha=.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=legend_size)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -590,11 +595,7 @@ def plot_long(rows: list, twins: dict, path: str):
                 label='independent long runs (mean ± std of seeds)')
     ax.set(xlabel='parameters (millions)', ylabel='validation top-1 (%)',
            title='Fashion-MNIST, long recipe: one elastic model\nagainst a model trained per size')
-    ax.grid(alpha=.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save_figure(fig, ax, path, legend_size=8)
 
 
 def main(argv=None) -> int:
