@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from tkvision.data import build_dataset, build_loader, build_transform, load_fashion_mnist
 from tkvision.engine import checkpoint as ckpt
 from tkvision.engine.config import load_config, section
-from tkvision.engine.trainer import resolve_run_config
+from tkvision.engine.config import resolve_run_config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -68,14 +68,14 @@ def train_crash_resume(monkeypatch, cfg, saves: int) -> dict:
 
 def dataset_of(cfg, split, **kwargs):
     """``build_dataset`` of a whole config: its resolved data section and seed."""
-    cfg = resolve_run_config(cfg)
-    return build_dataset(section(cfg, 'data'), split, cfg['seed'], **kwargs)
+    config = resolve_run_config(cfg)
+    return build_dataset(config.data, split, config.run.seed, **kwargs)
 
 
 def transform_of(cfg, train, **kwargs):
     """``build_transform`` of a whole config: its resolved data section and seed."""
-    cfg = resolve_run_config(cfg)
-    return build_transform(section(cfg, 'data'), train, cfg['seed'], **kwargs)
+    config = resolve_run_config(cfg)
+    return build_transform(config.data, train, config.run.seed, **kwargs)
 
 
 def loader_of(ds, cfg, train, **kwargs):

@@ -195,7 +195,7 @@ def test_the_loader_comparison_is_like_for_like_and_pairs_the_rounds(tmp_path, m
     from studies.performance import data_benchmark as bench
     root = bench.make_jpeg_folder(str(tmp_path / 'jpeg'), n_images=24, classes=2, size=(250, 188))
     cfg = bench.resolve_run_config(bench.load_config(
-        bench._RECIPE, dict(data_dir=root, batch_size=8, model='tokenformer_vit_b16')))
+        bench._RECIPE, dict(data_dir=root, batch_size=8, model='tokenformer_vit_b16'))).to_dict()
     for name, build in bench.LOADERS.items():
         batches = list(build(root, cfg, 0))
         assert sum(len(b[0]) for b in batches) == 24, name

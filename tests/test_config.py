@@ -92,7 +92,8 @@ def test_every_shipped_config_loads_and_builds_its_model(path):
     import yaml
 
     from tkvision.engine.build import model_for_config
-    from tkvision.engine.trainer import check_model_input, resolve_run_config
+    from tkvision.engine.build import check_model_input
+    from tkvision.engine.config import resolve_run_config
     with open(path) as f:
         raw = yaml.safe_load(f)
     cfg = resolve_run_config(load_config(path))
@@ -104,8 +105,8 @@ def test_every_shipped_config_loads_and_builds_its_model(path):
         return
     with torch.device('meta'):
         model = model_for_config(cfg)
-    assert sum(p.numel() for p in model.parameters()) > 0 and cfg['epochs'] > 0
-    check_model_input(section(cfg, 'model'), section(cfg, 'data'))  # raises ConfigError naming both shapes
+    assert sum(p.numel() for p in model.parameters()) > 0 and cfg.optim.epochs > 0
+    check_model_input(cfg.model, cfg.data)  # raises ConfigError naming both shapes
 
 
 def _leaf_keys(mapping, prefix=''):
@@ -130,8 +131,46 @@ def test_the_sections_partition_the_keys_and_each_builder_gets_its_own():
     keys = [k for keys in SECTIONS.values() for k in keys]
     assert len(keys) == len(set(keys)) and set(keys) == set(DEFAULTS)
     cfg = load_config(None, dict(lr=3e-3, batch_size=32, growth=dict(every_epochs=2)))
-    assert section(cfg, 'optim')['lr'] == 3e-3 and 'batch_size' not in section(cfg, 'optim')
-    assert section(cfg, 'data')['batch_size'] == 32 and section(cfg, 'growth')['every_epochs'] == 2
+    assert section(cfg, 'optim').lr == 3e-3 and not hasattr(section(cfg, 'optim'), 'batch_size')
+    assert section(cfg, 'data').batch_size == 32 and section(cfg, 'growth').every_epochs == 2
+
+
+def test_typed_sections_are_frozen_all_the_way_down_and_give_the_flat_config_back():
+    """A part cannot change what it was handed (a field, a list, a mapping), and ``to_dict`` is the flat
+    config the file and the command line said, key for key."""
+    import dataclasses
+
+    from tkvision.engine.config import TrainConfig
+    cfg = load_config(None, {'model_kwargs': {'num_tokens': 8}, 'elastic_fractions': [0.5, 1.0],
+                             'growth': {'schedule': [{'at_epoch': 2, 'to': {'ffn': 16}}]}, 'epochs': 4})
+    config = TrainConfig.from_dict(cfg)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.optim.lr = 1.0
+    with pytest.raises(TypeError):
+        config.model.model_kwargs['num_tokens'] = 9
+    with pytest.raises(TypeError):
+        config.growth.schedule[0]['at_epoch'] = 3
+    assert config.elastic.elastic_fractions == (0.5, 1.0) and config.mae.decoder.embed_dim == 512
+    assert config.to_dict() == cfg and list(config.to_dict()) == list(cfg)
+
+
+def test_every_config_field_has_a_type_and_a_docstring():
+    """docs/reference/config.md reads each key's meaning from the docstring under its field."""
+    import ast
+    import dataclasses
+
+    from tkvision import config_sections
+    tree = ast.parse(open(config_sections.__file__).read())
+    documented = set()
+    for node in tree.body:
+        if isinstance(node, ast.ClassDef):
+            for field, doc in zip(node.body, node.body[1:]):
+                if isinstance(field, ast.AnnAssign) and isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant):
+                    documented.add(f'{node.name}.{field.target.id}')
+    every = {f'{cls.__name__}.{f.name}' for cls in [*config_sections.SECTION_CLASSES.values(),
+                                                    config_sections.DecoderConfig, config_sections.TrainConfig]
+             for f in dataclasses.fields(cls)}
+    assert every - documented == set()
 
 
 def test_a_renamed_key_still_reads_in_files_overrides_and_checkpoints(tmp_path):

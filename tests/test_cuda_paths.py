@@ -35,11 +35,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tkvision.data import BatchPreprocessor
 from tkvision.engine import loop as loop_mod
-from tkvision.engine.config import load_config
-from tkvision.engine.config import section
+from tkvision.engine.config import load_config, resolve_run_config
 from tkvision.engine.distributed import Processes
 from tkvision.engine.loss import RunLoss
-from tkvision.engine.trainer import build_state, resolve_run_config
+from tkvision.engine.trainer import build_state
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT
 
@@ -86,10 +85,9 @@ def _parts(cfg: dict, device: str):
     """The data and loss one update reads (no data loader): the preprocessing and the process of a
     ``tkvision.engine.run_data.RunData``, and a ``tkvision.engine.loss.RunLoss`` of the config."""
     processes = Processes(0, 1, torch.device(device))
-    data = SimpleNamespace(processes=processes, preprocess=BatchPreprocessor(cfg['mean'], cfg['std'], device))
-    loss = RunLoss(cfg['task'], section(cfg, 'optim'), section(cfg, 'elastic'), section(cfg, 'distillation'),
-                   cfg['seed'], 1, processes.device)
-    if cfg['task'] != 'mae':
+    data = SimpleNamespace(processes=processes, preprocess=BatchPreprocessor(cfg.data.mean, cfg.data.std, device))
+    loss = RunLoss(cfg.run.task, cfg.optim, cfg.elastic, cfg.distillation, cfg.run.seed, 1, processes.device)
+    if cfg.run.task != 'mae':
         loss.set_classes(10)
     return data, loss
 
@@ -130,11 +128,11 @@ def _one_update(cfg: dict, state):
     data, run_loss = _parts(cfg, 'cuda')
     state.scaler = _RecordingScaler(state.scaler)
     layers = [m for m in state.model.modules() if isinstance(m, Pattention)]
-    assert bool(layers) == (cfg['model'] != 'ringformer_vit_small_patch16_224')  # RingFormer: linear layers
+    assert bool(layers) == (cfg.model.model != 'ringformer_vit_small_patch16_224')  # RingFormer: linear layers
     assert all(m._training_backward() == 'closed_form' for m in layers)  # the default, on CUDA as on a CPU
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)  # as the loader gives them, on the host
     labels = torch.randint(0, 10, (4,))
-    amp_dtype = torch.bfloat16 if cfg['amp'] == 'bf16' else None
+    amp_dtype = torch.bfloat16 if cfg.run.amp == 'bf16' else None
     loop_mod._forward_backward(state, data, run_loss, images, labels, amp_dtype, scale=1.0, sync_grads=True,
                                prefixes=[None])
     (loss,) = state.scaler.losses
@@ -183,7 +181,7 @@ def test_a_full_training_step_on_meta_runs_the_hand_written_backwards(tmp_path, 
     state = _onto(_state(cfg), 'meta')
     assert all(m.backward_mode == backward_mode for m in state.model.modules() if isinstance(m, Pattention))
     x = torch.randn(4, 3, 32, 32, device='meta')
-    if cfg['task'] == 'mae':
+    if cfg.run.task == 'mae':
         loss = state.model(x)[0]
     else:
         loss = torch.nn.functional.cross_entropy(state.model(x), torch.zeros(4, dtype=torch.long, device='meta'))

@@ -14,7 +14,7 @@ from tkvision.cli.train import train_main
 from tkvision.engine import clock as clock_mod, trainer as train_mod
 from tkvision.engine.run_data import RunData
 from tkvision.engine.config import load_config
-from tkvision.engine.trainer import resolve_run_config
+from tkvision.engine.config import resolve_run_config
 from tkvision.cli.train import validate_main
 from tkvision.data.shards import INFO_NAME, ShardStream, make_shards
 
@@ -183,11 +183,12 @@ def test_val_uses_the_training_class_map(tmp_path):
 
 def test_data_config_comes_from_the_model_without_a_recipe(tmp_path, capsys):
     cfg = resolve_run_config(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder')))
-    assert cfg['img_size'] == 224 and cfg['mean'] == [0.485, 0.456, 0.406] and cfg['interpolation'] == 'bicubic'
+    data = cfg.data
+    assert data.img_size == 224 and data.mean == (0.485, 0.456, 0.406) and data.interpolation == 'bicubic'
     import timm
-    assert cfg['crop_pct'] == timm.models.get_pretrained_cfg('tokenformer_vit_s16').crop_pct
+    assert data.crop_pct == timm.models.get_pretrained_cfg('tokenformer_vit_s16').crop_pct
     kept = resolve_run_config(load_config(None, dict(model='tokenformer_vit_s16', dataset='folder', img_size=64)))
-    assert kept['img_size'] == 64
+    assert kept.data.img_size == 64
     root = make_imagenet_folder(tmp_path / 'imnet', classes=2, train_per_class=4, val_per_class=2, size=48)
     assert train_main(['--model', 'tokenformer_vit_ti16', '--model_kwargs', '{embed_dim: 32, depth: 1, num_heads: 2, '
                            'num_tokens: 8}', '--dataset', 'folder', '--data-dir', root, '--epochs', '1',

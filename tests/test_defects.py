@@ -288,17 +288,17 @@ def test_also_a_class_folder_without_num_classes_gets_a_head_of_its_classes(tmp_
     """A 3-class folder trained without ``model_kwargs.num_classes`` got ImageNet's 1000-way head (the
     note); Fashion-MNIST keeps 10, a dataset whose classes cannot be listed keeps timm's 1000."""
     from tkvision.engine.build import model_for_config
-    from tkvision.engine.config import load_config
+    from tkvision.engine.config import TrainConfig, load_config
     from .helpers import make_imagenet_folder
     root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=2, val_per_class=1, size=32)
     tiny = dict(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_tokens=8)
     for dataset, data_dir, expected in (('folder', root, 3), ('imagenet', root, 3), ('fashion_mnist', None, 10),
                                         ('hfds/some/dataset', None, 1000)):
         cfg = load_config(None, dict(model='tokenformer_vit_ti16', model_kwargs=tiny, dataset=dataset, data_dir=data_dir))
-        assert model_for_config(cfg).num_classes == expected, dataset
+        assert model_for_config(TrainConfig.from_dict(cfg)).num_classes == expected, dataset
     cfg = load_config(None, dict(model='tokenformer_vit_ti16', model_kwargs=dict(tiny, num_classes=5), dataset='folder',
                                  data_dir=root))
-    assert model_for_config(cfg).num_classes == 5  # model_kwargs still decides when it says
+    assert model_for_config(TrainConfig.from_dict(cfg)).num_classes == 5  # model_kwargs still decides when it says
 
 
 def test_also_a_run_with_the_old_1000_way_head_on_a_class_folder_resumes(tmp_path, monkeypatch):

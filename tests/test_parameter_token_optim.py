@@ -34,7 +34,7 @@ def test_parameter_tokens_get_their_decay_and_lr_in_an_adamw_step():
     torch.manual_seed(0)
     model = timm.create_model('tokenformer_vit_ti16', **TINY).double()
     optimizer = build_optimizer(model, _optim(parameter_token_weight_decay=0.0, parameter_token_lr_scale=0.5), lr=0.1)
-    build_scheduler(optimizer, _optim(), {}, lr=0.1, updates_per_epoch=10)  # sets each group's lr for update 0
+    build_scheduler(optimizer, _optim(), None, lr=0.1, updates_per_epoch=10)  # sets each group's lr for update 0
     tokens = _tokens(model)
     assert all(all(id(p) in tokens for p in g['params']) == (g.get('lr_scale') == 0.5) for g in optimizer.param_groups)
     assert {g['lr'] for g in optimizer.param_groups if g.get('lr_scale') == 0.5} == {0.05}

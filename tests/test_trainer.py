@@ -18,7 +18,7 @@ from tkvision.engine.config import ConfigError, load_config
 from tkvision.engine.distributed import Processes
 from tkvision.utils.errors import RunError
 
-from .helpers import ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, loader_of, wait_for_checkpoint
+from .helpers import ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, wait_for_checkpoint
 
 
 @pytest.fixture
@@ -264,14 +264,15 @@ def test_no_host_synchronisation_per_step(tmp_path, monkeypatch):
 
 
 def test_batches_are_uint8_until_the_device_and_erasing_is_per_pixel_normal():
-    from tkvision.data import BatchPreprocessor
-    from tkvision.engine.trainer import resolve_run_config
+    from tkvision.data import BatchPreprocessor, build_dataset, build_loader
+    from tkvision.engine.config import resolve_run_config
     cfg = resolve_run_config(load_config(None, dict(train_subset=256, batch_size=64)))
-    assert cfg['mean'] == [0.2860] and cfg['img_size'] == 28  # Fashion-MNIST's statistics
-    images, labels, bad = next(iter(loader_of(dataset_of(cfg, 'train'), cfg, train=True)))
+    data = cfg.data
+    assert data.mean == (0.2860,) and data.img_size == 28  # Fashion-MNIST's statistics
+    images, labels, bad = next(iter(build_loader(build_dataset(data, 'train', 0), data, train=True, seed=0)))
     assert images.dtype == torch.uint8 and images.shape == (64, 1, 28, 28) and not bad
-    prep = BatchPreprocessor(cfg['mean'], cfg['std'], 'cpu')
-    expected = (images.float() / 255 - cfg['mean'][0]) / cfg['std'][0]
+    prep = BatchPreprocessor(data.mean, data.std, 'cpu')
+    expected = (images.float() / 255 - data.mean[0]) / data.std[0]
     assert torch.allclose(prep(images), expected, atol=1e-6)
     torch.manual_seed(0)
     erased = BatchPreprocessor([0.5], [0.5], 'cpu', reprob=1.0)(torch.full((64, 1, 28, 28), 255, dtype=torch.uint8),

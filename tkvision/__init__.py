@@ -3,9 +3,10 @@
 ``import tkvision`` registers ``tokenformer_vit_*``, ``naflexvit_tokenformer_*``, ``ringformer_vit_*`` and
 ``tokenformer_ring_vit_*`` with ``timm.create_model``.
 
-Rooms (DEVELOPERS.md, "Layout"): ``layers`` (Pattention), ``models`` (the families, MAE), ``growth``
+Subpackages (DEVELOPERS.md, "Layout"): ``layers`` (Pattention), ``models`` (the families, MAE), ``growth``
 (growth by parameter tokens, elastic prefixes), ``data`` (datasets, transforms, loaders, shards), ``engine``
-(config, training, evaluation, checkpoints), ``utils`` (errors, seeds, atomic writes); ``experiments`` (the
+(config, training, evaluation, checkpoints), ``utils`` (errors, seeds, atomic writes); ``config_sections`` (the
+config as typed, frozen sections, read by every layer); ``experiments`` (the
 sweep, the model benchmark) and ``cli`` sit at the edge and nothing in the library imports them. The
 studies behind the results pages live in the repository's ``studies/``, outside the package.
 """

@@ -7,9 +7,10 @@ holds the counts under a ceiling (each builder should receive the section it use
 ``python tools/config_trail.py [--verbose]`` trains two epochs of a tiny model on 256 Fashion-MNIST images
 under ``sys.setprofile`` and prints the counts (``--verbose``: every hand-off).
 
-What counts: a call of a tkvision function one of whose arguments is the whole config (a dict holding
-every key of `tkvision.engine.config.DEFAULTS`) or an object that carries it as ``.cfg`` (the run's
-context and state; ``self`` included), made from tkvision code; each call site once. A
+What counts: a call of a tkvision function one of whose arguments is the config or a section of it (a typed
+section of `tkvision.config_sections`, or a mapping of config keys) or an object that keeps one as an attribute
+(the run's context, data, loss, clock and state; ``self`` included), made from tkvision code; each call site
+once. A
 *return*: a hand-off into a module that is already among the modules of the calls that hold the config
 on the stack (the way back to a module the config had left).
 """
@@ -27,7 +28,11 @@ def _module(frame) -> str:
 
 
 def _is_config(value, keys) -> bool:
-    """A mapping of config keys: the whole config or a section of it (at least two keys, all of them known)."""
+    """The config or a section of it: a typed section (`tkvision.config_sections`), or a mapping of config keys
+    (at least two keys, all of them known)."""
+    from tkvision.config_sections import SECTION_CLASSES, DecoderConfig, TrainConfig
+    if isinstance(value, (TrainConfig, DecoderConfig, *SECTION_CLASSES.values())):
+        return True
     return isinstance(value, Mapping) and len(value) >= 2 and all(isinstance(k, str) for k in value) \
         and set(value) <= keys
 

@@ -51,7 +51,8 @@ from tkvision.cli import run_cli
 from tkvision.data import build_dataset
 from tkvision.engine.build import model_for_config
 from tkvision.engine.config import load_config, section
-from tkvision.engine.trainer import resolve_run_config, train
+from tkvision.engine.config import resolve_run_config
+from tkvision.engine.trainer import train
 from tkvision.experiments.benchmark import machine_info
 from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
 from tkvision.utils.errors import UsageError
@@ -98,9 +99,10 @@ def read_points(path: str) -> list:
 
 def _config_row(config: str, points: list) -> dict:
     """One ``results.csv`` row: what the config trains (read from the file) and its seeds' figures."""
-    cfg = resolve_run_config(load_config(config))
+    resolved = resolve_run_config(load_config(config))
+    cfg = resolved.to_dict()
     with torch.device('meta'):
-        params = sum(p.numel() for p in model_for_config(cfg).parameters() if p.requires_grad)
+        params = sum(p.numel() for p in model_for_config(resolved).parameters() if p.requires_grad)
     gflops = train_flops_per_image(cfg) / 1e9
     images = len(build_dataset(section(cfg, 'data'), 'train', cfg['seed']))  # after the validation carve-out
     top1, test = mean_std([p['top1'] for p in points], 2), mean_std([p['test_top1'] for p in points], 2)

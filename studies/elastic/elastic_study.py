@@ -53,10 +53,9 @@ from studies import ROOT, portable_command
 from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
 from tkvision.engine.checkpoint import LAST_WEIGHTS, METRICS_FILE, model_for_checkpoint
-from tkvision.engine.config import load_config, section
+from tkvision.engine.config import TrainConfig, load_config, resolve_run_config, section
 from tkvision.engine.evaluate import evaluate
 from tkvision.engine.plotting import plt
-from tkvision.engine.trainer import resolve_run_config
 from tkvision.experiments.benchmark import (benchmark_models, forward_flops_per_image, machine_info,
                                             train_flops_per_image)
 from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
@@ -132,7 +131,7 @@ def train(configs, seeds, out, threads: int = None) -> list:
 
 def _run_config(path: str, seed: int, runs: str) -> dict:
     """The resolved config of the point (``path``, ``seed``) as the sweep trains it under ``runs``."""
-    return resolve_run_config(load_config(path, {'seed': seed, 'output': point_dir(runs, path, seed)}))
+    return resolve_run_config(load_config(path, {'seed': seed, 'output': point_dir(runs, path, seed)})).to_dict()
 
 
 def _config(name: str, seed: int, runs: str) -> dict:
@@ -369,7 +368,7 @@ def export_speed_rows(seed: int, runs: str, batch_size: int = 256, repeats: int 
     for method, name in SPEED_FAMILIES.items():
         cfg = _config(name, seed, runs)
         torch.manual_seed(0)
-        model = model_for_config(cfg)
+        model = model_for_config(TrainConfig.from_dict(cfg))
         size = cfg['model_kwargs']['img_size']
         images = torch.randn(batch_size, cfg['model_kwargs'].get('in_chans', 3), size, size)
         for fraction in FRACTIONS:

@@ -34,6 +34,7 @@ import torch.nn.functional as F
 
 from tkvision.cli import run_cli
 from tkvision.engine.build import model_for_config
+from tkvision.engine.config import TrainConfig
 from tkvision.engine.checkpoint import LAST_CHECKPOINT
 from tkvision.engine.config import load_config
 from tkvision.engine.config_rules import validate_config
@@ -95,7 +96,7 @@ SHAPES = {
 
 def train_flops_per_image(cfg: dict) -> float:
     """Forward + backward FLOPs of one training image for ``cfg``'s model (``FlopCounterMode``)."""
-    model = model_for_config(cfg)
+    model = model_for_config(TrainConfig.from_dict(cfg))
     size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
     x = torch.randn(2, cfg['model_kwargs'].get('in_chans', 3), size, size)
     with flop_counter() as fc:
@@ -106,7 +107,7 @@ def train_flops_per_image(cfg: dict) -> float:
 def stage_sizes(cfg: dict) -> list:
     """`model_size` of every stage of ``cfg``'s growth schedule, first to last."""
     with torch.device('meta'):
-        return schedule_sizes(model_size(model_for_config(cfg)), cfg['growth']['schedule'])
+        return schedule_sizes(model_size(model_for_config(TrainConfig.from_dict(cfg))), cfg['growth']['schedule'])
 
 
 def size_kwargs(model_kwargs: dict, size: dict) -> dict:

@@ -18,6 +18,7 @@ of them trained on (``docs/naflex.md``, "Trained by our trainer").
 """
 import argparse
 import copy
+import dataclasses
 import datetime
 import json
 import math
@@ -73,14 +74,14 @@ def at_length(model, length: int):
 
 def _test_loader(cfg: dict, data_dir: str, length: int, model):
     """``(model, loader, preprocess)`` for the test images of ``data_dir`` (its ``val/``) at ``length`` patches."""
-    data = dict(section(cfg, 'data'), data_dir=data_dir, val_split_fraction=0, batch_size=32, num_workers=0,
-                naflex_max_seq_len=length, val_subset=None)
+    data = dataclasses.replace(section(cfg, 'data'), data_dir=data_dir, val_split_fraction=0, batch_size=32,
+                               num_workers=0, naflex_max_seq_len=length, val_subset=None)
     if cfg['naflex_loader']:
         ds = build_dataset(data, 'val', cfg['seed'])
         loader = build_naflex_loader(ds, data, False, cfg['seed'], naflex_patch_size(section(cfg, 'model'), data))
         return model, loader, NaFlexPreprocessor('cpu')
     model = at_length(model, length)
-    data['img_size'] = model.patch_embed.img_size[0]
+    data = dataclasses.replace(data, img_size=model.patch_embed.img_size[0])
     ds = build_dataset(data, 'val', cfg['seed'])
     return model, build_loader(ds, data, False, cfg['seed']), BatchPreprocessor(cfg['mean'], cfg['std'], 'cpu')
 

@@ -22,7 +22,7 @@ from tkvision.data import (BatchPreprocessor, build_dataset, build_loader, build
                            set_loader_epoch)
 from tkvision.data.shards import make_shards
 from tkvision.engine.config import load_config, section
-from tkvision.engine.trainer import resolve_run_config
+from tkvision.engine.config import resolve_run_config
 
 __all__ = ['LOADERS', 'benchmark_data', 'benchmark_loaders', 'make_jpeg_folder']
 
@@ -102,8 +102,9 @@ def benchmark_data(root=None, n_images=256, workers=(1, 2), batch_size=32, repea
         rate = _rate(fn, blobs, repeats)
         tables['decode'].append(dict(decoder=name, img_per_s=rate))
         log(f'decode  {name:34s} {rate:8.1f} img/s')
-    cfg = resolve_run_config(load_config(os.path.join(ROOT, _RECIPE),
-                                         dict(data_dir=root, batch_size=batch_size, model='tokenformer_vit_b16')))
+    recipe = load_config(os.path.join(ROOT, _RECIPE), dict(data_dir=root, batch_size=batch_size,
+                                                           model='tokenformer_vit_b16'))
+    cfg = resolve_run_config(recipe).to_dict()
     arrays = [np.asarray(Image.open(io.BytesIO(b)).convert('RGB')) for b in blobs]
     ours = build_transform(section(cfg, 'data'), train=True, seed=cfg['seed'])
     # mmax9: timm's own pipeline otherwise hits its Posterize-0-bits crash with Pillow >= 11 (tkvision.data)
@@ -191,8 +192,9 @@ def benchmark_loaders(root=None, n_images=1024, workers=(1, 2), batch_size=32, r
     torch.set_num_threads(1)
     if root is None:
         root = make_jpeg_folder(os.path.join(tempfile.mkdtemp(prefix='tkvision-loader-bench-'), 'jpeg'), n_images)
-    cfg = resolve_run_config(load_config(os.path.join(ROOT, _RECIPE),
-                                         dict(data_dir=root, batch_size=batch_size, model='tokenformer_vit_b16')))
+    recipe = load_config(os.path.join(ROOT, _RECIPE), dict(data_dir=root, batch_size=batch_size,
+                                                           model='tokenformer_vit_b16'))
+    cfg = resolve_run_config(recipe).to_dict()
     resize = {'tkvision': 'OpenCV bicubic (albumentations)', 'timm': 'Pillow bicubic (torchvision)',
               'timm (no prefetcher)': 'Pillow bicubic (torchvision)'}
     rows = []

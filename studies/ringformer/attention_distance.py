@@ -27,7 +27,7 @@ from tkvision.engine.checkpoint import BEST_WEIGHTS, model_for_checkpoint
 from tkvision.engine.config import load_config, section
 from tkvision.engine.distributed import setup_threads
 from tkvision.engine.plotting import plt
-from tkvision.engine.trainer import resolve_run_config
+from tkvision.engine.config import resolve_run_config
 
 __all__ = ['attention_maps', 'mean_attention_distance', 'dataset_mad', 'plot_mad']
 
@@ -112,7 +112,7 @@ def dataset_mad(cfg: dict, checkpoint: str, num_images: int, batch_size: int) ->
     Raises:
         FileNotFoundError, WeightsMismatchError: a missing checkpoint, or one of another model (named).
     """
-    cfg = resolve_run_config(dict(cfg, val_subset=num_images, batch_size=batch_size))
+    cfg = resolve_run_config(dict(cfg, val_subset=num_images, batch_size=batch_size)).to_dict()
     setup_threads(section(cfg, 'run'))
     model, _ = model_for_checkpoint(cfg, checkpoint)
     data = section(cfg, 'data')

@@ -8,6 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch.distributed as dist
 
 from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
+from ..engine.build import check_model_input
 from ..engine.checkpoint import (
     BEST_WEIGHTS,
     CURVES_FILE,
@@ -18,11 +19,11 @@ from ..engine.checkpoint import (
     checkpoint_config,
     model_for_checkpoint,
 )
-from ..engine.config import DEFAULTS, load_config, parse_overrides, section
+from ..engine.config import DEFAULTS, load_config, parse_overrides, resolve_run_config
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
 from ..engine.recipes import format_recipes, list_recipes
-from ..engine.trainer import check_model_input, resolve_run_config, train
+from ..engine.trainer import train
 from ..utils.errors import UsageError
 from .common import run_cli
 
@@ -125,26 +126,26 @@ def _validate(argv) -> int:
     if args.model:
         overrides += ['--model', args.model]
     base = checkpoint_config(args.checkpoint) if args.checkpoint.endswith('.pth') else None
-    cfg = resolve_run_config(load_config(args.config, overrides, base=None if args.config else base))
-    if cfg['task'] == 'mae':
+    config = resolve_run_config(load_config(args.config, overrides, base=None if args.config else base))
+    if config.run.task == 'mae':
         raise UsageError(f'{args.checkpoint} is a masked-autoencoder run (task: mae): it has no classifier to '
                          'validate; its validation reconstruction loss is in the run\'s metrics.csv, and '
                          'tkvision-mae-visualize draws its reconstructions')
-    setup_threads(section(cfg, 'run'))
-    processes = init_distributed(section(cfg, 'run'))
-    rank, world, device = processes.rank, processes.world, processes.device
-    data = section(cfg, 'data')
-    ds = build_dataset(data, args.split, cfg['seed'], rank, world, class_to_idx=train_class_map(data))
+    setup_threads(config.run)
+    processes = init_distributed(config.run)
+    rank, world, device, data, seed = processes.rank, processes.world, processes.device, config.data, config.run.seed
+    ds = build_dataset(data, args.split, seed, rank, world, class_to_idx=train_class_map(data))
     # a run that grew during training: its config builds the model it started from, grown to the file's size
-    model, grown = model_for_checkpoint(cfg, args.checkpoint, use_ema=not args.no_ema)
-    check_model_input(section(cfg, 'model'), section(cfg, 'data'))
+    model, grown = model_for_checkpoint(config.to_dict(), args.checkpoint, use_ema=not args.no_ema)
+    check_model_input(config.model, data)
     if grown and not rank:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
-    loader = build_loader(ds, data, train=False, seed=cfg['seed'], rank=rank, world_size=world)
-    res = evaluate(model.to(device), loader, device, BatchPreprocessor(cfg['mean'], cfg['std'], device), cfg['amp'])
+    loader = build_loader(ds, data, train=False, seed=seed, rank=rank, world_size=world)
+    res = evaluate(model.to(device), loader, device, BatchPreprocessor(data.mean, data.std, device), config.run.amp)
     if rank:
         return 0
-    print(f"{cfg['model']} on {res['count']} {args.split} images: top-1 {res['top1']:.2f}%  top-5 {res['top5']:.2f}%  "
+    print(f"{config.model.model} on {res['count']} {args.split} images: top-1 {res['top1']:.2f}%  "
+          f"top-5 {res['top5']:.2f}%  "
           f"loss {res['loss']:.4f}  {res['img_per_s']:.0f} img/s" +
           (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))
     return 0

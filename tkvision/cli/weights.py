@@ -7,11 +7,11 @@ from typing import Optional, Sequence
 
 from ..data import build_dataset
 from ..engine.checkpoint import checkpoint_config, grow_weights_file, model_for_checkpoint
-from ..engine.config import load_config, section
+from ..engine.config import load_config
 from ..engine.distributed import setup_threads
 from ..engine.export import export_checkpoint
 from ..engine.reconstruction import save_reconstructions
-from ..engine.trainer import resolve_run_config
+from ..engine.config import resolve_run_config
 from ..layers import ENCODER_KINDS
 from .common import non_negative_int, positive_int, run_cli, yaml_mapping
 
@@ -96,12 +96,13 @@ def _mae_visualize(argv) -> int:
         cfg = load_config(args.config, overrides)
     if cfg['task'] != 'mae':
         ap.error(f"{args.checkpoint} is not an MAE run (task {cfg['task']!r})")
-    cfg = resolve_run_config(cfg)
-    setup_threads(section(cfg, 'run'))
-    model, _ = model_for_checkpoint(cfg, args.checkpoint)  # the EMA weights of a last.pth that has them
-    dataset = build_dataset(section(cfg, 'data'), 'val', cfg['seed'])
-    save_reconstructions(model, dataset, cfg['mean'], cfg['std'], args.out, args.num_images, cfg['mask_ratio'])
-    print(f'wrote {args.out} ({args.num_images} validation images, mask ratio {cfg["mask_ratio"]})')
+    config = resolve_run_config(cfg)
+    setup_threads(config.run)
+    model, _ = model_for_checkpoint(config.to_dict(), args.checkpoint)  # the EMA weights of a last.pth that has them
+    data, mask_ratio = config.data, config.mae.mask_ratio
+    dataset = build_dataset(data, 'val', config.run.seed)
+    save_reconstructions(model, dataset, data.mean, data.std, args.out, args.num_images, mask_ratio)
+    print(f'wrote {args.out} ({args.num_images} validation images, mask ratio {mask_ratio})')
     return 0
 
 

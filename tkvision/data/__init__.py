@@ -8,7 +8,7 @@
 - `datasets`: `build_dataset` of a config's data section;
 - `shards`, `subset`: WebDataset shards and ImageNet-layout subsets.
 
-Every builder takes the config's data section (`tkvision.engine.config.section`) and, where
+Every builder takes the config's data section (`tkvision.config_sections.DataConfig`) and, where
 it draws random numbers, the run's seed.
 """
 from .datasets import build_dataset, dataset_classes, dataset_size, has_test_split, holdout_indices, train_class_map

@@ -21,6 +21,7 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
+from ..config_sections import DataConfig
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
 from .fashion_mnist import ArrayDataset, load_fashion_mnist
@@ -68,9 +69,9 @@ def holdout_indices(labels: Sequence[int], fraction: float) -> Tuple[np.ndarray,
     return np.setdiff1d(np.arange(len(labels)), val), val
 
 
-def has_test_split(data: dict) -> bool:
+def has_test_split(data: DataConfig) -> bool:
     """Whether the data section ``data`` has a test split (its validation split is carved from train)."""
-    return bool(data['val_split_fraction'])
+    return bool(data.val_split_fraction)
 
 
 def _reader_labels(reader) -> list:
@@ -82,17 +83,17 @@ def _reader_labels(reader) -> list:
     return list(reader.dataset[reader.label_key])  # Hugging Face: one column read
 
 
-def _carve(data: dict, split: str, seed: int, class_to_idx):
+def _carve(data: DataConfig, split: str, seed: int, class_to_idx):
     """The ``split`` of a dataset whose validation split is carved from its training images."""
-    fraction, name = data['val_split_fraction'], data['dataset']
+    fraction, name = data.val_split_fraction, data.dataset
     train = split == 'train'
     if name.startswith('wds/'):
         raise ConfigError(f'val_split_fraction: shards ({name}) are streamed and cannot be split here; write a val '
                           'split into the shards (tools/make_shards.py from a folder with train/ and val/), or set 0')
     if name == 'fashion_mnist':
-        images, labels = load_fashion_mnist('train', data['data_dir'], data['download'])
+        images, labels = load_fashion_mnist('train', data.data_dir, data.download)
         ds = ArrayDataset(images, labels, build_transform(data, train, seed,
-                                                          resize=data['img_size'] != images.shape[1]))
+                                                          resize=data.img_size != images.shape[1]))
     else:
         reader = create_split_reader(data, 'train', class_to_idx if not train else None)
         labels = _reader_labels(reader)
@@ -101,26 +102,26 @@ def _carve(data: dict, split: str, seed: int, class_to_idx):
     return Subset(ds, (train_idx if train else val_idx).tolist())
 
 
-def _evaluation_split(data: dict, split: str, seed: int, class_to_idx, rank: int, world_size: int):
+def _evaluation_split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):
     """The dataset's own training or evaluation split, with the evaluation transform for the latter."""
-    train, name = split == 'train', data['dataset']
+    train, name = split == 'train', data.dataset
     if name == 'fashion_mnist':
-        images, labels = load_fashion_mnist('train' if train else 'test', data['data_dir'], data['download'])
+        images, labels = load_fashion_mnist('train' if train else 'test', data.data_dir, data.download)
         return ArrayDataset(images, labels, build_transform(data, train, seed,
-                                                            resize=data['img_size'] != images.shape[1]))
+                                                            resize=data.img_size != images.shape[1]))
     if name.startswith('wds/'):
-        ds = ShardStream(data['data_dir'], split, build_transform(data, train, seed), train=train,
-                         batch_size=data['batch_size'], num_workers=data['num_workers'], rank=rank,
-                         world=world_size, seed=seed, limit=data['train_subset' if train else 'val_subset'])
+        ds = ShardStream(data.data_dir, split, build_transform(data, train, seed), train=train,
+                         batch_size=data.batch_size, num_workers=data.num_workers, rank=rank,
+                         world=world_size, seed=seed, limit=data.train_subset if train else data.val_subset)
         if class_to_idx is not None and ds.classes:
-            counts = read_info(data['data_dir'])['splits']
-            check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data['data_dir'])
+            counts = read_info(data.data_dir)['splits']
+            check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data.data_dir)
         return ds
     return ReaderDataset(create_split_reader(data, split, class_to_idx), build_transform(data, train, seed))
 
 
 def build_dataset(
-        data: dict,
+        data: DataConfig,
         split: str,
         seed: int,
         rank: int = 0,
@@ -144,8 +145,8 @@ def build_dataset(
     """
     if split not in SPLITS:
         raise ConfigError(f'split must be one of {SPLITS}, got {split!r}')
-    name = data['dataset']
-    if not data['data_dir'] and name != 'fashion_mnist' and not name.startswith('hfds/'):
+    name = data.dataset
+    if not data.data_dir and name != 'fashion_mnist' and not name.startswith('hfds/'):
         raise FileNotFoundError(f'dataset {name} needs data_dir (--data-dir /path/to/data with train and val)')
     if split == 'test' and not has_test_split(data):
         raise ConfigError(f'{name} has no test split with val_split_fraction 0: its own evaluation split validates')
@@ -155,19 +156,19 @@ def build_dataset(
         ds = _evaluation_split(data, 'train' if split == 'train' else 'val', seed, class_to_idx, rank, world_size)
     if isinstance(ds, ShardStream):
         return ds
-    limit = {'train': data['train_subset'], 'val': data['val_subset'], 'test': None}[split]
+    limit = {'train': data.train_subset, 'val': data.val_subset, 'test': None}[split]
     return Subset(ds, range(min(limit, len(ds)))) if limit else ds
 
 
-def train_class_map(data: dict) -> Optional[Dict[str, int]]:
+def train_class_map(data: DataConfig) -> Optional[Dict[str, int]]:
     """For the data section ``data``, the training split's ``{class: index}`` without reading it whole (for
     evaluation alone): the sorted class folders of ``<data_dir>/train``, or a shard manifest's class list; None
     otherwise."""
-    root = data['data_dir']
-    if data['dataset'] in ('folder', 'imagenet') and root and os.path.isdir(os.path.join(root, 'train')):
+    root = data.data_dir
+    if data.dataset in ('folder', 'imagenet') and root and os.path.isdir(os.path.join(root, 'train')):
         names = sorted(e.name for e in os.scandir(os.path.join(root, 'train')) if e.is_dir())
         return {c: i for i, c in enumerate(names)}
-    if data['dataset'].startswith('wds/'):
+    if data.dataset.startswith('wds/'):
         names = read_info(root).get('classes')
         return {c: i for i, c in enumerate(names)} if names else None
     return None

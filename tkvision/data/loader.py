@@ -13,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from torch.utils.data.distributed import DistributedSampler
 
+from ..config_sections import DataConfig
 from ..utils.seeding import derive_seed
 from .readers import collate_skip_bad
 
@@ -90,7 +91,7 @@ class SeededDataset(Dataset):
 
 def build_loader(
         dataset: Dataset,
-        data: dict,
+        data: DataConfig,
         train: bool,
         seed: int,
         rank: int = 0,
@@ -106,16 +107,16 @@ def build_loader(
     Pinned memory on CUDA for non-blocking copies; workers persist across epochs for map-style data
     (a stream's workers restart each epoch to learn the epoch).
     """
-    workers = data['num_workers']
+    workers = data.num_workers
     if isinstance(dataset, IterableDataset):
-        return DataLoader(dataset, batch_size=data['batch_size'], num_workers=workers, collate_fn=collate_skip_bad,
+        return DataLoader(dataset, batch_size=data.batch_size, num_workers=workers, collate_fn=collate_skip_bad,
                           drop_last=train, pin_memory=torch.cuda.is_available())
     if train:
         sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
         dataset = SeededDataset(dataset)
     else:
         sampler, dataset = None, Subset(dataset, range(rank, len(dataset), world_size))
-    return DataLoader(dataset, batch_size=data['batch_size'], sampler=sampler, shuffle=False, drop_last=train,
+    return DataLoader(dataset, batch_size=data.batch_size, sampler=sampler, shuffle=False, drop_last=train,
                       num_workers=workers, collate_fn=collate_skip_bad, persistent_workers=workers > 0,
                       pin_memory=torch.cuda.is_available())
 

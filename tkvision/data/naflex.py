@@ -30,6 +30,7 @@ from timm.data.readers.shared_count import SharedCount
 from timm.layers import to_2tuple
 from torch.utils.data import DataLoader, Dataset, Subset
 
+from ..config_sections import DataConfig
 from ..utils.seeding import derive_seed
 
 __all__ = ['NaFlexImages', 'ResumableNaFlexDataset', 'NaFlexPreprocessor', 'build_naflex_loader']
@@ -149,7 +150,7 @@ def _collate_with_bad(collate, batch):
 
 def build_naflex_loader(
         dataset: Dataset,
-        data: dict,
+        data: DataConfig,
         train: bool,
         seed: int,
         patch_size: int,
@@ -171,25 +172,25 @@ def build_naflex_loader(
     if not train and world_size > 1:  # each rank its share, as our other evaluation loaders (summed metrics)
         dataset = Subset(dataset, range(rank, len(dataset), world_size))
     images = NaFlexImages(dataset, seed=seed if train else None)
-    common = dict(interpolation=data['interpolation'], mean=tuple(data['mean']), std=tuple(data['std']),
+    common = dict(interpolation=data.interpolation, mean=tuple(data.mean), std=tuple(data.std),
                   use_prefetcher=False)
     if not train:
-        loader = create_naflex_loader(images, patch_size=patch_size, max_seq_len=data['naflex_max_seq_len'],
-                                      batch_size=data['batch_size'], is_training=False,
-                                      num_workers=data['num_workers'], pin_memory=torch.cuda.is_available(), **common)
+        loader = create_naflex_loader(images, patch_size=patch_size, max_seq_len=data.naflex_max_seq_len,
+                                      batch_size=data.batch_size, is_training=False,
+                                      num_workers=data.num_workers, pin_memory=torch.cuda.is_available(), **common)
         loader.collate_fn = partial(_collate_with_bad, loader.collate_fn)
         return loader
     transform_factory = partial(
         # timm's NaFlex crop keeps the image's aspect ratio up to a factor in `ratio`; no rrc_scale: whole image
-        create_transform, is_training=True, naflex=True, scale=tuple(data['rrc_scale'] or (1.0, 1.0)),
-        ratio=(3 / 4, 4 / 3) if data['rrc_scale'] else (1.0, 1.0), hflip=data['hflip'], vflip=0., color_jitter=None,
-        auto_augment=data['auto_augment'], **common)
-    sizes = data['naflex_patch_sizes']
+        create_transform, is_training=True, naflex=True, scale=tuple(data.rrc_scale or (1.0, 1.0)),
+        ratio=(3 / 4, 4 / 3) if data.rrc_scale else (1.0, 1.0), hflip=data.hflip, vflip=0., color_jitter=None,
+        auto_augment=data.auto_augment, **common)
+    sizes = data.naflex_patch_sizes
     wrapper = ResumableNaFlexDataset(
         images, transform_factory=transform_factory, patch_size=None if sizes else to_2tuple(patch_size),
-        patch_size_choices=sizes or None, seq_lens=tuple(data['naflex_train_seq_lens']),
-        max_tokens_per_batch=data['batch_size'] * max(data['naflex_train_seq_lens']), seed=seed,
+        patch_size_choices=sizes or None, seq_lens=tuple(data.naflex_train_seq_lens),
+        max_tokens_per_batch=data.batch_size * max(data.naflex_train_seq_lens), seed=seed,
         distributed=world_size > 1, rank=rank, world_size=world_size)
-    return DataLoader(wrapper, batch_size=None, num_workers=data['num_workers'], pin_memory=torch.cuda.is_available(),
+    return DataLoader(wrapper, batch_size=None, num_workers=data.num_workers, pin_memory=torch.cuda.is_available(),
                       worker_init_fn=partial(_worker_init, worker_seeding='all'),
-                      persistent_workers=data['num_workers'] > 0)
+                      persistent_workers=data.num_workers > 0)

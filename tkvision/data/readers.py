@@ -15,6 +15,7 @@ from PIL import Image
 from timm.data.readers import create_reader
 from torch.utils.data import Dataset, default_collate
 
+from ..config_sections import DataConfig
 from ..utils.errors import UsageError
 
 __all__ = ['BAD_IMAGE', 'decode_image', 'ReaderDataset', 'collate_skip_bad', 'create_split_reader',
@@ -97,12 +98,12 @@ def collate_skip_bad(batch: Sequence[tuple]) -> tuple:
 
 def _split_names(data, split):
     """timm's split names: Hugging Face datasets call the evaluation split 'validation'."""
-    if split == 'val' and data['dataset'].startswith('hfds/'):
+    if split == 'val' and data.dataset.startswith('hfds/'):
         return 'validation'
     return split
 
 
-def _hfds_reader(data: dict, split: str, class_to_idx=None):
+def _hfds_reader(data: DataConfig, split: str, class_to_idx=None):
     """timm's Hugging Face reader of ``split``; for the evaluation split (``class_to_idx`` given) the
     classes that images of each split carry are compared: a dataset's ``ClassLabel`` lists the union
     of its splits' classes, so comparing the maps alone misses a class only one split has.
@@ -114,14 +115,14 @@ def _hfds_reader(data: dict, split: str, class_to_idx=None):
     name = _split_names(data, split)
     try:
         try:
-            reader = create_reader(data['dataset'], root=data['data_dir'], split=name, class_map=class_to_idx)
+            reader = create_reader(data.dataset, root=data.data_dir, split=name, class_map=class_to_idx)
         except ValueError as e:  # datasets: 'Unknown split "validation". Should be one of [...]'
             if 'split' not in str(e).lower():
                 raise
-            raise FileNotFoundError(f"{data['dataset']} has no split {name!r}: {e}") from None
+            raise FileNotFoundError(f"{data.dataset} has no split {name!r}: {e}") from None
         if class_to_idx is not None:
-            train = create_reader(data['dataset'], root=data['data_dir'], split='train')
-            where = f"{data['dataset']} (train and {name})"
+            train = create_reader(data.dataset, root=data.data_dir, split='train')
+            where = f"{data.dataset} (train and {name})"
             check_same_classes(_present_classes(train), _present_classes(reader), where)
     except ImportError as e:
         raise ImportError('hfds/ datasets need the datasets package: pip install "tkvision[hfds]"') from e
@@ -171,7 +172,7 @@ def check_same_classes(train_classes: Dict[str, int], val_classes: Dict[str, int
                          + (f'only in val: {only_val}' if only_val else ''))
 
 
-def create_split_reader(data: dict, split: str, class_to_idx: Optional[Dict[str, int]] = None) -> object:
+def create_split_reader(data: DataConfig, split: str, class_to_idx: Optional[Dict[str, int]] = None) -> object:
     """A timm reader of ``split`` for the ``folder`` / ``imagenet``, ``tar`` and ``hfds/...`` datasets of the
     data section ``data``.
 
@@ -180,7 +181,7 @@ def create_split_reader(data: dict, split: str, class_to_idx: Optional[Dict[str,
         UsageError: the split's classes differ from ``class_to_idx``'s (named).
         ImportError: ``hfds/`` without the ``datasets`` package.
     """
-    name, root = data['dataset'], data['data_dir']
+    name, root = data.dataset, data.data_dir
     if name.startswith('hfds/'):
         return _hfds_reader(data, split, class_to_idx)
     path = os.path.join(root, split + ('.tar' if name == 'tar' else ''))

@@ -13,7 +13,8 @@ albumentations and OpenCV are imported where a pipeline is built, so the rest of
 (Fashion-MNIST, readers, `resolve_data_cfg`) imports without them: a GPU image without
 albumentations runs the GPU report (``studies/performance/gpu_report.py``).
 """
-from typing import Sequence, Union
+import dataclasses
+from typing import Any, Mapping, Sequence, Union
 
 import numpy as np
 import timm
@@ -23,6 +24,7 @@ from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
 from timm.data.random_erasing import RandomErasing
 
+from ..config_sections import DataConfig, frozen_value
 from .fashion_mnist import FASHION_MNIST_STATS, FASHION_MNIST_VAL_FRACTION
 
 __all__ = ['DATA_CFG_KEYS', 'RAND_AUGMENT_MAGNITUDE_MAX', 'build_transform', 'BatchPreprocessor', 'resolve_data_cfg']
@@ -75,7 +77,7 @@ def _interpolations(name: str, train: bool) -> list:
 
 
 def build_transform(
-        data: dict,
+        data: DataConfig,
         train: bool,
         seed: int,
         resize: bool = True,
@@ -100,33 +102,33 @@ def build_transform(
     import albumentations as A
     import cv2
     from albumentations.pytorch import ToTensorV2
-    unset = [k for k in DATA_CFG_KEYS if data[k] is None]
+    unset = [k for k in DATA_CFG_KEYS if getattr(data, k) is None]
     if unset:
         raise ValueError(f'data keys {unset} are null: resolve them with resolve_data_cfg first')
     cfg = data
-    size, mean = cfg['img_size'], tuple(cfg['mean'])
-    interps = _interpolations(cfg['interpolation'], train)
+    size, mean = cfg.img_size, tuple(cfg.mean)
+    interps = _interpolations(cfg.interpolation, train)
 
     def one_of(make):  # 'random' interpolation: one op per mode, one drawn per image
         ops = [make(i) for i in interps]
         return ops[0] if len(ops) == 1 else A.OneOf(ops, p=1.0)
     ops = []
     if train:
-        if cfg['rrc_scale']:
-            ops.append(one_of(lambda i: A.RandomResizedCrop((size, size), scale=tuple(cfg['rrc_scale']),
+        if cfg.rrc_scale:
+            ops.append(one_of(lambda i: A.RandomResizedCrop((size, size), scale=tuple(cfg.rrc_scale),
                                                             interpolation=i)))
         elif resize:
             ops.append(one_of(lambda i: A.Resize(size, size, interpolation=i)))
-        if cfg['crop_padding']:
-            pad = size + 2 * cfg['crop_padding']
+        if cfg.crop_padding:
+            pad = size + 2 * cfg.crop_padding
             ops += [A.PadIfNeeded(pad, pad, border_mode=cv2.BORDER_CONSTANT, fill=0),
                     A.RandomCrop(size, size)]
-        if cfg['hflip']:
-            ops.append(A.HorizontalFlip(p=cfg['hflip']))
-        if cfg['auto_augment']:
-            ops.append(_rand_augment_op(cfg['auto_augment'], size, mean))
+        if cfg.hflip:
+            ops.append(A.HorizontalFlip(p=cfg.hflip))
+        if cfg.auto_augment:
+            ops.append(_rand_augment_op(cfg.auto_augment, size, mean))
     elif resize:
-        ops += [A.SmallestMaxSize(max_size=int(size / cfg['crop_pct']), interpolation=interps[0]),
+        ops += [A.SmallestMaxSize(max_size=int(size / cfg.crop_pct), interpolation=interps[0]),
                 A.CenterCrop(size, size)]
     ops.append(ToTensorV2())
     return A.Compose(ops, seed=seed)
@@ -161,7 +163,11 @@ class BatchPreprocessor:
         return self.erase(x) if (train and self.erase is not None) else x
 
 
-def resolve_data_cfg(data: dict, model: str, model_kwargs: dict) -> dict:
+def resolve_data_cfg(
+        data: DataConfig,
+        model: str,
+        model_kwargs: Mapping[str, Any],
+) -> DataConfig:
     """A copy of the data section ``data`` with every null key of `DATA_CFG_KEYS` filled in: from
     `FASHION_MNIST_STATS` for Fashion-MNIST, else from the
     ``pretrained_cfg`` of ``timm.create_model(model, **model_kwargs)`` with
@@ -169,17 +175,18 @@ def resolve_data_cfg(data: dict, model: str, model_kwargs: dict) -> dict:
     from ``model_kwargs['img_size']`` when given; ``val_split_fraction`` from
     `FASHION_MNIST_VAL_FRACTION` for Fashion-MNIST, else 0. Keys the
     config sets are kept."""
-    if data.get('val_split_fraction', 0) is None:
-        data = dict(data, val_split_fraction=FASHION_MNIST_VAL_FRACTION if data['dataset'] == 'fashion_mnist' else 0.0)
-    unset = [k for k in DATA_CFG_KEYS if data[k] is None]
+    if data.val_split_fraction is None:
+        data = dataclasses.replace(
+            data, val_split_fraction=FASHION_MNIST_VAL_FRACTION if data.dataset == 'fashion_mnist' else 0.0)
+    unset = [k for k in DATA_CFG_KEYS if getattr(data, k) is None]
     if not unset:
-        return dict(data)
-    if data['dataset'] == 'fashion_mnist':
+        return data
+    if data.dataset == 'fashion_mnist':
         found = dict(FASHION_MNIST_STATS, img_size=model_kwargs.get('img_size', 28))
     else:
         with torch.device('meta'):
             net = timm.create_model(model, **model_kwargs)
         dc = timm.data.resolve_data_config(args={}, model=net)
-        found = dict(img_size=model_kwargs.get('img_size', dc['input_size'][-1]), mean=list(dc['mean']),
-                     std=list(dc['std']), crop_pct=dc['crop_pct'], interpolation=dc['interpolation'])
-    return dict(data, **{k: found[k] for k in unset})
+        found = dict(img_size=model_kwargs.get('img_size', dc['input_size'][-1]), mean=tuple(dc['mean']),
+                     std=tuple(dc['std']), crop_pct=dc['crop_pct'], interpolation=dc['interpolation'])
+    return dataclasses.replace(data, **{k: frozen_value(found[k]) for k in unset})

@@ -24,12 +24,13 @@ family's checkpoint filter, grow the model to the checkpoint's size if the run g
 import csv
 import os
 import pickle
-from typing import Dict, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
 import yaml
 from safetensors.torch import save_file
 
+from ..config_sections import TrainConfig
 from ..growth import grow, grow_to_checkpoint, load_grown_state_dict, token_counts
 from ..models import adapt_state_dict, check_fit, encoder_weights, is_mae_state_dict, load_state_dict_file
 from ..utils.errors import UsageError, refused_pickle
@@ -220,8 +221,13 @@ def load_fitting_weights(model: torch.nn.Module, state_dict: dict, source: str =
     return grown
 
 
-def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True) -> Tuple[torch.nn.Module, dict]:
-    """The model of ``cfg`` with the weights of ``path`` loaded (`load_fitting_weights`). A
+def model_for_checkpoint(
+        cfg: Mapping[str, Any],
+        path: str,
+        use_ema: bool = True,
+) -> Tuple[torch.nn.Module, dict]:
+    """The model of the flat config ``cfg`` (a checkpoint's or a run folder's; `migrate`d first) with the weights
+    of ``path`` loaded (`load_fitting_weights`). A
     classifier gets the file's head size unless ``model_kwargs`` sets ``num_classes``.
 
     Returns:
@@ -232,7 +238,7 @@ def model_for_checkpoint(cfg: dict, path: str, use_ema: bool = True) -> Tuple[to
     """
     weights = read_weights(path, use_ema)
     head = weights.get('head.weight')
-    model = model_for_config(cfg, None if head is None else head.shape[0])
+    model = model_for_config(TrainConfig.from_dict(migrate(cfg)), None if head is None else head.shape[0])
     return model, load_fitting_weights(model, weights, path)
 
 

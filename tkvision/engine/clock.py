@@ -11,6 +11,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from ..config_sections import RunConfig
 from ..utils.errors import NonFiniteLossError
 from .checkpoint import save_training_checkpoint
 from .distributed import Processes
@@ -26,7 +27,7 @@ class RunClock:
     """When a run checks, saves and stops.
 
     Args:
-        run: the config's run section (``tkvision.engine.config.section``); read: ``log_interval``,
+        run: the config's run section (``tkvision.config_sections.RunConfig``); read: ``log_interval``,
             ``checkpoint_every_steps``, ``checkpoint_every_minutes``.
         processes: this process among the job's (``tkvision.engine.distributed.Processes``).
         checkpoint_path: the run's ``last.pth``.
@@ -39,12 +40,12 @@ class RunClock:
 
     def __init__(
             self,
-            run: dict,
+            run: RunConfig,
             processes: Processes,
             checkpoint_path: str,
     ):
-        self.log_interval = run['log_interval']
-        self.every_steps, self.every_minutes = run['checkpoint_every_steps'], run['checkpoint_every_minutes']
+        self.log_interval = run.log_interval
+        self.every_steps, self.every_minutes = run.checkpoint_every_steps, run.checkpoint_every_minutes
         self.processes, self.checkpoint_path = processes, checkpoint_path
         self.stop_signal = None
         self.last_save = time.monotonic()

@@ -10,183 +10,39 @@ unknown key is an error that names it and the file. Command-line overrides ``--k
 read under their new name, in files, on the command line and in checkpoints.
 
 **Sections.** The keys are grouped as a reader meets them (`SECTIONS`: ``run``, ``model``,
-``mae``, ``data``, ``optim``, ``elastic``, ``growth``); each builder receives only its section
-(`section`): ``build_dataset`` the data keys, ``build_optimizer`` the optimisation keys, and so
-on. Files stay flat, so every config of earlier releases reads unchanged.
+``mae``, ``data``, ``optim``, ``elastic``, ``distillation``, ``growth``). A validated config becomes typed,
+frozen sections once, at the edge of training (`TrainConfig`, `section`: `tkvision.config_sections`,
+where each key's type, default and meaning are); each builder receives only its section: ``build_dataset``
+a ``DataConfig``, ``build_optimizer`` an ``OptimConfig``, and so on. Files stay flat, so every config of
+earlier releases reads unchanged.
 
 What each key allows is in `tkvision.engine.config_rules` (``tests/test_config.py`` holds the
 rules and the defaults to the same keys). Recipe values in ``configs/imagenet/`` come from the MAE
 paper, Appendix A.2 (table in ``docs/reference/background.md``, "Recipes").
 """
 import copy
+import dataclasses
 import os
 import re
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
+from ..data import resolve_data_cfg
 from ..utils.errors import ConfigError
 from .config_rules import INTERPOLATIONS, SCHEDULERS, resolve_accum_steps, validate_config
+from ..config_sections import SECTION_CLASSES, OptimConfig, TrainConfig, section, section_defaults
 from .recipes import config_path
 
-__all__ = ['SECTIONS', 'DEFAULTS', 'RENAMED', 'SCHEDULERS', 'INTERPOLATIONS', 'RESUME_MUTABLE', 'section',
-           'load_config', 'parse_overrides', 'merge', 'migrate', 'config_changes', 'resolve_lr',
-           'resolve_accum_steps', 'ConfigError']
+__all__ = ['TrainConfig', 'SECTIONS', 'DEFAULTS', 'RENAMED', 'SCHEDULERS', 'INTERPOLATIONS', 'RESUME_MUTABLE',
+           'section', 'load_config', 'resolve_run_config', 'parse_overrides', 'merge', 'migrate', 'config_changes',
+           'resolve_lr', 'resolve_accum_steps', 'ConfigError']
 
-#: Every config key with its default, by section. Units: epochs are passes over the training set;
-#: lr values are per-step learning rates of the global batch; sizes are pixels.
-SECTIONS = {
-    'run': {
-        # 'classify' (supervised), 'mae' (masked-autoencoder pretraining, no labels read) or
-        # 'linprobe' (frozen encoder from init_from, BatchNorm + linear head: MAE's linear probing)
-        'task': 'classify',
-        'seed': 0,
-        'device': None,              # null: cuda if available else cpu
-        'threads': None,             # torch.set_num_threads on CPU
-        'amp': None,                 # null, 'bf16' or 'fp16'
-        'tf32': True,                # CUDA: TF32 matmuls and convolutions for float32 work
-        'output': 'runs/default',
-        'eval_every': 1,             # epochs
-        'save_every': 1,             # epochs
-        'checkpoint_every_steps': None,    # also write last.pth every N optimizer updates (mid-epoch)
-        'checkpoint_every_minutes': None,  # also write last.pth when this much time passed since the last one
-        'tensorboard': False,
-        'log_interval': 50,          # optimizer updates between progress updates, loss checks and signal checks
-        'dist_timeout_minutes': 10,  # a collective that waits this long for a rank fails the job (a rank that died)
-        'progress': True,
-    },
-    'model': {
-        'model': 'tokenformer_vit_ti16',
-        'model_kwargs': {},          # passed to timm.create_model (img_size, patch_size, num_tokens, ...)
-        'drop_path_rate': 0.0,
-        'init_from': None,           # weights file to start from (.safetensors / .pth); grown to fit
-        'freeze_loaded_tokens': False,  # with init_from: train only the tokens appended to the loaded ones (+ head)
-        'grad_checkpointing': False,
-        'compile': 'auto',           # torch.compile the model: true, false, or 'auto' (on for CUDA, where a TokenFormer
-                                     # trains at 0.85x ViT-B compiled against 0.37x eager; off on a CPU, where
-                                     # compiling costs what it saves over the quick recipe: docs/performance.md)
-        'backward_mode': 'closed_form',  # Pattention's Θ (tkvision.layers.BACKWARD_MODES): 'closed_form', 'compiled'
-                                         # (the closed form through torch.compile, one pass each way), 'lean'
-                                         # (least activation memory), 'autograd' (reference)
-    },
-    'mae': {                         # MAE pretraining (task: mae; tkvision.models.mae)
-        'mask_ratio': 0.75,          # fraction of patches masked per image
-        'norm_pix_loss': True,       # regress per-patch normalised pixels
-        'decoder': {                 # MAE's decoder: 512 wide, 8 blocks, 16 heads
-            'embed_dim': 512,
-            'depth': 8,
-            'num_heads': 16,
-            'num_tokens': None,      # TokenFormer decoder: parameter tokens per Pattention (null: embed_dim)
-            'kind': None,            # 'tokenformer' or 'vit' (null: TokenFormer for a TokenFormer encoder)
-        },
-        'recon_images': 8,           # validation images in the reconstruction.png written at the end
-    },
-    'data': {
-        'dataset': 'fashion_mnist',  # 'fashion_mnist', 'folder' (= 'imagenet': train/<class>/*, val/<class>/*),
-                                     # 'tar', 'wds/<name>' (WebDataset shards), 'hfds/<name>' (Hugging Face)
-        'data_dir': None,
-        'download': False,           # fashion_mnist only: torchvision download when the Debian package is absent
-        # null: from the model's pretrained_cfg (timm.data.resolve_data_config), or Fashion-MNIST's statistics
-        'img_size': None,
-        'mean': None,
-        'std': None,
-        'crop_pct': None,
-        'interpolation': None,       # one of INTERPOLATIONS; 'random' draws one per image (timm)
-        'rrc_scale': [0.08, 1.0],    # RandomResizedCrop area range; null: no crop
-        'crop_padding': 0,           # random translation: zero-pad each side by this many px, random crop back
-                                     # to img_size (torchvision RandomCrop(padding=...)); 0: off
-        'hflip': 0.5,
-        'auto_augment': None,        # timm RandAugment string, e.g. rand-m9-mstd0.5-inc1
-        'reprob': 0.0,               # random erasing probability (timm RandomErasing, mode 'pixel', on device)
-        'batch_size': 128,           # per process
-        'num_workers': 0,
-        'train_subset': None,        # use only the first N training images (tests, quick probes)
-        'val_subset': None,
-        # validation images held out of train (stratified, the same for every run; tkvision.data.datasets):
-        # null: 1/6 for Fashion-MNIST (10k of 60k; its 10k test images become the test split), 0 otherwise
-        # (the dataset's own val/ validates, no test split)
-        'val_split_fraction': None,
-        # timm's NaFlex loader (tkvision.data.naflex; a NaFlex model: naflexvit_tokenformer_*, timm's naflexvit_*):
-        # every image at its own aspect ratio as a padded patch sequence, the patch size drawn per batch
-        'naflex_loader': False,
-        'naflex_train_seq_lens': [128, 256, 576, 784, 1024],  # a batch's length, drawn per batch (timm's)
-        'naflex_max_seq_len': 576,   # evaluation: every image resized to at most this many patches
-        'naflex_patch_sizes': None,  # patch sizes drawn uniformly per training batch; null: the model's
-        'naflex_loss_scale': 'linear',  # each batch's loss x (its images / batch_size): 'linear', 'sqrt', 'none'
-    },
-    'optim': {
-        'epochs': 10,
-        'accum_steps': 1,            # gradient accumulation: global batch = batch_size * accum_steps * world
-        'global_batch_size': None,   # if set, accum_steps = global_batch_size / (batch_size * world)
-        'opt': 'adamw',
-        'opt_betas': [0.9, 0.999],
-        'opt_eps': 1.0e-8,
-        'lr': None,                  # absolute lr; null: blr * global_batch / 256
-        'blr': 1.0e-3,
-        'sched': 'cosine',           # timm scheduler name (SCHEDULERS), stepped per optimizer update
-        'min_lr': 1.0e-6,            # the lr of the last update (cosine, tanh, poly)
-        'warmup_epochs': 1.0,        # linear warmup from warmup_lr to lr, then the schedule
-        'warmup_lr': 1.0e-6,
-        'decay_epochs': 90,          # step: decay interval; wsd / rsqrt: decay length (a fraction if < 1)
-        'decay_milestones': [90, 180, 270],  # multistep
-        'decay_rate': 0.1,           # step / multistep: factor per decay; poly: the power
-        'weight_decay': 0.05,
-        'layer_decay': None,         # layer-wise lr decay (fine-tuning), e.g. 0.65
-        'parameter_token_weight_decay': None,  # weight decay of Pattention key/value tokens; null: weight_decay
-        'parameter_token_lr_scale': 1.0,       # lr multiplier of Pattention key/value tokens
-        'clip_grad': None,
-        'clip_mode': 'norm',         # timm dispatch_clip_grad: 'norm', 'value' or 'agc'
-        'smoothing': 0.1,
-        'mixup': 0.0,
-        'cutmix': 0.0,
-        'mixup_prob': 1.0,
-        'mixup_switch_prob': 0.5,
-        'model_ema': False,
-        'model_ema_decay': 0.9999,
-    },
-    'elastic': {                     # nested prefix training (tkvision.growth.elastic, docs/elastic.md)
-        'elastic_fractions': [],     # fractions of every Pattention's tokens each step may train, e.g.
-                                     # [0.25, 0.5, 0.75, 1.0]; []: off. Evaluation reports each (top1@0.25, ...)
-        'elastic_sampling': 'largest_plus_random',  # 'all', 'random' or 'largest_plus_random' (SAMPLING)
-        'elastic_tau': 'kept',       # τ of a prefix of k tokens: 'kept' (the whole layer's) or 'follow' (Eq. 5's √k)
-        'elastic_nesting': 'all',    # the Pattentions a prefix shrinks: 'all', 'ffn' (MatFormer's choice) or
-                                     # 'no_attention' (the patch stem and the FFNs)
-        'elastic_start': 0.0,        # fraction of the training steps in which only the whole model trains (the
-                                     # smaller prefixes start after it)
-    },
-    'distillation': {                # soft targets (tkvision.engine.loss, docs/elastic.md)
-        'distillation': 'none',      # 'none'; 'inplace': an elastic run's smaller prefixes learn from the whole
-                                     # model's detached predictions in the same step; 'teacher': the model learns
-                                     # from the predictions of the trained model in `teacher`
-        'distillation_temperature': 1.0,   # softmax temperature T of both sides; the KL term is scaled by T²
-        'distillation_task_weight': 0.0,   # a distilled loss = w x label loss + (1 - w) x KL (timm's
-                                           # LogitDistillationTask, complementary weights)
-        'teacher': None,             # distillation 'teacher': a finished run's weights file (its folder's
-                                     # config.yaml builds the model)
-    },
-    'growth': {
-        'growth': {                  # growth during training (tkvision.growth)
-            'every_epochs': None,    # grow at the end of every k-th epoch
-            'add_tokens': {},        # per kind: {patch, qkv, proj, ffn}
-            'until_epoch': None,     # no growth at or after this epoch
-            'key_init': 'zeros',
-            'value_init': 'normal',
-            # a progressive recipe: grow to `to` before epoch `at_epoch` (a registered variant, or
-            # {kind: tokens}; {mlp_hidden: N} widens a timm ViT by Net2Net), each stage with its own
-            # schedule: re-warm for `warmup_epochs` to lr x `lr_scale`, decay to min_lr at the stage's
-            # end (tkvision.engine.optim). [{at_epoch: 100, to: tokenformer_vit_b16, warmup_epochs: 5}, ...]
-            'schedule': [],
-            'stage_lr': 'restart',       # 'restart': every stage its own warmup + decay to min_lr;
-                                         # 'continue': one schedule over the run, re-warmed briefly after each step
-            'optimizer_state': 'keep',   # at a schedule step: 'keep' the old rows' moments or 'reset' the optimizer
-            'freeze_old_tokens': False,  # after a schedule step: train only the new tokens (+ head), paper §5
-            'tau': 'keep',               # 'keep': grown layers keep their τ (function-preserving); 'recompute':
-                                         # τ of a layer built at the new size (sqrt(n)), as a model from scratch
-            'eval_after_step': False,    # evaluate right after each growth step: the loss jump (metrics.csv
-                                         # val_loss_after_growth, top1_after_growth)
-        },
-    },
-}
+#: Every config key with its default, by section: ``{section: {key: default}}``, read from the typed sections
+#: (`tkvision.config_sections`, where each key's type and meaning are); the growth section is the one
+#: key ``growth``, a mapping.
+SECTIONS = {name: ({'growth': section_defaults(cls)} if name == 'growth' else section_defaults(cls))
+            for name, cls in SECTION_CLASSES.items()}
 
 #: Every key with its default (the sections merged; files and checkpoints hold this flat form).
 DEFAULTS = {key: value for keys in SECTIONS.values() for key, value in keys.items()}
@@ -203,18 +59,6 @@ RESUME_MUTABLE = frozenset({
     'dist_timeout_minutes',
     'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from',
     'recon_images', 'backward_mode'})
-
-
-def section(cfg: dict, name: str) -> dict:
-    """The keys of section ``name`` (`SECTIONS`) of the flat config ``cfg``, as a new dict; for
-    ``'growth'`` the growth mapping itself (``every_epochs``, ``schedule``, ...).
-
-    Raises:
-        KeyError: an unknown section name.
-    """
-    if name == 'growth':
-        return dict(cfg['growth'])
-    return {key: cfg[key] for key in SECTIONS[name]}
 
 
 _SCI = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+')
@@ -351,12 +195,30 @@ def load_config(
     return validate_config(cfg)
 
 
-def resolve_lr(optim: dict, batch_size: int, world_size: int = 1) -> float:
+def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfig:
+    """The edge of a run: the flat config ``cfg`` (or the flat form of a `TrainConfig`) validated once and turned
+    into typed, frozen sections, with the data section's null keys filled from the model
+    (`tkvision.data.resolve_data_cfg`).
+
+    Raises:
+        ConfigError: a bad value (named).
+    """
+    flat = validate_config(copy.deepcopy(cfg.to_dict() if isinstance(cfg, TrainConfig) else dict(cfg)))
+    config = TrainConfig.from_dict(flat)
+    return dataclasses.replace(config, data=resolve_data_cfg(config.data, config.model.model,
+                                                             config.model.model_kwargs))
+
+
+def resolve_lr(
+        optim: OptimConfig,
+        batch_size: int,
+        world_size: int = 1,
+) -> float:
     """Peak lr of the optim section ``optim``: ``lr`` if set, else ``blr * global_batch / 256`` (MAE's linear
     scaling rule), the global batch being ``batch_size`` x accumulation steps x ``world_size`` processes."""
-    if optim['lr'] is not None:
-        return float(optim['lr'])
-    return optim['blr'] * batch_size * resolve_accum_steps(optim, batch_size, world_size) * world_size / 256
+    if optim.lr is not None:
+        return float(optim.lr)
+    return optim.blr * batch_size * resolve_accum_steps(optim, batch_size, world_size) * world_size / 256
 
 
 def migrate(cfg: dict) -> dict:

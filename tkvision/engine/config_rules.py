@@ -9,6 +9,7 @@ import timm
 
 from ..layers import BACKWARD_MODES, PATTENTION_KINDS
 from ..utils.errors import ConfigError
+from ..config_sections import OptimConfig, section
 
 __all__ = ['RULES', 'SCHEDULE_STEP', 'INTERPOLATIONS', 'SCHEDULERS', 'validate_config', 'resolve_accum_steps']
 
@@ -209,7 +210,7 @@ def validate_config(cfg: dict) -> dict:
         raise ConfigError('freeze_loaded_tokens needs init_from (the tokens to freeze are the ones loaded from it)')
     _validate_naflex(cfg)
     _validate_distillation(cfg)
-    resolve_accum_steps(cfg, cfg['batch_size'], 1)  # the flat config holds the optim keys
+    resolve_accum_steps(section(cfg, 'optim'), cfg['batch_size'], 1)
     return cfg
 
 
@@ -322,17 +323,21 @@ def _validate_growth_schedule(cfg: dict):
                               'lists them)')
 
 
-def resolve_accum_steps(optim: dict, batch_size: int, world_size: int = 1) -> int:
+def resolve_accum_steps(
+        optim: OptimConfig,
+        batch_size: int,
+        world_size: int = 1,
+) -> int:
     """Gradient-accumulation steps of the optim section ``optim``: ``global_batch_size / (batch_size *
     world_size)`` when ``global_batch_size`` is set, else ``accum_steps``.
 
     Raises:
         ConfigError: ``global_batch_size`` not a multiple of ``batch_size * world_size``.
     """
-    if not optim['global_batch_size']:
-        return int(optim['accum_steps'])
+    if not optim.global_batch_size:
+        return int(optim.accum_steps)
     per_step = batch_size * world_size
-    if optim['global_batch_size'] % per_step:
-        raise ConfigError(f"global_batch_size {optim['global_batch_size']} is not a multiple of batch_size x processes "
-                          f"= {batch_size} x {world_size}")
-    return optim['global_batch_size'] // per_step
+    if optim.global_batch_size % per_step:
+        raise ConfigError(f'global_batch_size {optim.global_batch_size} is not a multiple of batch_size x processes '
+                          f'= {batch_size} x {world_size}')
+    return optim.global_batch_size // per_step

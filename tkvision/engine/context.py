@@ -11,6 +11,7 @@ from typing import Iterable, Optional
 
 import torch
 
+from ..config_sections import RunConfig, TrainConfig
 from .checkpoint import LAST_CHECKPOINT
 from .clock import RunClock
 from .config import resolve_accum_steps
@@ -38,7 +39,7 @@ class RunContext:
         epochs: the run's epochs.
         writer: TensorBoard's ``SummaryWriter`` (rank 0 with ``tensorboard: true``), else None.
     """
-    settings: dict
+    settings: RunConfig
     processes: Processes
     data: RunData
     loss: RunLoss
@@ -50,12 +51,12 @@ class RunContext:
     @property
     def task(self) -> str:
         """``'classify'``, ``'mae'`` or ``'linprobe'``."""
-        return self.settings['task']
+        return self.settings.task
 
     @property
     def out(self) -> str:
         """The run's output folder."""
-        return self.settings['output']
+        return self.settings.output
 
     @property
     def main(self) -> bool:
@@ -65,29 +66,29 @@ class RunContext:
     def evaluate(self, net: torch.nn.Module, loader: Iterable) -> dict:
         """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks)
         of ``net`` on ``loader`` with the run's device, preprocessing and precision."""
-        device, preprocess, amp = self.processes.device, self.data.preprocess, self.settings['amp']
+        device, preprocess, amp = self.processes.device, self.data.preprocess, self.settings.amp
         if self.task == 'mae':
-            return evaluate_mae(net, loader, device, preprocess, amp, self.settings['seed'])
+            return evaluate_mae(net, loader, device, preprocess, amp, self.settings.seed)
         return evaluate(net, loader, device, preprocess, amp)
 
 
 def build_context(
-        parts: dict,
+        config: TrainConfig,
         processes: Processes,
 ) -> RunContext:
     """The run's data, loss and clock, each built from the sections it reads.
 
     Args:
-        parts: ``{section name: section}`` of a resolved config (``tkvision.engine.config.section``).
+        config: a resolved config (``tkvision.engine.trainer.resolve_run_config``).
         processes: this process among the job's.
 
     Raises:
         ConfigError: as ``RunData`` and ``RunLoss`` (a batch larger than the data, a teacher that cannot load).
     """
-    run, optim = parts['run'], parts['optim']
-    accum = resolve_accum_steps(optim, parts['data']['batch_size'], processes.world)
-    data = RunData(parts['data'], parts['model'], accum, run['seed'], processes)
-    loss = RunLoss(run['task'], optim, parts['elastic'], parts['distillation'], run['seed'], data.batches_per_epoch,
+    run, optim = config.run, config.optim
+    accum = resolve_accum_steps(optim, config.data.batch_size, processes.world)
+    data = RunData(config.data, config.model, accum, run.seed, processes)
+    loss = RunLoss(run.task, optim, config.elastic, config.distillation, run.seed, data.batches_per_epoch,
                    processes.device)
-    clock = RunClock(run, processes, os.path.join(run['output'], LAST_CHECKPOINT))
-    return RunContext(run, processes, data, loss, clock, parts['model']['model'], optim['epochs'])
+    clock = RunClock(run, processes, os.path.join(run.output, LAST_CHECKPOINT))
+    return RunContext(run, processes, data, loss, clock, config.model.model, optim.epochs)

@@ -19,6 +19,8 @@ import torch
 import torch.distributed as dist
 from timm.utils.distributed import init_distributed_device_so
 
+from ..config_sections import RunConfig
+
 __all__ = ['Processes', 'init_distributed', 'setup_threads', 'available_cores', 'all_ranks_agree', 'is_peer_failure']
 
 
@@ -48,7 +50,7 @@ def available_cores() -> int:
     return max(1, cores // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', 1))))
 
 
-def setup_threads(run: dict) -> None:
+def setup_threads(run: RunConfig) -> None:
     """``torch.set_num_threads`` for the config's run section: ``threads`` when set, else
     ``available_cores``, so OpenMP threads never outnumber the cores (OpenMP threads that spin
     waiting for a busy core slow every update many times over).
@@ -56,7 +58,7 @@ def setup_threads(run: dict) -> None:
     Warns (UserWarning) when ``threads`` exceeds `available_cores`: the run goes on as asked,
     many times slower, so the warning names the core count and the value to set instead."""
     cores = available_cores()
-    threads = int(run['threads']) if run['threads'] else cores
+    threads = int(run.threads) if run.threads else cores
     if threads > cores:
         warnings.warn(f'threads: {threads} is more than the {cores} cores this process may use: threads '
                       f'that outnumber the cores run many times slower; set threads: {cores}, or leave it '
@@ -64,24 +66,24 @@ def setup_threads(run: dict) -> None:
     torch.set_num_threads(threads)
 
 
-def init_distributed(run: dict) -> Processes:
+def init_distributed(run: RunConfig) -> Processes:
     """Start ``torch.distributed`` when launched by torchrun or SLURM, pick the device, set TF32.
 
-    ``run``: the config's run section. The device is ``run['device']``, else ``cuda:<local rank>`` when CUDA is
+    ``run``: the config's run section. The device is ``run.device``, else ``cuda:<local rank>`` when CUDA is
         available, else CPU.
     TF32 matmuls and cuDNN convolutions follow ``run['tf32']`` (on by default: float32 work on
     Ampere and later GPUs runs on the tensor cores at ~10 mantissa bits).
-    A collective that waits longer than ``run['dist_timeout_minutes']`` for another rank fails
+    A collective that waits longer than ``run.dist_timeout_minutes`` for another rank fails
     (``torch.distributed.set_timeout``), so a rank whose peer died ends instead of waiting for ever; within one
     torchrun the agent ends the job sooner, as soon as it sees a worker die (``docs/reliability.md``).
 
     Returns:
         `Processes`.
     """
-    device = run['device'] or ('cuda' if torch.cuda.is_available() else 'cpu')
+    device = run.device or ('cuda' if torch.cuda.is_available() else 'cpu')
     info = init_distributed_device_so(device=device)
     if dist.is_available() and dist.is_initialized():
-        dist.set_timeout(timedelta(minutes=run['dist_timeout_minutes']))
+        dist.set_timeout(timedelta(minutes=run.dist_timeout_minutes))
     if torch.cuda.is_available():
         torch.backends.cuda.matmul.allow_tf32 = run['tf32']
         torch.backends.cudnn.allow_tf32 = run['tf32']

@@ -20,6 +20,7 @@ import torch.distributed as dist
 from timm.utils import dispatch_clip_grad, random_seed
 from tqdm import tqdm
 
+from ..config_sections import OptimConfig
 from ..data import set_loader_epoch
 from ..growth import elastic
 from ..utils.errors import ConfigError, NonFiniteLossError, Preempted
@@ -142,11 +143,11 @@ def _run_batches(state: TrainState, data: RunData, loss: RunLoss, clock: RunCloc
 
 def _out_of_memory(data: RunData, loss: RunLoss, error: BaseException) -> ConfigError:
     """The one-line error for a training step that could not allocate its memory: the keys that set it."""
-    keys = 'batch_size' + (', naflex_train_seq_lens' if data.data['naflex_loader'] else '')
+    keys = 'batch_size' + (', naflex_train_seq_lens' if data.data.naflex_loader else '')
     accum = ('; keep the global batch with global_batch_size (the steps accumulate)'
-             if not loss.optim['global_batch_size'] else '')
+             if not loss.optim.global_batch_size else '')
     reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-    return ConfigError(f"a training step of batch_size {data.data['batch_size']} ran out of memory on "
+    return ConfigError(f"a training step of batch_size {data.data.batch_size} ran out of memory on "
                        f'{data.processes.device} ({reason}): lower {keys}{accum}, or set grad_checkpointing: true')
 
 
@@ -195,12 +196,12 @@ def _forward_backward(state: TrainState, data: RunData, loss: RunLoss, images, l
     state.meter['seen'] += len(labels)
 
 
-def _optimizer_step(state: TrainState, optim: dict):
+def _optimizer_step(state: TrainState, optim: OptimConfig):
     """One optimizer update of ``state`` with the optimisation section's gradient clipping; then the schedule
     and the EMA follow."""
-    if optim['clip_grad']:
+    if optim.clip_grad:
         state.scaler.unscale_(state.optimizer)
-        dispatch_clip_grad(state.model.parameters(), optim['clip_grad'], mode=optim['clip_mode'])
+        dispatch_clip_grad(state.model.parameters(), optim.clip_grad, mode=optim.clip_mode)
     state.scaler.step(state.optimizer)
     state.scaler.update()
     state.optimizer.zero_grad(set_to_none=True)

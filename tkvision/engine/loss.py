@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
+from ..config_sections import DistillationConfig, ElasticConfig, OptimConfig
 from ..growth import elastic
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
@@ -98,33 +99,33 @@ class RunLoss:
     def __init__(
             self,
             task: str,
-            optim: dict,
-            elastic: dict,
-            distillation: dict,
+            optim: OptimConfig,
+            elastic: ElasticConfig,
+            distillation: DistillationConfig,
             seed: int,
             steps_per_epoch: int,
             device: torch.device,
     ):
         self.task, self.optim, self.elastic, self.seed = task, optim, elastic, seed
-        self.mode = distillation['distillation']
-        self.temperature = distillation['distillation_temperature']
-        self.task_weight = distillation['distillation_task_weight']
+        self.mode = distillation.distillation
+        self.temperature = distillation.distillation_temperature
+        self.task_weight = distillation.distillation_task_weight
         self.steps_per_epoch = steps_per_epoch
-        self.elastic_step = self.elastic['elastic_fractions'] != []
-        self.teacher = load_teacher(distillation['teacher'], device) if self.mode == 'teacher' else None
+        self.elastic_step = bool(self.elastic.elastic_fractions)
+        self.teacher = load_teacher(distillation.teacher, device) if self.mode == 'teacher' else None
         self.mixup = self.criterion = None  # set by set_classes once the model (and its num_classes) exists
 
     def set_classes(self, num_classes: int) -> None:
         """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
         with soft-target cross-entropy, label smoothing, or plain cross-entropy."""
         optim = self.optim
-        if optim['mixup'] > 0 or optim['cutmix'] > 0:
-            self.mixup = Mixup(mixup_alpha=optim['mixup'], cutmix_alpha=optim['cutmix'], prob=optim['mixup_prob'],
-                               switch_prob=optim['mixup_switch_prob'], label_smoothing=optim['smoothing'],
+        if optim.mixup > 0 or optim.cutmix > 0:
+            self.mixup = Mixup(mixup_alpha=optim.mixup, cutmix_alpha=optim.cutmix, prob=optim.mixup_prob,
+                               switch_prob=optim.mixup_switch_prob, label_smoothing=optim.smoothing,
                                num_classes=num_classes)
             self.criterion = SoftTargetCrossEntropy()
-        elif optim['smoothing'] > 0:
-            self.criterion = LabelSmoothingCrossEntropy(optim['smoothing'])
+        elif optim.smoothing > 0:
+            self.criterion = LabelSmoothingCrossEntropy(optim.smoothing)
         else:
             self.criterion = torch.nn.CrossEntropyLoss()
 
@@ -142,19 +143,19 @@ class RunLoss:
         or an elastic run's fractions (``tkvision.growth.elastic.step_fractions``; 1 written None), drawn from a
         stream of their own (``derive_seed('elastic', seed, epoch, batch)``), so a resumed run draws the same.
         Within the first ``elastic_start`` of the training steps only the whole model trains."""
-        fractions = self.elastic['elastic_fractions']
+        fractions = self.elastic.elastic_fractions
         if not fractions:
             return [None]
-        epochs = self.optim['epochs']
-        if epoch * self.steps_per_epoch + batch < self.elastic['elastic_start'] * epochs * self.steps_per_epoch:
+        epochs = self.optim.epochs
+        if epoch * self.steps_per_epoch + batch < self.elastic.elastic_start * epochs * self.steps_per_epoch:
             return [None]
         generator = torch.Generator().manual_seed(derive_seed('elastic', self.seed, epoch, batch))
-        chosen = elastic.step_fractions(fractions, self.elastic['elastic_sampling'], generator)
+        chosen = elastic.step_fractions(fractions, self.elastic.elastic_sampling, generator)
         return [None if f == 1 else f for f in chosen]
 
     def set_prefix(self, model: torch.nn.Module, fraction: Optional[float]) -> None:
         """Run ``model`` at ``fraction`` of an elastic step (None: every token) with the run's τ and nesting."""
-        elastic.set_prefix(model, fraction, self.elastic['elastic_tau'], self.elastic['elastic_nesting'])
+        elastic.set_prefix(model, fraction, self.elastic.elastic_tau, self.elastic.elastic_nesting)
 
     def teacher_logits(self, images: torch.Tensor) -> Optional[torch.Tensor]:
         """The teacher's logits of ``images`` (``distillation: teacher``), else None."""

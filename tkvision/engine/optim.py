@@ -29,13 +29,18 @@ import torch
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 
+from ..config_sections import GrowthConfig, OptimConfig
 from ..layers import Pattention
 
 __all__ = ['build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler', 'RewarmScheduler',
            'growth_stages']
 
 
-def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.optim.Optimizer:
+def build_optimizer(
+        model: torch.nn.Module,
+        optim: OptimConfig,
+        lr: float,
+) -> torch.optim.Optimizer:
     """timm's ``create_optimizer_v2`` of the config's optim section: ``opt`` at peak ``lr``, no weight decay on 1-d
     parameters,
     the class token and the position embedding (the model's ``no_weight_decay``), layer-wise lr decay
@@ -45,10 +50,10 @@ def build_optimizer(model: torch.nn.Module, optim: dict, lr: float) -> torch.opt
     `split_parameter_tokens`.
     AdamW's decay is decoupled and scaled by the group's lr (each step multiplies a weight by
     ``1 - lr * weight_decay``), so ``parameter_token_lr_scale`` scales the tokens' effective decay too."""
-    optimizer = create_optimizer_v2(model, opt=optim['opt'], lr=lr, weight_decay=optim['weight_decay'],
-                                    betas=tuple(optim['opt_betas']), eps=optim['opt_eps'],
-                                    layer_decay=optim['layer_decay'])
-    weight_decay, lr_scale = optim.get('parameter_token_weight_decay'), optim.get('parameter_token_lr_scale', 1.0)
+    optimizer = create_optimizer_v2(model, opt=optim.opt, lr=lr, weight_decay=optim.weight_decay,
+                                    betas=tuple(optim.opt_betas), eps=optim.opt_eps,
+                                    layer_decay=optim.layer_decay)
+    weight_decay, lr_scale = optim.parameter_token_weight_decay, optim.parameter_token_lr_scale
     if weight_decay is None and lr_scale == 1.0:
         return optimizer  # the groups timm makes, unchanged (and so the checkpoints of earlier runs)
     return split_parameter_tokens(optimizer, model, weight_decay, lr_scale)
@@ -84,12 +89,15 @@ def split_parameter_tokens(
     return optimizer
 
 
-def growth_stages(optim: dict, growth: dict) -> list:
+def growth_stages(
+        optim: OptimConfig,
+        growth: Optional[GrowthConfig],
+) -> list:
     """``[(start_epoch, end_epoch, warmup_epochs, lr_scale)]``: the stages of the growth section's
-    schedule over the optim section's epochs (one stage, the whole run, without one)."""
-    steps = growth.get('schedule') or []
-    bounds = [0] + [s['at_epoch'] for s in steps] + [optim['epochs']]
-    warm = [optim['warmup_epochs']] + [s.get('warmup_epochs', 0) for s in steps]
+    schedule over the optim section's epochs (one stage, the whole run, without one or without ``growth``)."""
+    steps = growth.schedule if growth else ()
+    bounds = [0] + [s['at_epoch'] for s in steps] + [optim.epochs]
+    warm = [optim.warmup_epochs] + [s.get('warmup_epochs', 0) for s in steps]
     scale = [1.0] + [s.get('lr_scale', 1.0) for s in steps]
     return [(bounds[i], bounds[i + 1], warm[i], scale[i]) for i in range(len(steps) + 1)]
 
@@ -139,8 +147,8 @@ class RewarmScheduler:
 
 def build_scheduler(
         optimizer: torch.optim.Optimizer,
-        optim: dict,
-        growth: dict,
+        optim: OptimConfig,
+        growth: Optional[GrowthConfig],
         lr: float,
         updates_per_epoch: int,
 ) -> object:
@@ -157,16 +165,16 @@ def build_scheduler(
         a timm scheduler or `StagedScheduler` (``step_update(num_updates)``).
     """
     stages = growth_stages(optim, growth)
-    if len(stages) > 1 and growth.get('stage_lr', 'restart') == 'continue':
-        base = _stage_scheduler(optimizer, optim, lr, optim['epochs'] * updates_per_epoch,
-                                optim['warmup_epochs'] * updates_per_epoch, updates_per_epoch)
+    if len(stages) > 1 and growth.stage_lr == 'continue':
+        base = _stage_scheduler(optimizer, optim, lr, optim.epochs * updates_per_epoch,
+                                optim.warmup_epochs * updates_per_epoch, updates_per_epoch)
         rewarm = RewarmScheduler(base, optimizer, [(start * updates_per_epoch, round(warm * updates_per_epoch), scale)
                                                    for start, _, warm, scale in stages[1:]])
         rewarm.step_update(0)
         return rewarm
     if len(stages) == 1:
-        return _stage_scheduler(optimizer, optim, lr, optim['epochs'] * updates_per_epoch,
-                                optim['warmup_epochs'] * updates_per_epoch, updates_per_epoch)
+        return _stage_scheduler(optimizer, optim, lr, optim.epochs * updates_per_epoch,
+                                optim.warmup_epochs * updates_per_epoch, updates_per_epoch)
     scheds = [(start * updates_per_epoch,
                _stage_scheduler(optimizer, optim, lr * scale, (end - start) * updates_per_epoch,
                                 warm * updates_per_epoch, updates_per_epoch))
@@ -182,13 +190,13 @@ def _stage_scheduler(optimizer, optim, lr, total, warmup, updates_per_epoch):
     for group in optimizer.param_groups:
         group['initial_lr'] = lr
         group['lr'] = lr
-    decay = optim['decay_epochs']
-    decay = decay if (optim['sched'] in ('wsd', 'rsqrt') and decay < 1) else decay * updates_per_epoch
+    decay = optim.decay_epochs
+    decay = decay if (optim.sched in ('wsd', 'rsqrt') and decay < 1) else decay * updates_per_epoch
     # Everything in updates (updates_per_epoch=1): integral warmup and lengths, no float rounding.
     scheduler, _ = create_scheduler_v2(
-        optimizer, sched=optim['sched'], num_epochs=max(total - 1 - warmup, 1), warmup_epochs=warmup,
-        warmup_lr=optim['warmup_lr'], warmup_prefix=True, min_lr=optim['min_lr'], decay_epochs=decay,
-        decay_milestones=[m * updates_per_epoch for m in optim['decay_milestones']], decay_rate=optim['decay_rate'],
+        optimizer, sched=optim.sched, num_epochs=max(total - 1 - warmup, 1), warmup_epochs=warmup,
+        warmup_lr=optim.warmup_lr, warmup_prefix=True, min_lr=optim.min_lr, decay_epochs=decay,
+        decay_milestones=[m * updates_per_epoch for m in optim.decay_milestones], decay_rate=optim.decay_rate,
         step_on_epochs=False, updates_per_epoch=1)
     scheduler.step_update(0)
     return scheduler

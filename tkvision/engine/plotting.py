@@ -4,14 +4,16 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
+from ..config_sections import OptimConfig  # noqa: E402
+
 __all__ = ['plot_curves', 'train_loss_label', 'plt']
 
 
-def train_loss_label(optim: dict) -> str:
+def train_loss_label(optim: OptimConfig) -> str:
     """The legend of the training loss: what made it differ from the plain cross-entropy, if anything (read
     from the optim section ``optim``)."""
-    parts = ([f"label smoothing {optim['smoothing']:g}"] if optim['smoothing'] else []) + \
-        [name for name in ('mixup', 'cutmix') if optim[name]]
+    parts = ([f"label smoothing {optim.smoothing:g}"] if optim.smoothing else []) + \
+        [name for name in ('mixup', 'cutmix') if getattr(optim, name)]
     return 'train loss' + (f" (as trained: {', '.join(parts)})" if parts else '')
 
 

@@ -13,6 +13,7 @@ from typing import Iterable, Union
 import cv2
 import torch
 
+from ..config_sections import DataConfig, ModelConfig
 from ..data import BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size
 from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
 from ..utils.errors import ConfigError
@@ -37,7 +38,7 @@ class RunData:
     """A run's datasets, loaders and preprocessing.
 
     Args:
-        data: the config's data section (``tkvision.engine.config.section``).
+        data: the config's data section (``tkvision.config_sections.DataConfig``).
         model: the model section, read only for a NaFlex model's patch size (``naflex_loader``).
         accum: micro-batches per optimizer update (``tkvision.engine.config.resolve_accum_steps``).
         seed: the run's seed (sample order and augmentation draws).
@@ -60,31 +61,31 @@ class RunData:
 
     def __init__(
             self,
-            data: dict,
-            model: dict,
+            data: DataConfig,
+            model: ModelConfig,
             accum: int,
             seed: int,
             processes: Processes,
     ):
         self.data, self.accum, self.seed, self.processes = data, accum, seed, processes
-        self.naflex_patch_size = naflex_patch_size(model, data, processes.device) if data['naflex_loader'] else None
-        self.preprocess = (NaFlexPreprocessor(processes.device) if data['naflex_loader'] else
-                           BatchPreprocessor(data['mean'], data['std'], processes.device, reprob=data['reprob']))
+        self.naflex_patch_size = naflex_patch_size(model, data, processes.device) if data.naflex_loader else None
+        self.preprocess = (NaFlexPreprocessor(processes.device) if data.naflex_loader else
+                           BatchPreprocessor(data.mean, data.std, processes.device, reprob=data.reprob))
         self._test_loader = None  # built by test_loader(), at the end of a run
         self.train_ds = build_dataset(data, 'train', seed, processes.rank, processes.world)
         self.val_ds = build_dataset(data, 'val', seed, processes.rank, processes.world,
                                     class_to_idx=dataset_classes(self.train_ds))
-        self.global_batch = data['batch_size'] * accum * processes.world
+        self.global_batch = data.batch_size * accum * processes.world
         if dataset_size(self.train_ds) < self.global_batch:
             raise ConfigError(f'the training set has {dataset_size(self.train_ds)} images, fewer than one global batch '
-                              f"({self.global_batch} = batch_size {data['batch_size']} x accum_steps {accum} x "
+                              f"({self.global_batch} = batch_size {data.batch_size} x accum_steps {accum} x "
                               f'{processes.world} processes): lower batch_size or raise train_subset')
         self.train_loader = self._loader(self.train_ds, train=True)
         self.train_loader.worker_init_fn = _ignore_stop_signals
         self.val_loader = self._loader(self.val_ds, train=False)
         self.batches_per_epoch = batches_per_epoch(self.train_loader)
         if self.batches_per_epoch < 1:
-            raise ConfigError(f"one epoch holds no full batch of {data['batch_size']} per process and loader worker: "
+            raise ConfigError(f"one epoch holds no full batch of {data.batch_size} per process and loader worker: "
                               'lower batch_size or num_workers')
         self.updates_per_epoch = math.ceil(self.batches_per_epoch / accum)
 
@@ -107,9 +108,9 @@ class RunData:
     def loss_scale(self, images: int) -> float:
         """The weight of a training batch of ``images`` images: 1, or for a NaFlex batch (whose images vary in
         number with its sequence length) `naflex_loss_scale` of ``naflex_loss_scale``."""
-        if not self.data['naflex_loader']:
+        if not self.data.naflex_loader:
             return 1.0
-        return naflex_loss_scale(self.data['naflex_loss_scale'], images, self.data['batch_size'])
+        return naflex_loss_scale(self.data.naflex_loss_scale, images, self.data.batch_size)
 
     def close(self) -> None:
         """Stop the loaders' worker processes, on every way out of a run (an error included).
@@ -127,7 +128,11 @@ class RunData:
                 iterator._shutdown_workers()
 
 
-def naflex_patch_size(model: dict, data: dict, device: Union[str, torch.device] = 'cpu') -> int:
+def naflex_patch_size(
+        model: ModelConfig,
+        data: DataConfig,
+        device: Union[str, torch.device] = 'cpu',
+) -> int:
     """The patch size of the model section's model (built on the meta device), which NaFlex evaluation batches
     use; the data section's sequence lengths checked against ``device``'s memory (`check_naflex_memory`).
 
@@ -139,13 +144,17 @@ def naflex_patch_size(model: dict, data: dict, device: Union[str, torch.device] 
         net = build_model(model)
     patch = getattr(getattr(net, 'embeds', None), 'patch_size', None)
     if patch is None:
-        raise ConfigError(f"naflex_loader: {model['model']} takes no NaFlex patch dictionaries; use a NaFlex model "
+        raise ConfigError(f"naflex_loader: {model.model} takes no NaFlex patch dictionaries; use a NaFlex model "
                           '(naflexvit_tokenformer_ti16, timm naflexvit_*) or set naflex_loader: false')
     check_naflex_memory(data, net, device)
     return patch[0]
 
 
-def check_naflex_memory(data: dict, net: torch.nn.Module, device: Union[str, torch.device]) -> None:
+def check_naflex_memory(
+        data: DataConfig,
+        net: torch.nn.Module,
+        device: Union[str, torch.device],
+) -> None:
     """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in ``device``'s memory: the
     longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
     each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: the attention mask
@@ -162,11 +171,11 @@ def check_naflex_memory(data: dict, net: torch.nn.Module, device: Union[str, tor
     # on a CPU attention runs unfused with a mask: scores and probabilities, heads x L² each, exist at once
     score_copies = 0 if torch.device(device).type == 'cuda' else 2 * heads
     have = available_memory_bytes(device)
-    for key, length in (('naflex_train_seq_lens', max(data['naflex_train_seq_lens'])),
-                        ('naflex_max_seq_len', data['naflex_max_seq_len'])):
-        need = data['batch_size'] * ((1 + score_copies) * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
+    for key, length in (('naflex_train_seq_lens', max(data.naflex_train_seq_lens)),
+                        ('naflex_max_seq_len', data.naflex_max_seq_len)):
+        need = data.batch_size * ((1 + score_copies) * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
         if need > have:
-            raise ConfigError(f"{key}: a batch of {data['batch_size']} images at {length} patches needs at least "
+            raise ConfigError(f"{key}: a batch of {data.batch_size} images at {length} patches needs at least "
                               f'{need / 2 ** 30:,.1f} GiB (an image\'s {length}² attention mask, '
                               + (f'{heads} heads x {length}² attention scores and probabilities, ' if score_copies
                                  else '') +

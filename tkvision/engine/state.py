@@ -15,6 +15,7 @@ import torch
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ..config_sections import GrowthConfig, MaeConfig, ModelConfig, OptimConfig
 from .. import growth
 from ..growth import elastic
 from ..layers import set_backward_mode
@@ -31,9 +32,9 @@ class TrainState:
     """Everything a run needs to continue exactly, with `state_dict` / `load_state_dict`.
 
     Args:
-        model: the config's model section (`tkvision.engine.config.section`).
+        model: the config's model section (`tkvision.config_sections.ModelConfig`).
         optim: its optimisation section.
-        growth: its growth mapping.
+        growth: its growth section.
         task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
         amp: ``None``, ``'bf16'`` or ``'fp16'``.
         num_classes: the classifier's outputs unless ``model_kwargs`` says (`default_num_classes`).
@@ -64,9 +65,9 @@ class TrainState:
 
     def __init__(
             self,
-            model: dict,
-            optim: dict,
-            growth: dict,
+            model: ModelConfig,
+            optim: OptimConfig,
+            growth: GrowthConfig,
             *,
             task: str,
             amp: Optional[str],
@@ -75,7 +76,7 @@ class TrainState:
             device: Union[str, torch.device],
             world: int,
             updates_per_epoch: int,
-            mae: Optional[dict] = None,
+            mae: Optional[MaeConfig] = None,
             elastic_fractions: Sequence[float] = (),
             config_record: Mapping = None,
             started: float = None,
@@ -88,18 +89,18 @@ class TrainState:
         self.grown_from, self.init_report = {}, ''
         self.freeze_handles = []  # growth.freeze_old_tokens: hooks of the current stage
         self._check_parameter_tokens(elastic_fractions)
-        if model['init_from']:
-            self.grown_from, self.init_report = load_init_weights(self.model, model['init_from'], task)
+        if model.init_from:
+            self.grown_from, self.init_report = load_init_weights(self.model, model.init_from, task)
         if task == 'linprobe':
             linear_probe(self.model)
-        if model['grad_checkpointing']:
+        if model.grad_checkpointing:
             self.model.set_grad_checkpointing(True)
-        set_backward_mode(self.model, model['backward_mode'])
+        set_backward_mode(self.model, model.backward_mode)
         self.epochs_done = self.batches_done = self.num_updates = 0
         self.optimizer = self._make_optimizer()
         self.scheduler = self._make_scheduler()
         self.scaler = torch.amp.GradScaler(device.type, enabled=amp == 'fp16')
-        self.ema = ModelEmaV3(self.model, decay=optim['model_ema_decay']) if optim['model_ema'] else None
+        self.ema = ModelEmaV3(self.model, decay=optim.model_ema_decay) if optim.model_ema else None
         self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if task == 'mae'
                      else dict(top1=-1.0, epoch=-1, source='model'))
         self.reset_meter()
@@ -108,15 +109,15 @@ class TrainState:
     def _check_parameter_tokens(self, elastic_fractions):
         """Refuse, before any work, what needs parameter tokens on a model without, and a growth target the
         model cannot reach."""
-        name = self.model_section['model']
+        name = self.model_section.model
         if elastic_fractions and not elastic.elastic_layers(self.model):
             raise ConfigError(f'elastic_fractions needs a model with parameter tokens (a TokenFormer); {name} has none')
-        if self.growth['freeze_old_tokens'] and not growth.pattention_layers(self.model):
+        if self.growth.freeze_old_tokens and not growth.pattention_layers(self.model):
             raise ConfigError(f'growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); {name} '
                               'has none')
         try:  # every growth target checked before any work
-            growth.check_reachable(self.size(), self.growth['schedule'],
-                                   self.growth['add_tokens'] if self.growth['every_epochs'] else None)
+            growth.check_reachable(self.size(), self.growth.schedule,
+                                   self.growth.add_tokens if self.growth.every_epochs else None)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
@@ -124,7 +125,7 @@ class TrainState:
         """The optimizer of the optim section; with ``freeze_loaded_tokens``, the rows loaded by
         ``init_from`` (and everything but the head) frozen."""
         opt = build_optimizer(self.model, self.optim, self.lr)
-        if self.model_section['freeze_loaded_tokens']:
+        if self.model_section.freeze_loaded_tokens:
             layers = growth.pattention_layers(self.model)
             frozen = {layers[k.rsplit('.', 1)[0]][0]: old for k, (old, _) in self.grown_from.items()}
             growth.freeze_old_tokens(self.model, frozen, opt)
@@ -164,7 +165,7 @@ class TrainState:
 
     def compiled(self) -> bool:
         """Whether the forward is compiled: ``compile`` true, or ``'auto'`` on CUDA."""
-        compile_ = self.model_section['compile']
+        compile_ = self.model_section.compile
         return compile_ is True or (compile_ == 'auto' and self.device.type == 'cuda')
 
     def wrap(self) -> None:
@@ -186,11 +187,11 @@ class TrainState:
         g = self.growth
         before = self.size()
         counts = growth.grow_training_state(self.model, self.optimizer, self.ema.module if self.ema else None,
-                                            key_init=g['key_init'], value_init=g['value_init'], to=due.get('to'),
-                                            tau=g['tau'], **due.get('add', {}))
+                                            key_init=g.key_init, value_init=g.value_init, to=due.get('to'),
+                                            tau=g.tau, **due.get('add', {}))
         if 'at_epoch' in due:
             self._unfreeze_stage()  # a reset optimizer covers every parameter, as one built at the start does
-            if g['optimizer_state'] == 'reset':
+            if g.optimizer_state == 'reset':
                 self.optimizer = self._make_optimizer()
             self._freeze_stage(before)
             self.scheduler = self._make_scheduler()
@@ -205,7 +206,7 @@ class TrainState:
 
     def _freeze_stage(self, old_size: dict):
         """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
-        if not self.growth['freeze_old_tokens']:
+        if not self.growth.freeze_old_tokens:
             return
         self._unfreeze_stage()
         self.freeze_handles = growth.freeze_old_tokens(self.model, old_size, self.optimizer)
@@ -224,7 +225,7 @@ class TrainState:
         """
         counts, g = self.size(), self.growth
         if counts != state['token_counts']:
-            if not (g['every_epochs'] or g['schedule']):
+            if not (g.every_epochs or g.schedule):
                 raise RunError(f"checkpoint token counts {state['token_counts']} differ from the model's {counts}, "
                                'and the config grows nothing during training')
             growth.grow_to(self.model, state['token_counts'])
@@ -233,7 +234,7 @@ class TrainState:
         self.model.load_state_dict(state['model'])
         self.optimizer = self._make_optimizer()
         # the stages reached so far; the current one freezes the size of the one before
-        sizes = growth.schedule_sizes(counts, [s for s in g['schedule'] if s['at_epoch'] <= state['epochs_done']])
+        sizes = growth.schedule_sizes(counts, [s for s in g.schedule if s['at_epoch'] <= state['epochs_done']])
         if len(sizes) > 1:
             self._freeze_stage(sizes[-2])
         self.optimizer.load_state_dict(state['optimizer'])

@@ -23,19 +23,19 @@ import csv
 import os
 import signal
 import time
-from typing import Iterable, Union
+from typing import Any, Iterable, Mapping, Union
 
 import torch
 from timm.utils import random_seed
 from tqdm import tqdm
 
 from .. import growth
-from ..data import dataset_size, has_test_split, resolve_data_cfg
+from ..config_sections import GrowthConfig, MaeConfig, TrainConfig
+from ..data import dataset_size, has_test_split
 from ..growth import elastic
-from ..models import input_shape
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.seeding import derive_seed
-from .build import create_model, default_num_classes
+from .build import check_model_input, default_num_classes
 from .checkpoint import (
     BEST_WEIGHTS,
     CONFIG_FILE,
@@ -52,8 +52,7 @@ from .checkpoint import (
     save_yaml,
 )
 from .clock import STOP_SIGNALS
-from .config import SECTIONS, config_changes, resolve_lr, section
-from .config_rules import validate_config
+from .config import config_changes, resolve_lr, resolve_run_config
 from .context import RunContext, build_context
 from .distributed import init_distributed, is_peer_failure, setup_threads
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
@@ -62,41 +61,9 @@ from .reconstruction import save_reconstructions
 from .rundir import claim_output, run_files
 from .state import TrainState
 
-__all__ = ['train', 'resolve_run_config', 'check_model_input', 'evaluate_and_keep_best', 'evaluate_prefixes',
+__all__ = ['train', 'evaluate_and_keep_best', 'evaluate_prefixes',
            'evaluate_test', 'log_epoch', 'growth_due', 'TrainState', 'NonFiniteLossError', 'Preempted',
            'EXIT_PREEMPTED']
-
-
-def resolve_run_config(cfg: dict) -> dict:
-    """``cfg`` validated, with its null data keys filled from the model (`tkvision.data.resolve_data_cfg`).
-
-    Raises:
-        ConfigError: a bad value (named).
-    """
-    cfg = validate_config(cfg)
-    return {**cfg, **resolve_data_cfg(section(cfg, 'data'), cfg['model'], cfg['model_kwargs'])}
-
-
-def check_model_input(model: dict, data: dict) -> None:
-    """Refuse, before any work, a model (the model section) that cannot take the data section's images:
-    Fashion-MNIST's are ``img_size`` px with one channel, and another input would only fail at the first batch
-    (the model is built on the meta device: no memory).
-
-    Raises:
-        ConfigError: naming both shapes and the model_kwargs that fit.
-    """
-    if data['dataset'] != 'fashion_mnist':
-        return
-    with torch.device('meta'):
-        net = create_model(model['model'], **{k: v for k, v in model['model_kwargs'].items() if k != 'num_classes'})
-    channels, size = input_shape(net)
-    if channels == 1 and size in (None, (data['img_size'],) * 2):
-        return
-    shown = f'{size[0]} x {size[1]} px' if size else 'any size'
-    raise ConfigError(f"Fashion-MNIST images are {data['img_size']} x {data['img_size']} px, 1 channel; "
-                      f"{model['model']} "
-                      f"as configured takes {shown}, {channels} channels: set model_kwargs "
-                      "{img_size: 28, patch_size: 7, in_chans: 1} (as configs/fashion_mnist/quick.yaml does)")
 
 
 def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> dict:
@@ -135,9 +102,9 @@ def evaluate_prefixes(
     reconstruction loss (the same masks every time), ``{'val_loss@0.25': ...}``; keys prefixed by ``split``
     (``'test_'``); ``{}`` for a run that is not elastic."""
     out, settings = {}, run.loss.elastic
-    for fraction in sorted(set(settings['elastic_fractions'])):
+    for fraction in sorted(set(settings.elastic_fractions)):
         if fraction < 1:
-            with elastic.prefix(state.model, fraction, settings['elastic_tau'], settings['elastic_nesting']):
+            with elastic.prefix(state.model, fraction, settings.elastic_tau, settings.elastic_nesting):
                 result = run.evaluate(state.net, loader)
             if run.task == 'mae':
                 out[f'{split}val_loss@{fraction:g}'] = result['loss']
@@ -173,18 +140,22 @@ def evaluate_test(run: RunContext, state: TrainState, epoch: int) -> dict:
     return {**out, **evaluate_prefixes(run, state, loader, 'test_')}
 
 
-def growth_due(growth: dict, epochs: int, epoch: int) -> dict:
-    """What grows after ``epoch`` (of ``epochs``) by the growth mapping ``growth``: the ``schedule`` step at
+def growth_due(
+        growth: GrowthConfig,
+        epochs: int,
+        epoch: int,
+) -> Mapping[str, Any]:
+    """What grows after ``epoch`` (of ``epochs``) by the growth section ``growth``: the ``schedule`` step at
     ``epoch + 1``, ``{'add': ...}`` of ``every_epochs``, or ``{}``."""
-    for step in growth['schedule']:
+    for step in growth.schedule:
         if step['at_epoch'] == epoch + 1:
             return step
-    k = growth['every_epochs']
-    if not k or not growth['add_tokens'] or (epoch + 1) % k or epoch + 1 >= epochs:
+    k = growth.every_epochs
+    if not k or not growth.add_tokens or (epoch + 1) % k or epoch + 1 >= epochs:
         return {}
-    if growth['until_epoch'] is not None and epoch + 1 >= growth['until_epoch']:
+    if growth.until_epoch is not None and epoch + 1 >= growth.until_epoch:
         return {}
-    return dict(add=dict(growth['add_tokens']))
+    return dict(add=dict(growth.add_tokens))
 
 
 def log_epoch(run: RunContext, history: list, row: dict) -> None:
@@ -254,7 +225,7 @@ def _check_head(model: torch.nn.Module, weights: dict, path: str):
 
 
 def build_state(
-        cfg: dict,
+        config: TrainConfig,
         device: torch.device,
         world: int,
         updates_per_epoch: int,
@@ -264,35 +235,34 @@ def build_state(
     (``resolve_run_config``), each part built from its own section.
 
     Args:
-        cfg: a config as ``resolve_run_config`` returns it.
+        config: a config as ``resolve_run_config`` returns it.
         device: where the model and optimizer live.
         world: the number of processes (scales the learning rate with the global batch).
         updates_per_epoch: optimizer updates in one epoch (the schedule's unit).
         started: ``time.monotonic()`` when the run began; now when ``None``.
     """
-    parts = {name: section(cfg, name) for name in SECTIONS}
-    return TrainState(parts['model'], parts['optim'], parts['growth'], task=cfg['task'], amp=cfg['amp'],
-                      num_classes=default_num_classes(parts['data']), device=device, world=world,
-                      lr=resolve_lr(parts['optim'], cfg['batch_size'], world), updates_per_epoch=updates_per_epoch,
-                      mae=parts['mae'] if cfg['task'] == 'mae' else None, elastic_fractions=cfg['elastic_fractions'],
-                      config_record=cfg, started=started)
+    task = config.run.task
+    return TrainState(config.model, config.optim, config.growth, task=task, amp=config.run.amp,
+                      num_classes=default_num_classes(config.data), device=device, world=world,
+                      lr=resolve_lr(config.optim, config.data.batch_size, world), updates_per_epoch=updates_per_epoch,
+                      mae=config.mae if task == 'mae' else None, elastic_fractions=config.elastic.elastic_fractions,
+                      config_record=config.to_dict(), started=started)
 
 
-def _start(cfg: dict, resume):
+def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
     """Processes, output directory (locked, rank 0), data, loss, clock and state; every rank fails if one does.
-    The whole config is validated here, once, and split into the sections each part receives."""
+    The whole config is validated here, once, and each part receives the typed sections it reads."""
     started = time.monotonic()  # the run's clock (TrainState.elapsed_seconds) counts the set-up too
-    cfg = resolve_run_config(cfg)
-    parts = {name: section(cfg, name) for name in SECTIONS}
-    check_model_input(parts['model'], parts['data'])
-    setup_threads(parts['run'])
-    processes = init_distributed(parts['run'])
-    lock, resume = claim_output(cfg['output'], processes, LAST_CHECKPOINT, resume)
+    config = resolve_run_config(cfg)
+    check_model_input(config.model, config.data)
+    setup_threads(config.run)
+    processes = init_distributed(config.run)
+    lock, resume = claim_output(config.run.output, processes, LAST_CHECKPOINT, resume)
     try:
-        random_seed(cfg['seed'])  # the same initial weights on every rank
-        run = build_context(parts, processes)
-        state = build_state(cfg, processes.device, processes.world, run.data.updates_per_epoch, started)
-        if cfg['task'] != 'mae':
+        random_seed(config.run.seed)  # the same initial weights on every rank
+        run = build_context(config, processes)
+        state = build_state(config, processes.device, processes.world, run.data.updates_per_epoch, started)
+        if config.run.task != 'mae':
             run.loss.set_classes(state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
         run.clock.checked_update = state.num_updates
@@ -302,16 +272,16 @@ def _start(cfg: dict, resume):
         raise
     if run.main:
         _announce(run, state)
-    return run, state, history, lock, parts['mae']
+    return run, state, history, lock, config.mae
 
 
 def _announce(run: RunContext, state: TrainState):
     """Write ``config.yaml``, open TensorBoard, print the run's one-line summary (rank 0)."""
     save_yaml(dict(state.config_record), os.path.join(run.out, CONFIG_FILE))
-    if run.settings['tensorboard']:
+    if run.settings.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
         run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
-    warmup = run.loss.optim['warmup_epochs']
+    warmup = run.loss.optim.warmup_epochs
     if warmup >= run.epochs:  # a smoke test's default warmup: accepted, and said
         print(f'note: warmup_epochs {warmup} >= epochs {run.epochs}: the warmup takes the whole run '
               '(the lr rises to its peak at the last update and never decays)')
@@ -329,9 +299,9 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
     every, clock = run.settings, run.clock
     for epoch in range(state.epochs_done, run.epochs):
         row = dict(epoch=epoch, **train_one_epoch(state, run.data, run.loss, clock, epoch, epochs=run.epochs,
-                                                  amp=every['amp'], progress=every['progress']))
+                                                  amp=every.amp, progress=every.progress))
         last_epoch = epoch + 1 == run.epochs
-        if (epoch + 1) % every['eval_every'] == 0 or last_epoch:
+        if (epoch + 1) % every.eval_every == 0 or last_epoch:
             row.update(evaluate_and_keep_best(run, state, epoch))
             row.update(evaluate_prefixes(run, state, run.data.val_loader))
         if last_epoch:
@@ -343,7 +313,7 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
         state.reset_meter()
         log_epoch(run, history, row)
         stop = clock.check(state, force=True)  # all ranks agree on a signal that came during evaluation
-        if (epoch + 1) % every['save_every'] == 0 or last_epoch or stop:
+        if (epoch + 1) % every.save_every == 0 or last_epoch or stop:
             clock.save(state)
             if run.main:
                 source = 'ema' if state.ema else 'model'
@@ -356,20 +326,20 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
 
 
 def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
-    """Grow after ``epoch`` if the growth mapping says so; the row's ``grown`` (and, with ``eval_after_step``,
+    """Grow after ``epoch`` if the growth section says so; the row's ``grown`` (and, with ``eval_after_step``,
     the step's loss jump: ``val_loss_after_growth``, ``top1_after_growth``)."""
     due = growth_due(state.growth, run.epochs, epoch)
     if not due:
         return {}
     # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
-    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.settings['seed'], epoch + 1, bits=31))))
-    if state.growth['eval_after_step'] and run.task != 'mae':  # the step's loss jump (tau: recompute)
+    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.settings.seed, epoch + 1, bits=31))))
+    if state.growth.eval_after_step and run.task != 'mae':  # the step's loss jump (tau: recompute)
         after = run.evaluate(state.net, run.data.val_loader)
         row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
     return row
 
 
-def _finish(run: RunContext, state: TrainState, history: list, mae: dict):
+def _finish(run: RunContext, state: TrainState, history: list, mae: MaeConfig):
     """The pictures at the end of a run (rank 0): loss and accuracy curves; an MAE's reconstructions (``mae``:
     the MAE section)."""
     if not run.main:
@@ -377,14 +347,17 @@ def _finish(run: RunContext, state: TrainState, history: list, mae: dict):
     if history:
         plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f'{run.model_name} ({run.task})',
                     train_label=train_loss_label(run.loss.optim))
-    if run.task == 'mae' and mae['recon_images']:
+    if run.task == 'mae' and mae.recon_images:
         data = run.data.data
-        save_reconstructions(state.ema.module if state.ema else state.model, run.data.val_ds, data['mean'],
-                             data['std'], os.path.join(run.out, RECONSTRUCTION_FILE), mae['recon_images'],
-                             mae['mask_ratio'], run.processes.device)
+        save_reconstructions(state.ema.module if state.ema else state.model, run.data.val_ds, data.mean,
+                             data.std, os.path.join(run.out, RECONSTRUCTION_FILE), mae.recon_images,
+                             mae.mask_ratio, run.processes.device)
 
 
-def train(cfg: dict, resume: Union[None, bool, str] = None) -> dict:
+def train(
+        cfg: Union[Mapping[str, Any], TrainConfig],
+        resume: Union[None, bool, str] = None,
+) -> dict:
     """Train as ``cfg`` says; returns ``dict(top1, top5, best_top1, val_loss, test_top1, ema_test_top1,
     best_test_top1, best_source, best_epoch, epochs, output, model, history, ema)``: ``top1`` / ``top5`` /
     ``best_top1`` on the validation split; ``test_top1`` / ``ema_test_top1`` / ``best_test_top1`` on the test
@@ -394,8 +367,8 @@ def train(cfg: dict, resume: Union[None, bool, str] = None) -> dict:
     raw model's).
 
     Args:
-        cfg: a config from [`tkvision.engine.config.load_config`][tkvision.engine.config.load_config] (checked again
-            here).
+        cfg: a flat config from [`tkvision.engine.config.load_config`][tkvision.engine.config.load_config], or a
+            [`TrainConfig`][tkvision.config_sections.TrainConfig]; validated here, once, into typed sections.
         resume: a ``last.pth`` path, ``True`` for ``<output>/last.pth``, or None. The run continues at
             the saved update (mid-epoch included) with the same data order and random draws, so the
             result equals an uninterrupted run's. Keys of `tkvision.engine.config.RESUME_MUTABLE`
