@@ -189,10 +189,18 @@ TYPED_DECIMALS = {
     ('docs/elastic.md', '0.3'): 'the target: every prefix within 0.3 validation points of its twin',
     ('docs/elastic.md', '1.5'): "the target: at most 1.5x the largest model's training compute",
     ('docs/elastic.md', '1.3'): "the stretch target: at most 1.3x the largest model's training compute",
+    ('docs/mae.md', '0.75'): "settings: MAE's mask ratio (configs/fashion_mnist/mae_pretrain.yaml), ViT-L's and the "
+                             'Fashion-MNIST fine-tune\'s layer decay (configs/imagenet/mae_finetune_vit_large_patch16_224.yaml, '
+                             'configs/fashion_mnist/mae_finetune.yaml)',
+    ('docs/mae.md', '0.9'): "a setting: AdamW's beta1 of MAE's pretraining (configs/imagenet/_base_mae_pretrain.yaml)",
+    ('docs/mae.md', '0.95'): "a setting: AdamW's beta2 of MAE's pretraining (configs/imagenet/_base_mae_pretrain.yaml)",
+    ('docs/mae.md', '0.05'): "a setting: MAE's pretraining weight decay (configs/imagenet/_base_mae_pretrain.yaml)",
+    ('docs/mae.md', '0.2'): "a setting: MAE's RandomResizedCrop lower bound (configs/imagenet/_base_mae_pretrain.yaml)",
+    ('docs/mae.md', '0.65'): "a setting: ViT-B's layer decay in MAE's fine-tuning (configs/imagenet/_base_mae_finetune.yaml)",
 }
 #: The parts of results pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None).
 CHECKED_PARTS = [('docs/comparison.md', '## 3. The long recipe', '## Levers only parameter tokens have'),
-                 ('docs/elastic.md', None, None)]
+                 ('docs/elastic.md', None, None), ('docs/mae.md', None, None), ('docs/naflex.md', None, None)]
 
 
 def typed_decimals(text: str) -> list:
