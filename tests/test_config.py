@@ -154,6 +154,21 @@ def test_typed_sections_are_frozen_all_the_way_down_and_give_the_flat_config_bac
     assert config.to_dict() == cfg and list(config.to_dict()) == list(cfg)
 
 
+def test_a_typed_config_is_validated_at_the_edge_like_a_flat_one():
+    """``train()`` takes a flat config or a ``TrainConfig``; both pass the same one check at the edge, so a typed
+    config built by hand with a bad value is refused naming the key, before any work."""
+    import dataclasses
+
+    from tkvision.engine.config import TrainConfig, resolve_run_config
+    cfg = load_config(None, dict(lr=3e-3, epochs=2))
+    assert resolve_run_config(TrainConfig.from_dict(cfg)) == resolve_run_config(cfg)
+    config = TrainConfig.from_dict(cfg)
+    bad = dataclasses.replace(config, optim=dataclasses.replace(config.optim, lr=-1.0))
+    with pytest.raises(ConfigError, match='^lr must be a number > 0'):
+        resolve_run_config(bad)
+    assert resolve_run_config(cfg).data.mean == (0.2860,)  # the model's data keys filled in at the edge
+
+
 def test_every_config_field_has_a_type_and_a_docstring():
     """docs/reference/config.md reads each key's meaning from the docstring under its field."""
     import ast
