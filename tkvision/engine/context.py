@@ -11,7 +11,7 @@ from typing import Iterable, Optional
 
 import torch
 
-from ..config_sections import RunConfig, TrainConfig
+from ..config_sections import TrainConfig
 from .checkpoint import LAST_CHECKPOINT
 from .clock import RunClock
 from .config import resolve_accum_steps
@@ -25,38 +25,43 @@ __all__ = ['RunContext', 'build_context']
 
 @dataclasses.dataclass
 class RunContext:
-    """What a run uses but does not save, by concern: its processes, data, loss and clock, and the run section's
-    few settings the trainer itself reads. Each stage receives the parts it reads (the epoch loop: data, loss,
-    clock; evaluation: data); ``tkvision.engine.state.TrainState`` holds what is saved.
+    """What a run uses but does not save, by concern: its processes, data, loss and clock, and the few values of
+    the run section the trainer itself reads (kept as values: the context hands on no config section). Each stage
+    receives the parts it reads (the epoch loop: data, loss, clock; evaluation: data);
+    ``tkvision.engine.state.TrainState`` holds what is saved.
 
     Attributes:
-        settings: the config's run section (``task``, ``seed``, ``amp``, ``output``, ``eval_every``, ...).
         processes: this process among the job's.
         data: datasets, loaders, preprocessing.
         loss: the step's targets and prefixes.
         clock: checks, checkpoints, stop signals.
         model_name: the model's registry name.
         epochs: the run's epochs.
+        task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
+        out: the run's output folder (``output``).
+        seed: the run's seed (growth's new tokens, MAE's evaluation masks).
+        amp: ``None``, ``'bf16'`` or ``'fp16'``.
+        eval_every: epochs between evaluations.
+        save_every: epochs between checkpoints.
+        progress: whether each epoch shows a progress bar.
+        tensorboard: whether rank 0 writes TensorBoard scalars.
         writer: TensorBoard's ``SummaryWriter`` (rank 0 with ``tensorboard: true``), else None.
     """
-    settings: RunConfig
     processes: Processes
     data: RunData
     loss: RunLoss
     clock: RunClock
     model_name: str
     epochs: int
+    task: str
+    out: str
+    seed: int
+    amp: Optional[str]
+    eval_every: int
+    save_every: int
+    progress: bool
+    tensorboard: bool
     writer: Optional[object] = None
-
-    @property
-    def task(self) -> str:
-        """``'classify'``, ``'mae'`` or ``'linprobe'``."""
-        return self.settings.task
-
-    @property
-    def out(self) -> str:
-        """The run's output folder."""
-        return self.settings.output
 
     @property
     def main(self) -> bool:
@@ -66,9 +71,9 @@ class RunContext:
     def evaluate(self, net: torch.nn.Module, loader: Iterable) -> dict:
         """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks)
         of ``net`` on ``loader`` with the run's device, preprocessing and precision."""
-        device, preprocess, amp = self.processes.device, self.data.preprocess, self.settings.amp
+        device, preprocess, amp = self.processes.device, self.data.preprocess, self.amp
         if self.task == 'mae':
-            return evaluate_mae(net, loader, device, preprocess, amp, self.settings.seed)
+            return evaluate_mae(net, loader, device, preprocess, amp, self.seed)
         return evaluate(net, loader, device, preprocess, amp)
 
 
@@ -91,4 +96,6 @@ def build_context(
     loss = RunLoss(run.task, optim, config.elastic, config.distillation, run.seed, data.batches_per_epoch,
                    processes.device)
     clock = RunClock(run, processes, os.path.join(run.output, LAST_CHECKPOINT))
-    return RunContext(run, processes, data, loss, clock, config.model.model, optim.epochs)
+    return RunContext(processes, data, loss, clock, config.model.model, optim.epochs, task=run.task, out=run.output,
+                      seed=run.seed, amp=run.amp, eval_every=run.eval_every, save_every=run.save_every,
+                      progress=run.progress, tensorboard=run.tensorboard)

@@ -278,7 +278,7 @@ def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
 def _announce(run: RunContext, state: TrainState):
     """Write ``config.yaml``, open TensorBoard, print the run's one-line summary (rank 0)."""
     save_yaml(dict(state.config_record), os.path.join(run.out, CONFIG_FILE))
-    if run.settings.tensorboard:
+    if run.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
         run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
     warmup = run.loss.optim.warmup_epochs
@@ -296,12 +296,12 @@ def _announce(run: RunContext, state: TrainState):
 
 def _train_epochs(run: RunContext, state: TrainState, history: list):
     """Every epoch left: train, evaluate, grow, log, checkpoint; stop after a checkpoint on a signal."""
-    every, clock = run.settings, run.clock
+    clock = run.clock
     for epoch in range(state.epochs_done, run.epochs):
         row = dict(epoch=epoch, **train_one_epoch(state, run.data, run.loss, clock, epoch, epochs=run.epochs,
-                                                  amp=every.amp, progress=every.progress))
+                                                  amp=run.amp, progress=run.progress))
         last_epoch = epoch + 1 == run.epochs
-        if (epoch + 1) % every.eval_every == 0 or last_epoch:
+        if (epoch + 1) % run.eval_every == 0 or last_epoch:
             row.update(evaluate_and_keep_best(run, state, epoch))
             row.update(evaluate_prefixes(run, state, run.data.val_loader))
         if last_epoch:
@@ -313,7 +313,7 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
         state.reset_meter()
         log_epoch(run, history, row)
         stop = clock.check(state, force=True)  # all ranks agree on a signal that came during evaluation
-        if (epoch + 1) % every.save_every == 0 or last_epoch or stop:
+        if (epoch + 1) % run.save_every == 0 or last_epoch or stop:
             clock.save(state)
             if run.main:
                 source = 'ema' if state.ema else 'model'
@@ -332,7 +332,7 @@ def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
     if not due:
         return {}
     # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
-    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.settings.seed, epoch + 1, bits=31))))
+    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.seed, epoch + 1, bits=31))))
     if state.growth.eval_after_step and run.task != 'mae':  # the step's loss jump (tau: recompute)
         after = run.evaluate(state.net, run.data.val_loader)
         row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
