@@ -197,10 +197,44 @@ TYPED_DECIMALS = {
     ('docs/mae.md', '0.05'): "a setting: MAE's pretraining weight decay (configs/imagenet/_base_mae_pretrain.yaml)",
     ('docs/mae.md', '0.2'): "a setting: MAE's RandomResizedCrop lower bound (configs/imagenet/_base_mae_pretrain.yaml)",
     ('docs/mae.md', '0.65'): "a setting: ViT-B's layer decay in MAE's fine-tuning (configs/imagenet/_base_mae_finetune.yaml)",
+    ('docs/ringformer.md', '2502.13181'): "RingFormer's arXiv identifier (a link's text)",
+    ('docs/ringformer.md', '65.91'): 'RingFormer paper, Table 3 (arXiv:2502.13181): its upscaled RingFormer',
+    ('docs/ringformer.md', '65.65'): 'RingFormer paper, Table 3 (arXiv:2502.13181): its ViT',
+    ('docs/ringformer.md', '19.03'): "RingFormer paper's GFLOPs of its RingFormer (arXiv:2502.13181)",
+    ('docs/ringformer.md', '17.64'): "RingFormer paper's GFLOPs of its ViT (arXiv:2502.13181)",
+    ('docs/ringformer.md', '14.06'):
+        'closed form: the mean distance between the centres of a 4 x 4 grid of 7-px patches, all pairs',
+    ('docs/ringformer.md', '12.5'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '14.5'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '13.2'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '12.6'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '14.3'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '15.1'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '15.9'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '13.8'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ringformer.md', '14.7'):
+        'the mean attention distances of docs/ringformer/mad_fmnist.json (levels x heads; the sentence says which)',
+    ('docs/ablations.md', '0.8'):
+        'TokenFormer paper (arXiv:2410.23168), Table 4: GELU + L2 82.5 against GELU + L1 81.7 on ImageNet',
+    ('docs/ablations.md', '82.5'):
+        'TokenFormer paper (arXiv:2410.23168), Table 5: the non-parametric and weight-only LayerNorms',
+    ('docs/ablations.md', '82.6'):
+        'TokenFormer paper (arXiv:2410.23168), Table 5: the LayerNorm with weight and bias',
+    ('docs/ablations.md', '0.6'):
+        "the largest top1_std of docs/ablations/options_results.csv (the base's and fc_norm's)",
 }
 #: The parts of results pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None).
 CHECKED_PARTS = [('docs/comparison.md', '## 3. The long recipe', '## Levers only parameter tokens have'),
-                 ('docs/elastic.md', None, None), ('docs/mae.md', None, None), ('docs/naflex.md', None, None)]
+                 ('docs/elastic.md', None, None), ('docs/mae.md', None, None), ('docs/naflex.md', None, None),
+                 ('docs/ringformer.md', None, None), ('docs/ablations.md', None, None)]
 
 
 def typed_decimals(text: str) -> list:
@@ -229,6 +263,21 @@ def test_results_pages_type_no_figure_a_results_file_does_not_hold():
         key = page + ('#' + first.split()[1].rstrip('.') if first else '')
         loose += [f'{key}: {d}' for d in typed_decimals(text) if (key, d) not in TYPED_DECIMALS]
     assert loose == [], loose
+
+
+def test_an_inline_value_can_be_the_gap_or_the_ratio_of_two_rows(tmp_path):
+    """``A minus B`` and ``A over B`` combine the columns of the one row each side keeps (what a sentence's "2.1 points
+    below" or "0.29x the parameters" says), checked against the arithmetic done here."""
+    docs = _render_docs()
+    path = tmp_path / 'r.csv'
+    path.write_text('config,top1,params,note\nvit,85.55,305034,a\nring,83.43,68682,b\n')
+    both = f'{path}?config=ring minus {path}?config=vit'
+    assert docs.render_value(f'{both} | {{top1:+.2f}}') == f'{83.43 - 85.55:+.2f}' == '-2.12'
+    assert docs.render_value(f'{path}?config=ring over {path}?config=vit | {{params:.2f}}') == f'{68682 / 305034:.2f}'
+    with pytest.raises(KeyError):  # a text column has no difference
+        docs.render_value(f'{both} | {{note}}')
+    with pytest.raises(docs.SpecError, match='2 rows'):
+        docs.render_value(f'{path} minus {path}?config=vit | {{top1}}')
 
 
 def test_a_typed_figure_in_a_checked_part_is_caught():

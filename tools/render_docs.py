@@ -17,7 +17,10 @@ A figure inside a sentence is generated the same way, from the one row its filte
     the TokenFormer's <!-- value docs/comparison/results.csv?config=vit_equal_width | {top1_std:.2f} -->0.04<!-- end -->
 
 The source is a CSV file, or a JSON file with ``#key`` (``#key.sub``) naming a list of objects in it;
-``?column=value`` keeps the rows whose column equals the value (several ``?`` filters: all must hold).
+``?column=value`` keeps the rows whose column equals the value (several ``?`` filters: all must hold). An
+inline value may also be the difference or the ratio of two such rows (``A minus B | {top1_mean:.1f}``,
+``A over B | {params:.2f}``): a gap or a ratio typed by hand goes stale when a run is redone, a rendered one
+does not.
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
 (an integer-valued one as an int; one written with a leading + stays text, sign and all); an empty,
 None or NaN value is shown as –. Rows keep the file's
@@ -107,17 +110,42 @@ def render(spec: str) -> str:
     return '\n'.join(lines) + '\n'
 
 
+#: Two sources joined by one of these words give one row: their numeric columns combined (a filter value may
+#: hold ' / ' or ' - ', as a profile category does).
+OPERATORS = {' minus ': lambda a, b: a - b, ' over ': lambda a, b: a / b}
+
+
+def _one_row(source: str) -> dict:
+    """The one row ``source`` keeps; for ``A minus B`` or ``A over B`` (`OPERATORS`) the row of the numeric
+    columns both rows have, each combined (a gap between two runs, a ratio).
+
+    Raises:
+        SpecError: a side whose filters keep no row or more than one (the message says how many).
+    """
+    for symbol, combine in OPERATORS.items():
+        if symbol in source:
+            left, right = (_one_row(side.strip()) for side in source.split(symbol, 1))
+            return {k: combine(v, right[k]) for k, v in left.items() if _is_number(v) and _is_number(right.get(k))}
+    rows = load_rows(source)
+    if len(rows) != 1:
+        raise SpecError(f'{source} has {len(rows)} rows that match; an inline value needs filters that keep one')
+    return rows[0]
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
 def render_value(spec: str) -> str:
-    """The one figure of an inline ``spec`` (``source?filters | format``).
+    """The one figure of an inline ``spec`` (``source?filters | format``, or ``A minus B | format`` for the
+    difference of two rows' columns, ``A over B`` for their ratio).
 
     Raises:
         SpecError: the filters keep no row or more than one (the message says how many).
     """
     source, fmt = [c.strip() for c in spec.split(' | ', 1)]
-    rows = load_rows(source)
-    if len(rows) != 1:
-        raise SpecError(f'{source} has {len(rows)} rows that match; an inline value needs filters that keep one')
-    return _Formatter(set(rows[0])).format(fmt, **rows[0])
+    row = _one_row(source)
+    return _Formatter(set(row)).format(fmt, **row)
 
 
 def documents() -> list:
