@@ -230,11 +230,30 @@ TYPED_DECIMALS = {
         'TokenFormer paper (arXiv:2410.23168), Table 5: the LayerNorm with weight and bias',
     ('docs/ablations.md', '0.6'):
         "the largest top1_std of docs/ablations/options_results.csv (the base's and fc_norm's)",
+    ('docs/performance.md', '0.08'):
+        "a setting of the trainer comparison: RandomResizedCrop's lower bound (studies/performance/trainer_vs_timm.py)",
+    ('docs/performance.md', '0.1'):
+        'a setting of the trainer comparison: label smoothing (studies/performance/trainer_vs_timm.py)',
+    ('docs/performance.md', '0.5'):
+        'a py-spy profile of one run, not kept as a file (the sentence gives its command)',
+    ('docs/performance.md', '1.0'):
+        "the speed target: 1.0x the ViT's img/s",
+    ('docs/performance.md', '0.43'):
+        'docs/bench/gpu_h200_part2_2026-11-27.json, parts.lean: saved_mib_lean / saved_mib_autograd (0.43) and peak_mib_lean / peak_mib_autograd (0.49), one row',
+    ('docs/performance.md', '0.49'):
+        'docs/bench/gpu_h200_part2_2026-11-27.json, parts.lean: saved_mib_lean / saved_mib_autograd (0.43) and peak_mib_lean / peak_mib_autograd (0.49), one row',
+    ('docs/performance.md', '2.5'):
+        'docs/bench/gpu_h200_part2_2026-11-27.json, parts.end_to_end.legs: gpu_util of the first process',
+    ('docs/performance.md', '7.9'):
+        'docs/bench/gpu_h200_part2_2026-11-27.json, parts.end_to_end.legs: gpu_util of the resumed process',
+    ('docs/performance.md', '0.75'):
+        "a setting: the MAE step's mask ratio (studies/performance/gpu_report.py)",
 }
 #: The parts of results pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None).
 CHECKED_PARTS = [('docs/comparison.md', '## 3. The long recipe', '## Levers only parameter tokens have'),
                  ('docs/elastic.md', None, None), ('docs/mae.md', None, None), ('docs/naflex.md', None, None),
-                 ('docs/ringformer.md', None, None), ('docs/ablations.md', None, None)]
+                 ('docs/ringformer.md', None, None), ('docs/ablations.md', None, None),
+                 ('docs/performance.md', None, None)]
 
 
 def typed_decimals(text: str) -> list:
