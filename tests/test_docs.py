@@ -248,12 +248,56 @@ TYPED_DECIMALS = {
         'docs/bench/gpu_h200_part2_2026-11-27.json, parts.end_to_end.legs: gpu_util of the resumed process',
     ('docs/performance.md', '0.75'):
         "a setting: the MAE step's mask ratio (studies/performance/gpu_report.py)",
+    ('docs/growth.md', '1.5'):
+        "two sources: the first recipe's per-epoch test dips after each step (docs/growth/results.json, results: each run's points), and Net2Net's share range [0.5, 1.5] (tkvision/growth/net2net.py)",
+    ('docs/growth.md', '0.02'):
+        "a setting: the public code's N(0, 0.02²) key init (the ablation's keys_normal arm)",
+    ('docs/growth.md', '0.999'):
+        "a setting: AdamW's default beta2 of these runs (configs/ablations/fashion_mnist/_base_.yaml)",
+    ('docs/growth.md', '0.95'):
+        "a setting: the ImageNet recipes' beta2 (configs/imagenet/_base_mae_pretrain.yaml)",
+    ('docs/growth.md', '0.25'):
+        "a setting: the chain's re-warm of 0.25 epoch (configs/fashion_mnist/growth_chain.yaml)",
+    ('docs/growth.md', '3.5'):
+        'docs/growth/tau/results.json, tau_rows: top1_jumps of tau recomputed (-2.25, -2.09, -3.49)',
+    ('docs/growth.md', '0.06'):
+        'docs/growth/tau/results.json, tau_rows: loss_jumps of tau recomputed (+0.058, +0.056, +0.090)',
+    ('docs/growth.md', '0.09'):
+        'docs/growth/tau/results.json, tau_rows: loss_jumps of tau recomputed (+0.058, +0.056, +0.090)',
+    ('docs/growth.md', '0.5'):
+        "settings: warmup of 0.5 epoch (configs/ablations/fashion_mnist/_base_.yaml); Net2Net's share range",
+    ('docs/growth.md', '0.05'):
+        'a setting: weight decay 0.05 (configs/ablations/fashion_mnist/_base_.yaml)',
+    ('docs/growth.md', '0.1'):
+        'a setting: label smoothing 0.1 (configs/ablations/fashion_mnist/_base_.yaml)',
+    ('docs/growth.md', '8.3'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '15.0'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '28.4'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '55.1'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '11.3'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '14.6'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '21.3'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '34.7'):
+        'docs/growth/results.json, results.<chain>[0].flops_per_image / 1e6 (the four stages of the TokenFormer and ViT chains)',
+    ('docs/growth.md', '0.19'):
+        "docs/growth/report_60k.md: the chain's 87.82 against 88.01 from scratch, one seed",
+    ('docs/growth.md', '0.4'):
+        'the spread of the 2-seed settings table: docs/growth/results.json, ablation_rows, delta_std up to 0.34',
+    ('docs/growth.md', '4.3'):
+        'a section number of the TokenFormer paper (§4.3, in a heading)',
 }
 #: The parts of results pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None).
 CHECKED_PARTS = [('docs/comparison.md', '## 3. The long recipe', '## Levers only parameter tokens have'),
                  ('docs/elastic.md', None, None), ('docs/mae.md', None, None), ('docs/naflex.md', None, None),
                  ('docs/ringformer.md', None, None), ('docs/ablations.md', None, None),
-                 ('docs/performance.md', None, None)]
+                 ('docs/performance.md', None, None), ('docs/growth.md', None, None)]
 
 
 def typed_decimals(text: str) -> list:
@@ -289,13 +333,15 @@ def test_an_inline_value_can_be_the_gap_or_the_ratio_of_two_rows(tmp_path):
     below" or "0.29x the parameters" says), checked against the arithmetic done here."""
     docs = _render_docs()
     path = tmp_path / 'r.csv'
-    path.write_text('config,top1,params,note\nvit,85.55,305034,a\nring,83.43,68682,b\n')
+    path.write_text('config,top1,params,note\nvit,85.55,305034,a\nring,83.43,68682,b\none cosine over the chain,84.8,1,c\n')
     both = f'{path}?config=ring minus {path}?config=vit'
     assert docs.render_value(f'{both} | {{top1:+.2f}}') == f'{83.43 - 85.55:+.2f}' == '-2.12'
     assert docs.render_value(f'{path}?config=ring over {path}?config=vit | {{params:.2f}}') == f'{68682 / 305034:.2f}'
+    # the word joins two sources only: inside a filter value it is text
+    assert docs.render_value(f'{path}?config=one cosine over the chain minus {path}?config=vit | {{top1:+.2f}}') == '-0.75'
     with pytest.raises(KeyError):  # a text column has no difference
         docs.render_value(f'{both} | {{note}}')
-    with pytest.raises(docs.SpecError, match='2 rows'):
+    with pytest.raises(docs.SpecError, match='3 rows'):
         docs.render_value(f'{path} minus {path}?config=vit | {{top1}}')
 
 

@@ -110,9 +110,11 @@ def render(spec: str) -> str:
     return '\n'.join(lines) + '\n'
 
 
-#: Two sources joined by one of these words give one row: their numeric columns combined (a filter value may
-#: hold ' / ' or ' - ', as a profile category does).
-OPERATORS = {' minus ': lambda a, b: a - b, ' over ': lambda a, b: a / b}
+#: Two sources joined by one of these words give one row: their numeric columns combined. The word counts only
+#: before a second source (a path to a .csv or .json file), so a filter value may hold it ("one cosine over the
+#: chain"), as it may hold ' / ' or ' - ' (a profile category does).
+OPERATORS = {'minus': lambda a, b: a - b, 'over': lambda a, b: a / b}
+_OPERATOR = re.compile(r'\s(minus|over)\s+(?=[\w./-]+\.(?:csv|json)(?:[#?\s]|$))')
 
 
 def _one_row(source: str) -> dict:
@@ -122,10 +124,11 @@ def _one_row(source: str) -> dict:
     Raises:
         SpecError: a side whose filters keep no row or more than one (the message says how many).
     """
-    for symbol, combine in OPERATORS.items():
-        if symbol in source:
-            left, right = (_one_row(side.strip()) for side in source.split(symbol, 1))
-            return {k: combine(v, right[k]) for k, v in left.items() if _is_number(v) and _is_number(right.get(k))}
+    joined = _OPERATOR.search(source)
+    if joined:
+        left, right = _one_row(source[:joined.start()].strip()), _one_row(source[joined.end():].strip())
+        combine = OPERATORS[joined.group(1)]
+        return {k: combine(v, right[k]) for k, v in left.items() if _is_number(v) and _is_number(right.get(k))}
     rows = load_rows(source)
     if len(rows) != 1:
         raise SpecError(f'{source} has {len(rows)} rows that match; an inline value needs filters that keep one')
