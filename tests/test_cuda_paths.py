@@ -35,9 +35,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tkvision.data import BatchPreprocessor
 from tkvision.engine import loop as loop_mod
-from tkvision.engine.config import load_config, resolve_run_config
+from tkvision.engine.config import load_config, resolve_lr, resolve_run_config
 from tkvision.engine.distributed import Processes
 from tkvision.engine.loss import RunLoss
+from tkvision.engine.run_optim import RunOptim
 from tkvision.engine.trainer import build_state
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT
@@ -60,12 +61,15 @@ def _config(tmp_path, family: str, **overrides) -> dict:
     return resolve_run_config(load_config(None, dict(cfg, **overrides)))
 
 
-def _state(cfg: dict):
-    return build_state(cfg, torch.device('cpu'), world=1, updates_per_epoch=10)
+def _state(cfg):
+    optim = RunOptim(cfg.optim, cfg.growth, lr=resolve_lr(cfg.optim, cfg.data.batch_size), updates_per_epoch=10)
+    state = build_state(cfg, optim, torch.device('cpu'), world=1)
+    state.run_optim = optim  # for _onto, which rebuilds the optimizer on the new device
+    return state
 
 
 def _onto(state, device: str):
-    """Move a :class:`TrainState` built on the CPU onto ``device`` (fake ``cuda`` or ``meta``) as
+    """Move a ``TrainState`` built on the CPU onto ``device`` (fake ``cuda`` or ``meta``) as
     ``TrainState`` builds one there: model and EMA moved, optimizer, schedule, meters and forward
     wrapper rebuilt by its own methods. It cannot be built there directly: the model's constructor reads
     a ``torch.linspace`` as Python floats (as timm's ViT does), and timm's ``ModelEmaV3`` creates a
@@ -74,8 +78,8 @@ def _onto(state, device: str):
     state.device = torch.device(device)
     state.model.to(state.device)
     state.ema.module.to(state.device)
-    state.optimizer = state._make_optimizer()
-    state.scheduler = state._make_scheduler()
+    state.optimizer = state.run_optim.optimizer(state)
+    state.scheduler = state.run_optim.scheduler(state)
     state.reset_meter()
     state.wrap()
     return state

@@ -14,6 +14,7 @@ from tkvision.cli.train import validate_main
 from studies.growth.growth_experiment import answer, plan_runs, size_kwargs
 from tkvision.engine.config import section
 from tkvision.engine.optim import build_optimizer, build_scheduler
+from tkvision.engine.run_optim import RunOptim
 
 from .helpers import TINY_FMNIST, assert_same_training_state, fmnist_cfg, train_crash_resume
 
@@ -207,18 +208,18 @@ def test_schedule_freeze_old_tokens_keeps_old_rows_and_survives_resume(tmp_path,
     """growth.freeze_old_tokens: after each step only the rows appended at that step (and the head) train;
     the rows of earlier stages end exactly as they were when their stage ended, also across a resume."""
     snapshots, grown = {}, {}
-    real_grow = train_mod.TrainState.grow
+    real_grow = RunOptim.grow
 
-    def spy(self, due, seed):
-        snapshots[due['at_epoch']] = {k: v.clone() for k, v in self.model.state_dict().items()}
-        out = real_grow(self, due, seed)
-        grown[due['at_epoch']] = {k: v.clone() for k, v in self.model.state_dict().items()}
+    def spy(self, state, due, seed):
+        snapshots[due['at_epoch']] = {k: v.clone() for k, v in state.model.state_dict().items()}
+        out = real_grow(self, state, due, seed)
+        grown[due['at_epoch']] = {k: v.clone() for k, v in state.model.state_dict().items()}
         return out
 
-    monkeypatch.setattr(train_mod.TrainState, 'grow', spy)
+    monkeypatch.setattr(RunOptim, 'grow', spy)
     cfg = _chain_cfg(tmp_path, 'frozen', growth=dict(freeze_old_tokens=True))
     end = train_crash_resume(monkeypatch, cfg, saves=2)['model'].state_dict()
-    monkeypatch.setattr(train_mod.TrainState, 'grow', real_grow)
+    monkeypatch.setattr(RunOptim, 'grow', real_grow)
     train_mod.train(_chain_cfg(tmp_path, 'frozen_full', growth=dict(freeze_old_tokens=True)))
     # the frozen rows' optimizer groups and state, the EMA and the counters are those of an uninterrupted run
     assert_same_training_state(tmp_path / 'frozen_full' / 'last.pth', tmp_path / 'frozen' / 'last.pth')
@@ -233,14 +234,14 @@ def test_schedule_freeze_old_tokens_keeps_old_rows_and_survives_resume(tmp_path,
 
 def test_schedule_reset_optimizer_starts_from_zero_moments(tmp_path, monkeypatch):
     seen = {}
-    real_grow = train_mod.TrainState.grow
+    real_grow = RunOptim.grow
 
-    def spy(self, due, seed):
-        out = real_grow(self, due, seed)
-        seen[due['at_epoch']] = (len(self.optimizer.state), self.optimizer.param_groups[0]['lr'])
+    def spy(self, state, due, seed):
+        out = real_grow(self, state, due, seed)
+        seen[due['at_epoch']] = (len(state.optimizer.state), state.optimizer.param_groups[0]['lr'])
         return out
 
-    monkeypatch.setattr(train_mod.TrainState, 'grow', spy)
+    monkeypatch.setattr(RunOptim, 'grow', spy)
     train_mod.train(_chain_cfg(tmp_path, 'reset', epochs=2, warmup_epochs=0.5,
                                growth=dict(schedule=_steps((1, {'qkv': 24}, 0.5, 0.5)), optimizer_state='reset')))
     assert seen[1] == (0, pytest.approx(1e-6))  # a fresh optimizer, re-warming from warmup_lr

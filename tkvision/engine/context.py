@@ -14,11 +14,12 @@ import torch
 from ..config_sections import TrainConfig
 from .checkpoint import LAST_CHECKPOINT
 from .clock import RunClock
-from .config import resolve_accum_steps
+from .config import resolve_accum_steps, resolve_lr
 from .distributed import Processes
 from .evaluate import evaluate, evaluate_mae
 from .loss import RunLoss
 from .run_data import RunData
+from .run_optim import RunOptim
 
 __all__ = ['RunContext', 'build_context']
 
@@ -35,6 +36,7 @@ class RunContext:
         data: datasets, loaders, preprocessing.
         loss: the step's targets and prefixes.
         clock: checks, checkpoints, stop signals.
+        optim: the optimizer and schedule, rebuilt after growth and on resume; the growth steps.
         model_name: the model's registry name.
         epochs: the run's epochs.
         task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
@@ -51,6 +53,7 @@ class RunContext:
     data: RunData
     loss: RunLoss
     clock: RunClock
+    optim: RunOptim
     model_name: str
     epochs: int
     task: str
@@ -81,7 +84,7 @@ def build_context(
         config: TrainConfig,
         processes: Processes,
 ) -> RunContext:
-    """The run's data, loss and clock, each built from the sections it reads.
+    """The run's data, loss, clock and optimisation, each built from the sections it reads.
 
     Args:
         config: a resolved config (``tkvision.engine.trainer.resolve_run_config``).
@@ -96,6 +99,9 @@ def build_context(
     loss = RunLoss(run.task, optim, config.elastic, config.distillation, run.seed, data.batches_per_epoch,
                    processes.device)
     clock = RunClock(run, processes, os.path.join(run.output, LAST_CHECKPOINT))
-    return RunContext(processes, data, loss, clock, config.model.model, optim.epochs, task=run.task, out=run.output,
-                      seed=run.seed, amp=run.amp, eval_every=run.eval_every, save_every=run.save_every,
-                      progress=run.progress, tensorboard=run.tensorboard)
+    run_optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, config.data.batch_size, processes.world),
+                         updates_per_epoch=data.updates_per_epoch,
+                         freeze_loaded_tokens=config.model.freeze_loaded_tokens)
+    return RunContext(processes, data, loss, clock, run_optim, config.model.model, optim.epochs, task=run.task,
+                      out=run.output, seed=run.seed, amp=run.amp, eval_every=run.eval_every,
+                      save_every=run.save_every, progress=run.progress, tensorboard=run.tensorboard)

@@ -30,7 +30,7 @@ from timm.utils import random_seed
 from tqdm import tqdm
 
 from .. import growth
-from ..config_sections import GrowthConfig, MaeConfig, TrainConfig
+from ..config_sections import MaeConfig, TrainConfig
 from ..data import dataset_size, has_test_split
 from ..growth import elastic
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
@@ -52,17 +52,18 @@ from .checkpoint import (
     save_yaml,
 )
 from .clock import STOP_SIGNALS
-from .config import config_changes, resolve_lr, resolve_run_config
+from .config import config_changes, resolve_run_config
 from .context import RunContext, build_context
 from .distributed import init_distributed, is_peer_failure, setup_threads
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
 from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
 from .rundir import claim_output, run_files
+from .run_optim import RunOptim
 from .state import TrainState
 
 __all__ = ['train', 'evaluate_and_keep_best', 'evaluate_prefixes',
-           'evaluate_test', 'log_epoch', 'growth_due', 'TrainState', 'NonFiniteLossError', 'Preempted',
+           'evaluate_test', 'log_epoch', 'TrainState', 'NonFiniteLossError', 'Preempted',
            'EXIT_PREEMPTED']
 
 
@@ -140,24 +141,6 @@ def evaluate_test(run: RunContext, state: TrainState, epoch: int) -> dict:
     return {**out, **evaluate_prefixes(run, state, loader, 'test_')}
 
 
-def growth_due(
-        growth: GrowthConfig,
-        epochs: int,
-        epoch: int,
-) -> Mapping[str, Any]:
-    """What grows after ``epoch`` (of ``epochs``) by the growth section ``growth``: the ``schedule`` step at
-    ``epoch + 1``, ``{'add': ...}`` of ``every_epochs``, or ``{}``."""
-    for step in growth.schedule:
-        if step['at_epoch'] == epoch + 1:
-            return step
-    k = growth.every_epochs
-    if not k or not growth.add_tokens or (epoch + 1) % k or epoch + 1 >= epochs:
-        return {}
-    if growth.until_epoch is not None and epoch + 1 >= growth.until_epoch:
-        return {}
-    return dict(add=dict(growth.add_tokens))
-
-
 def log_epoch(run: RunContext, history: list, row: dict) -> None:
     """Append ``row`` to ``metrics.csv`` (atomically rewritten), TensorBoard and one printed line (rank 0)."""
     if not run.main:
@@ -196,7 +179,7 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
         raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
                           'order; start a new run with another --output instead): ' + '; '.join(forbidden))
     _check_head(state.model, ckpt['model'], path)
-    state.load_state_dict(ckpt)
+    run.optim.resume(state, ckpt)
     if run.main:
         print(f'resumed from {path} at epoch {state.epochs_done + 1}, batch {state.batches_done}, update '
               f'{state.num_updates}' + ('; changed: ' + '; '.join(allowed) if allowed else ''))
@@ -226,25 +209,24 @@ def _check_head(model: torch.nn.Module, weights: dict, path: str):
 
 def build_state(
         config: TrainConfig,
+        optim: RunOptim,
         device: torch.device,
         world: int,
-        updates_per_epoch: int,
         started: float | None = None,
 ) -> TrainState:
     """The ``TrainState`` (model, optimizer, schedule, EMA, scaler) of a resolved run config
-    (``resolve_run_config``), each part built from its own section.
+    (``resolve_run_config``): the model from its model section, the optimizer and schedule from ``optim``.
 
     Args:
         config: a config as ``resolve_run_config`` returns it.
+        optim: the run's optimizer and schedule (``tkvision.engine.run_optim.RunOptim``).
         device: where the model and optimizer live.
-        world: the number of processes (scales the learning rate with the global batch).
-        updates_per_epoch: optimizer updates in one epoch (the schedule's unit).
+        world: the number of processes.
         started: ``time.monotonic()`` when the run began; now when ``None``.
     """
-    task = config.run.task
-    return TrainState(config.model, config.optim, config.growth, task=task, amp=config.run.amp,
-                      num_classes=default_num_classes(config.data), device=device, world=world,
-                      lr=resolve_lr(config.optim, config.data.batch_size, world), updates_per_epoch=updates_per_epoch,
+    task, ema = config.run.task, config.optim
+    return TrainState(config.model, optim, task=task, amp=config.run.amp, num_classes=default_num_classes(config.data),
+                      device=device, world=world, ema_decay=ema.model_ema_decay if ema.model_ema else None,
                       mae=config.mae if task == 'mae' else None, elastic_fractions=config.elastic.elastic_fractions,
                       config_record=config.to_dict(), started=started)
 
@@ -261,7 +243,7 @@ def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
     try:
         random_seed(config.run.seed)  # the same initial weights on every rank
         run = build_context(config, processes)
-        state = build_state(config, processes.device, processes.world, run.data.updates_per_epoch, started)
+        state = build_state(config, run.optim, processes.device, processes.world, started)
         if config.run.task != 'mae':
             run.loss.set_classes(state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
@@ -290,7 +272,7 @@ def _announce(run: RunContext, state: TrainState):
     print(f"{run.model_name}: {n_params / 1e6:.2f}M params, {dataset_size(data.train_ds)} train / "
           f"{dataset_size(data.val_ds)} val images, "
           f"{run.processes.world} process(es) on {run.processes.device}, global batch {data.global_batch}, "
-          f"{data.updates_per_epoch} updates/epoch, lr {state.lr:.3g}, task {run.task}"
+          f"{data.updates_per_epoch} updates/epoch, lr {run.optim.lr:.3g}, task {run.task}"
           + (f'\n{state.init_report}' if state.init_report else ''))
 
 
@@ -328,12 +310,12 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
 def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
     """Grow after ``epoch`` if the growth section says so; the row's ``grown`` (and, with ``eval_after_step``,
     the step's loss jump: ``val_loss_after_growth``, ``top1_after_growth``)."""
-    due = growth_due(state.growth, run.epochs, epoch)
+    due = run.optim.due(run.epochs, epoch)
     if not due:
         return {}
     # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
-    row = dict(grown=str(state.grow(due, seed=derive_seed('growth', run.seed, epoch + 1, bits=31))))
-    if state.growth.eval_after_step and run.task != 'mae':  # the step's loss jump (tau: recompute)
+    row = dict(grown=str(run.optim.grow(state, due, seed=derive_seed('growth', run.seed, epoch + 1, bits=31))))
+    if run.optim.growth.eval_after_step and run.task != 'mae':  # the step's loss jump (tau: recompute)
         after = run.evaluate(state.net, run.data.val_loader)
         row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
     return row
