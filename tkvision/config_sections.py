@@ -36,7 +36,8 @@ class RunConfig:
     device: Optional[str] = None
     """Where the model runs (``'cpu'``, ``'cuda'``, ``'cuda:1'``); null: CUDA if available, else the CPU."""
     threads: Optional[int] = None
-    """``torch.set_num_threads`` on a CPU; null: one per core."""
+    """``torch.set_num_threads``; null: the cores this process may use (its affinity, shared among a node's
+    processes)."""
     amp: Optional[str] = None
     """Mixed precision: null (float32), ``'bf16'`` or ``'fp16'`` (with a gradient scaler)."""
     tf32: bool = True
