@@ -7,16 +7,13 @@
 """
 import dataclasses
 import os
-from typing import Iterable, Optional
-
-import torch
+from typing import Optional
 
 from ..config_sections import TrainConfig
 from .checkpoint import LAST_CHECKPOINT
 from .clock import RunClock
 from .config import resolve_accum_steps, resolve_lr
 from .distributed import Processes
-from .evaluate import evaluate, evaluate_mae
 from .loss import RunLoss
 from .run_data import RunData
 from .run_optim import RunOptim
@@ -28,7 +25,7 @@ __all__ = ['RunContext', 'build_context']
 class RunContext:
     """What a run uses but does not save, by concern: its processes, data, loss and clock, and the few values of
     the run section the trainer itself reads (kept as values: the context hands on no config section). Each stage
-    receives the parts it reads (the epoch loop: data, loss, clock; evaluation: data);
+    receives the parts it reads (the epoch loop: data, loss, clock; ``tkvision.engine.run_eval``: the context);
     ``tkvision.engine.state.TrainState`` holds what is saved.
 
     Attributes:
@@ -70,14 +67,6 @@ class RunContext:
     def main(self) -> bool:
         """Whether this process is rank 0 (it prints and writes the run's files)."""
         return self.processes.main
-
-    def evaluate(self, net: torch.nn.Module, loader: Iterable) -> dict:
-        """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks)
-        of ``net`` on ``loader`` with the run's device, preprocessing and precision."""
-        device, preprocess, amp = self.processes.device, self.data.preprocess, self.amp
-        if self.task == 'mae':
-            return evaluate_mae(net, loader, device, preprocess, amp, self.seed)
-        return evaluate(net, loader, device, preprocess, amp)
 
 
 def build_context(

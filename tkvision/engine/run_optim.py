@@ -139,16 +139,18 @@ class RunOptim:
             self,
             state: object,
             checkpoint: dict,
+            path: str = 'the checkpoint',
     ) -> None:
-        """Restore ``state`` from a ``last.pth`` dict: the model grown to the checkpoint's size, the optimizer
-        rebuilt over it (the stage's rows frozen again) and its moments loaded, then the state's own parts
-        (``TrainState.restore``); the schedule is rebuilt from the current config at the saved update, so
-        changed schedule keys take effect from here on.
+        """Restore ``state`` from a ``last.pth`` dict (read from ``path``, named in errors): the model grown to
+        the checkpoint's size, the optimizer rebuilt over it (the stage's rows frozen again) and its moments
+        loaded, then the state's own parts (``TrainState.restore``); the schedule is rebuilt from the current
+        config at the saved update, so changed schedule keys take effect from here on.
 
         Raises:
             RunError: the checkpoint's token counts differ from the model's and no growth during training
-                explains it.
+                explains it; its classifier has another number of classes than the model (`_check_head`).
         """
+        _check_head(state.model, checkpoint['model'], path)
         counts, g = state.size(), self.growth
         if counts != checkpoint['token_counts']:
             if not (g.every_epochs or g.schedule):
@@ -180,3 +182,20 @@ class RunOptim:
             return
         self._unfreeze_stage()
         self.freeze_handles = growth.freeze_old_tokens(state.model, old_size, state.optimizer)
+
+
+def _check_head(model: torch.nn.Module, weights: dict, path: str):
+    """Refuse, naming the key to set, a checkpoint whose classifier ``head.weight`` (``[classes, embed_dim]``)
+    has another number of classes than ``model`` (built from the config), such as a checkpoint with timm's
+    1000-way head resumed on a class folder of fewer classes; PyTorch's own size-mismatch error does not say
+    what to do.
+
+    Raises:
+        RunError: naming ``path``, both class counts and ``model_kwargs: {num_classes: N}``.
+    """
+    head, classes = weights.get('head.weight'), getattr(model, 'num_classes', None)
+    if head is None or classes is None or head.shape[0] == classes:
+        return
+    raise RunError(f'{path} holds a classifier of {head.shape[0]} classes; the model of this config has {classes} '
+                   f'(model_kwargs.num_classes, else the dataset\'s classes): to continue this run set '
+                   f'model_kwargs: {{num_classes: {head.shape[0]}}}')

@@ -13,17 +13,17 @@ Glue over timm and PyTorch: ``timm.create_model``, ``create_optimizer_v2`` and `
 ``timm.utils.ModelEmaV3``, ``dispatch_clip_grad``, ``torch.autocast``, ``DistributedDataParallel``
 under ``torchrun`` or SLURM, tqdm and TensorBoard.
 
-[`train`][tkvision.engine.trainer.train] strings together three pieces around one state object: `train_one_epoch`,
-`evaluate_and_keep_best` and `log_epoch`; `TrainState` holds everything
-that is saved. What a pre-empted or killed run does, and which files it writes, is decided by
-`checkpoint`: ``--resume`` continues at the exact update with the same data order and random
-draws, so the result is bit-identical to an uninterrupted run for any ``num_workers``.
+[`train`][tkvision.engine.trainer.train] strings together three pieces around one state object:
+``tkvision.engine.loop.train_one_epoch``, ``tkvision.engine.run_eval.evaluate_epoch`` and
+`log_epoch`; `TrainState` holds everything that is saved. What a pre-empted or killed run does, and which
+files it writes, is decided by `checkpoint`: ``--resume`` continues at the exact update with the same data
+order and random draws, so the result is bit-identical to an uninterrupted run for any ``num_workers``.
 """
 import csv
 import os
 import signal
 import time
-from typing import Any, Iterable, Mapping, Union
+from typing import Any, Mapping, Union
 
 import torch
 from timm.utils import random_seed
@@ -31,22 +31,18 @@ from tqdm import tqdm
 
 from .. import growth
 from ..config_sections import MaeConfig, TrainConfig
-from ..data import dataset_size, has_test_split
-from ..growth import elastic
+from ..data import dataset_size
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.seeding import derive_seed
 from .build import check_model_input, default_num_classes
 from .checkpoint import (
-    BEST_WEIGHTS,
     CONFIG_FILE,
     CURVES_FILE,
     LAST_CHECKPOINT,
     LAST_WEIGHTS,
     METRICS_FILE,
     RECONSTRUCTION_FILE,
-    keep_best,
     load_training_checkpoint,
-    model_for_checkpoint,
     save_rows,
     save_weights,
     save_yaml,
@@ -59,86 +55,11 @@ from .loop import NonFiniteLossError, Preempted, train_one_epoch
 from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
 from .rundir import claim_output, run_files
+from .run_eval import evaluate_epoch, evaluate_net
 from .run_optim import RunOptim
 from .state import TrainState
 
-__all__ = ['train', 'evaluate_and_keep_best', 'evaluate_prefixes',
-           'evaluate_test', 'log_epoch', 'TrainState', 'NonFiniteLossError', 'Preempted',
-           'EXIT_PREEMPTED']
-
-
-def evaluate_and_keep_best(run: RunContext, state: TrainState, epoch: int) -> dict:
-    """Evaluate the model (and the EMA model); save ``best.safetensors`` when either beats the best
-    (`tkvision.engine.checkpoint.keep_best`: highest top-1, or lowest MAE validation loss).
-
-    Returns:
-        ``dict(top1, top5, val_loss, val_skipped[, ema_top1, ema_top5])``; for ``task: mae``
-        ``dict(val_loss, val_skipped[, ema_val_loss])`` (reconstruction loss, the same masks every time).
-    """
-    mae = run.task == 'mae'
-    models = [('model', state.net, state.model)] + ([('ema', state.ema.module, state.ema.module)] if state.ema else [])
-    results = {source: run.evaluate(net, run.data.val_loader) for source, net, _ in models}
-    metric, mode = ('val_loss', 'min') if mae else ('top1', 'max')
-    candidates = [(source, results[source]['loss' if mae else 'top1'], model) for source, _, model in models]
-    metadata = dict(model=run.model_name, epoch=epoch, **(dict(task='mae') if mae else {}))
-    state.best = keep_best(state.best, candidates, metric, mode,
-                           os.path.join(run.out, BEST_WEIGHTS) if run.main else None, metadata)
-    main = results['model']
-    out = (dict(val_loss=main['loss'], val_skipped=main['skipped']) if mae else
-           dict(top1=main['top1'], top5=main['top5'], val_loss=main['loss'], val_skipped=main['skipped']))
-    if 'ema' in results:
-        out.update(dict(ema_val_loss=results['ema']['loss']) if mae else
-                   dict(ema_top1=results['ema']['top1'], ema_top5=results['ema']['top5']))
-    return out
-
-
-def evaluate_prefixes(
-        run: RunContext,
-        state: TrainState,
-        loader: Iterable,
-        split: str = '',
-) -> dict:
-    """An elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader``
-    (``tkvision.growth.elastic.prefix``): top-1, ``{'top1@0.25': ..., ...}``, or for ``task: mae`` the
-    reconstruction loss (the same masks every time), ``{'val_loss@0.25': ...}``; keys prefixed by ``split``
-    (``'test_'``); ``{}`` for a run that is not elastic."""
-    out, settings = {}, run.loss.elastic
-    for fraction in sorted(set(settings.elastic_fractions)):
-        if fraction < 1:
-            with elastic.prefix(state.model, fraction, settings.elastic_tau, settings.elastic_nesting):
-                result = run.evaluate(state.net, loader)
-            if run.task == 'mae':
-                out[f'{split}val_loss@{fraction:g}'] = result['loss']
-            else:
-                out[f'{split}top1@{fraction:g}'] = result['top1']
-    return out
-
-
-def evaluate_test(run: RunContext, state: TrainState, epoch: int) -> dict:
-    """The test split's top-1 / top-5 of the model (and the EMA model), evaluated once, after the last
-    epoch ``epoch``, when the validation split is carved from train (``val_split_fraction`` > 0; nothing was
-    chosen on these images), and the test top-1 of the weights saved as ``best.safetensors`` (the model's or
-    the EMA's, of whichever epoch validated best), so that the figure printed beside that file is its own.
-    Returns ``{}`` without a test split, or for ``task: mae``.
-
-    Returns:
-        ``dict(test_top1, test_top5[, ema_test_top1][, best_test_top1])`` in percent (no ``best_test_top1`` when
-        ``best.safetensors`` is another folder's: a run resumed from another run's checkpoint).
-    """
-    if run.task == 'mae' or not has_test_split(run.data.data):
-        return {}
-    loader = run.data.test_loader()
-    main = run.evaluate(state.net, loader)
-    out = dict(test_top1=main['top1'], test_top5=main['top5'])
-    if state.ema:
-        out['ema_test_top1'] = run.evaluate(state.ema.module, loader)['top1']
-    best_path = os.path.join(run.out, BEST_WEIGHTS)
-    if state.best.get('epoch') == epoch:  # the best weights are this epoch's: one of the figures above
-        out['best_test_top1'] = out['ema_test_top1' if state.best.get('source') == 'ema' else 'test_top1']
-    elif os.path.isfile(best_path):  # (a run resumed into a new folder keeps its best weights in the old one)
-        best, _ = model_for_checkpoint(dict(state.config_record), best_path)
-        out['best_test_top1'] = run.evaluate(best.to(run.processes.device), loader)['top1']
-    return {**out, **evaluate_prefixes(run, state, loader, 'test_')}
+__all__ = ['train', 'log_epoch', 'TrainState', 'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
 
 
 def log_epoch(run: RunContext, history: list, row: dict) -> None:
@@ -178,8 +99,7 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
     if forbidden:
         raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
                           'order; start a new run with another --output instead): ' + '; '.join(forbidden))
-    _check_head(state.model, ckpt['model'], path)
-    run.optim.resume(state, ckpt)
+    run.optim.resume(state, ckpt, path)
     if run.main:
         print(f'resumed from {path} at epoch {state.epochs_done + 1}, batch {state.batches_done}, update '
               f'{state.num_updates}' + ('; changed: ' + '; '.join(allowed) if allowed else ''))
@@ -188,23 +108,6 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
         return []
     with open(metrics) as f:
         return [r for r in csv.DictReader(f) if int(r['epoch']) < state.epochs_done]
-
-
-def _check_head(model: torch.nn.Module, weights: dict, path: str):
-    """Refuse, naming the key to set, a checkpoint whose classifier ``head.weight`` (``[classes, embed_dim]``)
-    has another number of classes than ``model`` (built from the config), such as a checkpoint with timm's
-    1000-way head resumed on a class folder of fewer classes; PyTorch's own size-mismatch error does not say
-    what to do.
-
-    Raises:
-        RunError: naming ``path``, both class counts and ``model_kwargs: {num_classes: N}``.
-    """
-    head, classes = weights.get('head.weight'), getattr(model, 'num_classes', None)
-    if head is None or classes is None or head.shape[0] == classes:
-        return
-    raise RunError(f'{path} holds a classifier of {head.shape[0]} classes; the model of this config has {classes} '
-                   f'(model_kwargs.num_classes, else the dataset\'s classes): to continue this run set '
-                   f'model_kwargs: {{num_classes: {head.shape[0]}}}')
 
 
 def build_state(
@@ -284,10 +187,7 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
                                                   amp=run.amp, progress=run.progress))
         last_epoch = epoch + 1 == run.epochs
         if (epoch + 1) % run.eval_every == 0 or last_epoch:
-            row.update(evaluate_and_keep_best(run, state, epoch))
-            row.update(evaluate_prefixes(run, state, run.data.val_loader))
-        if last_epoch:
-            row.update(evaluate_test(run, state, epoch))
+            row.update(evaluate_epoch(run, state, epoch, last_epoch))
         row['tokens'] = sum(growth.model_size(state.model).values())
         row['elapsed_minutes'] = state.elapsed_seconds() / 60  # the whole run's, across resumes
         row.update(_grow_if_due(run, state, epoch))
@@ -316,7 +216,7 @@ def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
     # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
     row = dict(grown=str(run.optim.grow(state, due, seed=derive_seed('growth', run.seed, epoch + 1, bits=31))))
     if run.optim.growth.eval_after_step and run.task != 'mae':  # the step's loss jump (tau: recompute)
-        after = run.evaluate(state.net, run.data.val_loader)
+        after = evaluate_net(run, state.net, run.data.val_loader)
         row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
     return row
 
