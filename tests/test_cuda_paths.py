@@ -38,7 +38,7 @@ from tkvision.engine import loop as loop_mod
 from tkvision.engine.config import load_config, resolve_lr, resolve_run_config
 from tkvision.engine.distributed import Processes
 from tkvision.engine.loss import RunLoss
-from tkvision.engine.run_optim import RunOptim
+from tkvision.engine.optim import RunOptim
 from tkvision.engine.trainer import build_state
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT

@@ -16,7 +16,7 @@ from .config import resolve_accum_steps, resolve_lr
 from .distributed import Processes
 from .loss import RunLoss
 from .run_data import RunData
-from .run_optim import RunOptim
+from .optim import RunOptim
 
 __all__ = ['RunContext', 'build_context']
 

@@ -4,7 +4,7 @@ saves the same set together: one object owns the run's state).
 `TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best
 evaluation; its ``state_dict`` is the ``last.pth`` format of
 `tkvision.engine.checkpoint.training_checkpoint`. It keeps no config section: the optimizer, the schedule and
-the growth steps are `tkvision.engine.run_optim.RunOptim`'s, which rebuilds them over the state's model.
+the growth steps are `tkvision.engine.optim.RunOptim`'s, which rebuilds them over the state's model.
 """
 import math
 import time
@@ -21,7 +21,7 @@ from ..layers import set_backward_mode
 from ..models.mae import linear_probe
 from .build import build_model
 from .checkpoint import load_init_weights, training_checkpoint
-from .run_optim import RunOptim
+from .optim import RunOptim
 
 __all__ = ['TrainState']
 
@@ -32,7 +32,7 @@ class TrainState:
     Args:
         model: the config's model section (`tkvision.config_sections.ModelConfig`), read here only: the state
             keeps none of it but ``compile``.
-        optim: the run's optimizer and schedule (`tkvision.engine.run_optim.RunOptim`), built over the model
+        optim: the run's optimizer and schedule (`tkvision.engine.optim.RunOptim`), built over the model
             here; the state does not keep it.
         task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
         amp: ``None``, ``'bf16'`` or ``'fp16'``.
@@ -145,7 +145,7 @@ class TrainState:
     def restore(self, checkpoint: dict) -> None:
         """The state's own parts of a ``last.pth`` dict: the scaler, the EMA weights, the counters, the best
         evaluation, the run's elapsed seconds and the running epoch's sums. The model and the optimizer come
-        first, from `tkvision.engine.run_optim.RunOptim.resume` (they may need growing)."""
+        first, from `tkvision.engine.optim.RunOptim.resume` (they may need growing)."""
         self.scaler.load_state_dict(checkpoint['scaler'])
         if self.ema is not None and checkpoint['model_ema']:
             self.ema.module.load_state_dict(checkpoint['model_ema'])

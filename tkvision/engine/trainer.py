@@ -56,7 +56,7 @@ from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
 from .rundir import claim_output, run_files
 from .run_eval import evaluate_epoch, evaluate_net
-from .run_optim import RunOptim
+from .optim import RunOptim
 from .state import TrainState
 
 __all__ = ['train', 'log_epoch', 'TrainState', 'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
@@ -122,7 +122,7 @@ def build_state(
 
     Args:
         config: a config as ``resolve_run_config`` returns it.
-        optim: the run's optimizer and schedule (``tkvision.engine.run_optim.RunOptim``).
+        optim: the run's optimizer and schedule (``tkvision.engine.optim.RunOptim``).
         device: where the model and optimizer live.
         world: the number of processes.
         started: ``time.monotonic()`` when the run began; now when ``None``.
