@@ -333,7 +333,7 @@ class RunOptim:
             self,
             state: object,
             checkpoint: dict,
-            path: str = 'the checkpoint',
+            path: str,
     ) -> None:
         """Restore ``state`` from a ``last.pth`` dict (read from ``path``, named in errors): the model grown to
         the checkpoint's size, the optimizer rebuilt over it (the stage's rows frozen again) and its moments
