@@ -13,8 +13,7 @@ from tkvision.engine.config import ConfigError
 from tkvision.cli.train import validate_main
 from studies.growth.growth_experiment import answer, plan_runs, size_kwargs
 from tkvision.engine.config import section
-from tkvision.engine.optim import build_optimizer, build_scheduler
-from tkvision.engine.optim import RunOptim
+from tkvision.engine.optim import RunOptim, build_optimizer, build_scheduler
 
 from .helpers import TINY_FMNIST, assert_same_training_state, fmnist_cfg, train_crash_resume
 

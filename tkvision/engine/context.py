@@ -15,8 +15,8 @@ from .clock import RunClock
 from .config import resolve_accum_steps, resolve_lr
 from .distributed import Processes
 from .loss import RunLoss
-from .run_data import RunData
 from .optim import RunOptim
+from .run_data import RunData
 
 __all__ = ['RunContext', 'build_context']
 
