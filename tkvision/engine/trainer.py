@@ -52,11 +52,11 @@ from .config import config_changes, resolve_run_config
 from .context import RunContext, build_context
 from .distributed import init_distributed, is_peer_failure, setup_threads
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
+from .optim import RunOptim
 from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
-from .optim import RunOptim
-from .rundir import claim_output, run_files
 from .run_eval import evaluate_epoch, evaluate_net
+from .rundir import claim_output, run_files
 from .state import TrainState
 
 __all__ = ['train', 'log_epoch', 'TrainState', 'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
