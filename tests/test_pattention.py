@@ -35,6 +35,8 @@ def reference(x, K, V, score_norm, tau):
     elif score_norm == 'softmax':
         E = torch.exp(A)
         S = E / E.sum(-1, keepdim=True) * tau
+    elif score_norm == 'gelu':  # the plain MLP: no normalisation
+        S = gelu_erf(A * tau)
     else:  # a newly registered normalisation needs its own reference here
         raise NotImplementedError(f'write the float64 reference of score_norm {score_norm!r}')
     return torch.einsum('...n,nd->...d', S, V)
@@ -56,6 +58,7 @@ def test_default_tau_and_shapes():
     assert default_tau('gelu_l2_norm', 64) == 8.0
     assert default_tau('l1_norm_gelu', 64) == 64.0
     assert default_tau('softmax', 64) == 64.0
+    assert default_tau('gelu', 64) == 1.0
     layer = Pattention(4, 6, num_tokens=16)
     assert layer.key_param_tokens.shape == (16, 4) and layer.value_param_tokens.shape == (16, 6)
     assert not any('bias' in n for n, _ in layer.named_parameters())

@@ -21,7 +21,12 @@ computes it"). The table below is the registry's (``tests/test_pattention.py`` h
 ``l1_norm_gelu``   GELU(A · τ / ‖A‖₁)   (Table 4)       n               yes                     yes
 ``gelu_l2_norm``   τ · GELU(A) / ‖GELU(A)‖₂            √n              yes                     no
 ``softmax``        τ · softmax(A)       (Table 4, e^x)  n               no                      no
+``gelu``           GELU(τ · A)          (no norm)       1               yes                     no
 =================  ==================================  ===============  ======================  ==============
+
+``gelu`` is the plain two-layer MLP a Pattention is often called: GELU(X·K_Pᵀ)·V_P is a bottleneck MLP of
+width n without the per-token normalisation (the JAX port of the public code has this option); with τ = 1 it
+is exactly that, and it is the control that measures what the normalisation buys (``docs/comparison.md``).
 
 A new normalisation is one [`register_score_norm`][tkvision.layers.pattention.register_score_norm] call in this
 file (its function, default τ, whether zero-initialised new keys leave the output unchanged, and whether scaling the
@@ -160,6 +165,15 @@ class Softmax(Normalize):
 
     def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
         return torch.softmax(a, dim=-1) * tau
+
+
+@register_score_norm('gelu', default_tau=lambda num_tokens: 1.0, zero_key_exact=True, scale_invariant=False)
+class PlainGELU(Normalize):
+    """GELU(τ · A), τ = 1: no normalisation of the scores, so the Pattention is a plain GELU MLP of width n
+    (the control of ``docs/comparison.md``; τ only matters once learned, ``make_tau_learnable``)."""
+
+    def normalize(self, a: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
+        return F.gelu(a * tau)
 
 
 def score_norm_entry(score_norm: str) -> ScoreNorm:
