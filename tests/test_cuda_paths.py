@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from tkvision.data import BatchPreprocessor
 from tkvision.engine import loop as loop_mod
 from tkvision.engine.config import load_config, resolve_lr, resolve_run_config
-from tkvision.engine.distributed import Processes
+from tkvision.engine.distributed import Processes, device_plan
 from tkvision.engine.loss import RunLoss
 from tkvision.engine.optim import RunOptim
 from tkvision.engine.trainer import build_state
@@ -63,19 +63,21 @@ def _config(tmp_path, family: str, **overrides) -> dict:
 
 def _state(cfg):
     optim = RunOptim(cfg.optim, cfg.growth, lr=resolve_lr(cfg.optim, cfg.data.batch_size), updates_per_epoch=10)
-    state = build_state(cfg, optim, torch.device('cpu'), world=1)
+    state = build_state(cfg, optim, Processes(0, 1, device_plan('cpu', compile=cfg.model.compile)))
     state.run_optim = optim  # for _onto, which rebuilds the optimizer on the new device
+    state.compile_setting = cfg.model.compile  # for _onto, which takes the new device's plan
     return state
 
 
 def _onto(state, device: str):
     """Move a ``TrainState`` built on the CPU onto ``device`` (fake ``cuda`` or ``meta``) as
-    ``TrainState`` builds one there: model and EMA moved, optimizer, schedule, meters and forward
+    ``TrainState`` builds one there: the device's plan taken, model and EMA moved, optimizer, schedule, meters and forward
     wrapper rebuilt by its own methods. It cannot be built there directly: the model's constructor reads
     a ``torch.linspace`` as Python floats (as timm's ViT does), and timm's ``ModelEmaV3`` creates a
     random generator on the model's device (for stochastic rounding), which needs a CUDA driver and
     does not exist for meta."""
     state.device = torch.device(device)
+    state.plan = device_plan(device, compile=state.compile_setting)
     state.model.to(state.device)
     state.ema.module.to(state.device)
     state.optimizer = state.run_optim.optimizer(state)
@@ -88,7 +90,7 @@ def _onto(state, device: str):
 def _parts(cfg: dict, device: str):
     """The data and loss one update reads (no data loader): the preprocessing and the process of a
     ``tkvision.engine.run_data.RunData``, and a ``tkvision.engine.loss.RunLoss`` of the config."""
-    processes = Processes(0, 1, torch.device(device))
+    processes = Processes(0, 1, device_plan(device))
     data = SimpleNamespace(processes=processes, preprocess=BatchPreprocessor(cfg.data.mean, cfg.data.std, device))
     loss = RunLoss(cfg.run.task, cfg.optim, cfg.elastic, cfg.distillation, cfg.run.seed, 1, processes.device)
     if cfg.run.task != 'mae':

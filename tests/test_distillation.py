@@ -9,7 +9,7 @@ import torch
 
 from tkvision.engine import loop as loop_mod, trainer as train_mod
 from tkvision.engine.config import ConfigError, load_config, section
-from tkvision.engine.distributed import Processes
+from tkvision.engine.distributed import Processes, device_plan
 from tkvision.engine.loss import RunLoss, distillation_loss
 from tkvision.growth import elastic
 
@@ -97,7 +97,7 @@ class _ModelState:
 
 
 class _Data:
-    processes = Processes(0, 1, torch.device('cpu'))
+    processes = Processes(0, 1, device_plan('cpu'))
 
     @staticmethod
     def preprocess(images, train):

@@ -15,7 +15,7 @@ from timm.loss import LabelSmoothingCrossEntropy
 from tkvision.engine import checkpoint as ckpt
 from tkvision.engine import loop as loop_mod, trainer as train_mod
 from tkvision.engine.config import ConfigError, load_config
-from tkvision.engine.distributed import Processes
+from tkvision.engine.distributed import Processes, device_plan
 from tkvision.utils.errors import RunError
 
 from .helpers import ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, wait_for_checkpoint
@@ -353,7 +353,7 @@ def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkey
     meter = dict(loss_sum=torch.tensor(0.0, dtype=torch.float64), seen=4, skipped=0, seconds=0.0, data_seconds=0.0)
     state = SimpleNamespace(meter=meter, batches_done=0, num_updates=0,
                             optimizer=SimpleNamespace(param_groups=[dict(lr=1.0)]))
-    processes = Processes(0, 1, torch.device('cpu'))
+    processes = Processes(0, 1, device_plan('cpu'))
     data = SimpleNamespace(seed=0, batches_per_epoch=4, accum=1, train_loader=SlowLoader(), processes=processes,
                            loss_scale=lambda images: 1.0)
     loss = SimpleNamespace(step_prefixes=lambda epoch, batch: [None], optim={})

@@ -140,7 +140,8 @@ def _validate(argv) -> int:
     check_model_input(config.model, data)
     if grown and not rank:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
-    loader = build_loader(ds, data, train=False, seed=seed, rank=rank, world_size=world)
+    loader = build_loader(ds, data, train=False, seed=seed, rank=rank, world_size=world,
+                          pin_memory=processes.plan.pin_memory)
     res = evaluate(model.to(device), loader, device, BatchPreprocessor(data.mean, data.std, device), config.run.amp)
     if rank:
         return 0

@@ -96,6 +96,7 @@ def build_loader(
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        pin_memory: bool = False,
 ) -> DataLoader:
     """DataLoader of ``dataset`` with the data section's ``batch_size`` and ``num_workers``, yielding
     ``(uint8 images [B, C, H, W], labels [B], bad_paths)``.
@@ -104,13 +105,14 @@ def build_loader(
     only on seed, epoch and sample index: exact resume, any ``num_workers``), incomplete last batch
     dropped; a shard stream orders itself (`tkvision.shards`). Evaluation: each rank takes
     items ``rank::world_size`` (a stream: its own shards) so summed metrics count every item once.
-    Pinned memory on CUDA for non-blocking copies; workers persist across epochs for map-style data
-    (a stream's workers restart each epoch to learn the epoch).
+    ``pin_memory``: page-locked batches for non-blocking copies to a GPU (the run's device decides:
+    ``tkvision.engine.distributed.DevicePlan``); workers persist across epochs for map-style data (a stream's
+    workers restart each epoch to learn the epoch).
     """
     workers = data.num_workers
     if isinstance(dataset, IterableDataset):
         return DataLoader(dataset, batch_size=data.batch_size, num_workers=workers, collate_fn=collate_skip_bad,
-                          drop_last=train, pin_memory=torch.cuda.is_available())
+                          drop_last=train, pin_memory=pin_memory)
     if train:
         sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
         dataset = SeededDataset(dataset)
@@ -118,7 +120,7 @@ def build_loader(
         sampler, dataset = None, Subset(dataset, range(rank, len(dataset), world_size))
     return DataLoader(dataset, batch_size=data.batch_size, sampler=sampler, shuffle=False, drop_last=train,
                       num_workers=workers, collate_fn=collate_skip_bad, persistent_workers=workers > 0,
-                      pin_memory=torch.cuda.is_available())
+                      pin_memory=pin_memory)
 
 
 def batches_per_epoch(loader: DataLoader) -> int:

@@ -156,6 +156,7 @@ def build_naflex_loader(
         patch_size: int,
         rank: int = 0,
         world_size: int = 1,
+        pin_memory: bool = False,
 ) -> DataLoader:
     """A NaFlex loader of ``dataset`` (one of `build_dataset`'s) for the resolved data
     section ``data``: items ``(batch dict, labels [B], [])`` as the module docstring says.
@@ -164,7 +165,8 @@ def build_naflex_loader(
     ``rrc_scale`` or none, ``hflip``, ``auto_augment``, ``interpolation``, ``mean`` / ``std``; no colour
     jitter), sequence lengths ``naflex_train_seq_lens``, patch size ``patch_size`` or one of
     ``naflex_patch_sizes`` per batch. Evaluation: timm's ``create_naflex_loader`` at ``naflex_max_seq_len``
-    and ``patch_size``, ``batch_size`` images a batch, each rank every ``world_size``-th image.
+    and ``patch_size``, ``batch_size`` images a batch, each rank every ``world_size``-th image. ``pin_memory``:
+    page-locked batches, for a GPU (the run's device decides).
 
     Raises:
         ValueError: from timm, a patch size or sequence length it cannot use (its words).
@@ -177,7 +179,7 @@ def build_naflex_loader(
     if not train:
         loader = create_naflex_loader(images, patch_size=patch_size, max_seq_len=data.naflex_max_seq_len,
                                       batch_size=data.batch_size, is_training=False,
-                                      num_workers=data.num_workers, pin_memory=torch.cuda.is_available(), **common)
+                                      num_workers=data.num_workers, pin_memory=pin_memory, **common)
         loader.collate_fn = partial(_collate_with_bad, loader.collate_fn)
         return loader
     transform_factory = partial(
@@ -191,6 +193,6 @@ def build_naflex_loader(
         patch_size_choices=sizes or None, seq_lens=tuple(data.naflex_train_seq_lens),
         max_tokens_per_batch=data.batch_size * max(data.naflex_train_seq_lens), seed=seed,
         distributed=world_size > 1, rank=rank, world_size=world_size)
-    return DataLoader(wrapper, batch_size=None, num_workers=data.num_workers, pin_memory=torch.cuda.is_available(),
+    return DataLoader(wrapper, batch_size=None, num_workers=data.num_workers, pin_memory=pin_memory,
                       worker_init_fn=partial(_worker_init, worker_seeding='all'),
                       persistent_workers=data.num_workers > 0)

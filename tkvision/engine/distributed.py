@@ -1,41 +1,123 @@
 """Processes and devices: what training, evaluation and the tools share about where they run.
 
+- `DevicePlan` / `device_plan`: every choice a run takes from its device (the process-group backend, TF32,
+  pinned memory, ``compile: auto``, DDP's ``device_ids``, autocast's dtype, the gradient scaler, how masked
+  attention counts in the memory check), taken once, from the run's device and never from whether the machine
+  has CUDA: a ``device: cpu`` run on a GPU machine is a CPU run. ``tests/test_device_plan.py`` drives it for
+  ``cuda`` and ``cpu``.
 - `init_distributed`: one process, ``torchrun``, or a SLURM launch (``srun`` sets
   ``SLURM_PROCID`` / ``SLURM_NTASKS`` / ``SLURM_LOCALID``), through timm's
-  ``init_distributed_device_so`` (NCCL on CUDA, gloo on CPU).
+  ``init_distributed_device_so`` with the plan's backend (NCCL on CUDA, gloo on a CPU).
 - `all_ranks_agree`: one collective that turns a failure on any rank into a failure on all,
   so no rank waits forever in a collective its peer never reaches.
 - `setup_threads`: the CPU threads of this process.
-- `Processes`: this process's rank, the number of processes and the device, as every stage of a run
+- `Processes`: this process's rank, the number of processes and its device's plan, as every stage of a run
   reads them.
 """
 import dataclasses
 import os
 import warnings
 from datetime import timedelta
-from typing import Union
+from typing import Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
 from timm.utils.distributed import init_distributed_device_so
 
 from ..config_sections import RunConfig
+from ..utils.errors import ConfigError
+from ..utils.memory import available_memory_bytes
 
-__all__ = ['Processes', 'init_distributed', 'setup_threads', 'available_cores', 'all_ranks_agree', 'is_peer_failure']
+__all__ = ['AMP_DTYPES', 'DevicePlan', 'device_plan', 'Processes', 'init_distributed', 'setup_threads',
+           'available_cores', 'all_ranks_agree', 'is_peer_failure']
+
+#: ``amp`` config value -> autocast dtype (None: full precision).
+AMP_DTYPES = {None: None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+
+
+@dataclasses.dataclass(frozen=True)
+class DevicePlan:
+    """Every choice a run makes from the device it runs on (`device_plan` takes them, in one place).
+
+    Attributes:
+        device: the device.
+        backend: the ``torch.distributed`` process-group backend: ``'nccl'`` on CUDA, ``'gloo'`` on a CPU.
+        tf32: whether float32 matmuls and cuDNN convolutions run on TF32 tensor cores (CUDA with ``tf32: true``;
+            a CPU has none, and its run leaves PyTorch's flags as they are).
+        pin_memory: whether loaders return page-locked batches (CUDA: the copy to the GPU overlaps compute); a
+            CPU run pins nothing.
+        compile: whether the model is ``torch.compile``'d: ``compile: true``, or ``'auto'`` on CUDA.
+        ddp_device_ids: ``DistributedDataParallel``'s ``device_ids``: ``(index,)`` on CUDA, None on a CPU.
+        autocast_dtype: ``torch.autocast``'s dtype for ``amp`` (``AMP_DTYPES``), None for float32.
+        grad_scaler: whether the gradient scaler scales the loss (``amp: fp16``, on either device).
+        fused_masked_attention: whether attention with a mask (NaFlex padding) runs fused, without its
+            ``heads x L²`` scores and probabilities in memory (CUDA's SDPA kernels), or unfused (a CPU): what
+            the NaFlex memory check counts.
+    """
+    device: torch.device
+    backend: str
+    tf32: bool
+    pin_memory: bool
+    compile: bool
+    ddp_device_ids: Optional[Tuple[int, ...]]
+    autocast_dtype: Optional[torch.dtype]
+    grad_scaler: bool
+    fused_masked_attention: bool
+
+    def available_memory(self) -> float:
+        """Bytes the device can give now (``tkvision.utils.memory.available_memory_bytes``)."""
+        return available_memory_bytes(self.device)
+
+    def set_tf32(self) -> None:
+        """Set PyTorch's TF32 flags (matmul and cuDNN) to `tf32` on CUDA; on a CPU leave them as they are."""
+        if self.device.type == 'cuda':
+            torch.backends.cuda.matmul.allow_tf32 = self.tf32
+            torch.backends.cudnn.allow_tf32 = self.tf32
+
+
+def device_plan(
+        device: Union[str, torch.device],
+        amp: Optional[str] = None,
+        tf32: bool = True,
+        compile: Union[bool, str] = 'auto',
+) -> DevicePlan:
+    """The `DevicePlan` of a run on ``device`` with the config's ``amp``, ``tf32`` and ``compile`` keys (their
+    defaults here are the config's). Only the device decides: never whether the machine has CUDA.
+
+    Raises:
+        ConfigError: ``amp: bf16`` on a CUDA device without bf16 (before Ampere), naming ``amp: fp16``; an
+            ``amp`` that is none of ``AMP_DTYPES``.
+    """
+    device = torch.device(device)
+    if amp not in AMP_DTYPES:
+        raise ConfigError(f'amp: {amp!r} is not a precision; use null (float32), bf16 or fp16')
+    cuda = device.type == 'cuda'
+    if cuda and amp == 'bf16' and not torch.cuda.is_bf16_supported():
+        raise ConfigError(f'amp: bf16 needs a GPU with bfloat16 (Ampere or later); {device} has none: set amp: fp16 '
+                          '(with the gradient scaler) or null')
+    return DevicePlan(device=device, backend='nccl' if cuda else 'gloo', tf32=cuda and bool(tf32), pin_memory=cuda,
+                      compile=compile is True or (compile == 'auto' and cuda),
+                      ddp_device_ids=(device.index,) if cuda and device.index is not None else None,
+                      autocast_dtype=AMP_DTYPES[amp], grad_scaler=amp == 'fp16', fused_masked_attention=cuda)
 
 
 @dataclasses.dataclass(frozen=True)
 class Processes:
-    """Where a run's process stands among its job's processes.
+    """Where a run's process stands among its job's processes, and its device's plan.
 
     Attributes:
         rank: this process's global rank, 0 to ``world - 1``.
         world: the number of processes of the job.
-        device: this process's device.
+        plan: the choices its device makes (`DevicePlan`).
     """
     rank: int
     world: int
-    device: torch.device
+    plan: DevicePlan
+
+    @property
+    def device(self) -> torch.device:
+        """This process's device."""
+        return self.plan.device
 
     @property
     def main(self) -> bool:
@@ -66,28 +148,32 @@ def setup_threads(run: RunConfig) -> None:
     torch.set_num_threads(threads)
 
 
-def init_distributed(run: RunConfig) -> Processes:
-    """Start ``torch.distributed`` when launched by torchrun or SLURM, pick the device, set TF32.
+def init_distributed(run: RunConfig, compile: Union[bool, str] = 'auto') -> Processes:
+    """Start ``torch.distributed`` when launched by torchrun or SLURM, pick the device, take its plan, set TF32.
 
-    ``run``: the config's run section. The device is ``run.device``, else ``cuda:<local rank>`` when CUDA is
-        available, else CPU.
-    TF32 matmuls and cuDNN convolutions follow ``run['tf32']`` (on by default: float32 work on
-    Ampere and later GPUs runs on the tensor cores at ~10 mantissa bits).
+    ``run``: the config's run section; ``compile``: the model section's ``compile`` key. The device is
+    ``run.device``, else ``cuda:<local rank>`` when CUDA is available, else CPU (the one choice the machine
+    makes); every other choice follows the device (`device_plan`). On CUDA, TF32 matmuls and cuDNN convolutions
+    follow ``run.tf32`` (on by default: float32 work on Ampere and later GPUs runs on the tensor cores at ~10
+    mantissa bits).
     A collective that waits longer than ``run.dist_timeout_minutes`` for another rank fails
     (``torch.distributed.set_timeout``), so a rank whose peer died ends instead of waiting for ever; within one
     torchrun the agent ends the job sooner, as soon as it sees a worker die (``docs/reliability.md``).
 
     Returns:
         `Processes`.
+
+    Raises:
+        ConfigError: as `device_plan` (checked before the process group starts).
     """
     device = run.device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    info = init_distributed_device_so(device=device)
+    backend = device_plan(device, run.amp, run.tf32, compile).backend
+    info = init_distributed_device_so(device=device, dist_backend=backend)
     if dist.is_available() and dist.is_initialized():
         dist.set_timeout(timedelta(minutes=run.dist_timeout_minutes))
-    if torch.cuda.is_available():
-        torch.backends.cuda.matmul.allow_tf32 = run['tf32']
-        torch.backends.cudnn.allow_tf32 = run['tf32']
-    return Processes(info['global_rank'], info['world_size'], torch.device(info['device']))
+    plan = device_plan(info['device'], run.amp, run.tf32, compile)  # with the index torchrun's local rank gave
+    plan.set_tf32()
+    return Processes(info['global_rank'], info['world_size'], plan)
 
 
 def all_ranks_agree(ok: bool, device: Union[str, torch.device]) -> bool:

@@ -14,11 +14,9 @@ import torch.nn.functional as F
 from timm.utils import unwrap_model
 
 from ..utils.seeding import derive_seed
+from .distributed import AMP_DTYPES
 
-__all__ = ['evaluate', 'evaluate_mae', 'mask_noise', 'AMP_DTYPES']
-
-#: ``amp`` config value -> autocast dtype (None: full precision).
-AMP_DTYPES = {None: None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
+__all__ = ['evaluate', 'evaluate_mae', 'mask_noise']
 
 
 @torch.no_grad()

@@ -7,8 +7,9 @@ run checks its loss, agrees on a stop signal and writes its checkpoint.
 ``engine_pretrain.train_one_epoch`` shape: the epoch function gets what it uses and returns a dict of
 averaged stats.
 
-Mixed precision is branch-free (nanoGPT's form): ``torch.autocast(enabled=amp is not None)`` and a
-``GradScaler`` that is a no-op unless fp16.
+Mixed precision is branch-free (nanoGPT's form): ``torch.autocast(enabled=dtype is not None)`` and a
+``GradScaler`` that is a no-op unless fp16, both as the device's plan says
+(``tkvision.engine.distributed.DevicePlan``).
 """
 import contextlib
 import itertools
@@ -27,7 +28,6 @@ from ..utils.errors import ConfigError, NonFiniteLossError, Preempted
 from ..utils.memory import is_out_of_memory
 from ..utils.seeding import derive_seed
 from .clock import RunClock
-from .evaluate import AMP_DTYPES
 from .loss import RunLoss
 from .run_data import RunData
 from .state import TrainState
@@ -60,7 +60,6 @@ def train_one_epoch(
         epoch: int,
         *,
         epochs: int,
-        amp: Optional[str] = None,
         progress: bool = True,
 ) -> dict:
     """Train epoch ``epoch`` (of ``epochs``) from micro-batch ``state.batches_done`` to its end.
@@ -76,7 +75,6 @@ def train_one_epoch(
         clock: checks, checkpoints and stop signals.
         epoch: the epoch, counted from 0.
         epochs: the run's epochs (for the progress bar).
-        amp: ``None``, ``'bf16'`` or ``'fp16'``.
         progress: show a progress bar (rank 0 only).
 
     Returns:
@@ -95,7 +93,7 @@ def train_one_epoch(
     bar = tqdm(total=data.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{epochs}",
                leave=False, disable=not (data.processes.main and progress), dynamic_ncols=True)
     try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
-        _run_batches(state, data, loss, clock, epoch, AMP_DTYPES[amp], bar)
+        _run_batches(state, data, loss, clock, epoch, data.processes.plan.autocast_dtype, bar)
     finally:
         bar.close()
     clock.check(state, force=True)

@@ -8,7 +8,7 @@ memory check that refuses lengths that cannot fit before any work.
 """
 import math
 import signal
-from typing import Iterable, Union
+from typing import Iterable, Optional
 
 import cv2
 import torch
@@ -17,10 +17,9 @@ from ..config_sections import DataConfig, ModelConfig
 from ..data import BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size
 from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
 from ..utils.errors import ConfigError
-from ..utils.memory import available_memory_bytes
 from .build import build_model
 from .clock import STOP_SIGNALS
-from .distributed import Processes
+from .distributed import DevicePlan, Processes, device_plan
 
 __all__ = ['RunData', 'naflex_patch_size', 'check_naflex_memory', 'naflex_loss_scale']
 
@@ -68,7 +67,7 @@ class RunData:
             processes: Processes,
     ):
         self.data, self.accum, self.seed, self.processes = data, accum, seed, processes
-        self.naflex_patch_size = naflex_patch_size(model, data, processes.device) if data.naflex_loader else None
+        self.naflex_patch_size = naflex_patch_size(model, data, processes.plan) if data.naflex_loader else None
         self.preprocess = (NaFlexPreprocessor(processes.device) if data.naflex_loader else
                            BatchPreprocessor(data.mean, data.std, processes.device, reprob=data.reprob))
         self._test_loader = None  # built by test_loader(), at the end of a run
@@ -101,9 +100,12 @@ class RunData:
         """Our map-style / shard loader (``tkvision.data.build_loader``), or timm's NaFlex loader
         (``tkvision.data.naflex.build_naflex_loader``) with ``naflex_loader``."""
         rank, world = self.processes.rank, self.processes.world
+        pin = self.processes.plan.pin_memory
         if self.naflex_patch_size:
-            return build_naflex_loader(dataset, self.data, train, self.seed, self.naflex_patch_size, rank, world)
-        return build_loader(dataset, self.data, train=train, seed=self.seed, rank=rank, world_size=world)
+            return build_naflex_loader(dataset, self.data, train, self.seed, self.naflex_patch_size, rank, world,
+                                       pin_memory=pin)
+        return build_loader(dataset, self.data, train=train, seed=self.seed, rank=rank, world_size=world,
+                            pin_memory=pin)
 
     def loss_scale(self, images: int) -> float:
         """The weight of a training batch of ``images`` images: 1, or for a NaFlex batch (whose images vary in
@@ -131,10 +133,11 @@ class RunData:
 def naflex_patch_size(
         model: ModelConfig,
         data: DataConfig,
-        device: Union[str, torch.device] = 'cpu',
+        plan: Optional[DevicePlan] = None,
 ) -> int:
     """The patch size of the model section's model (built on the meta device), which NaFlex evaluation batches
-    use; the data section's sequence lengths checked against ``device``'s memory (`check_naflex_memory`).
+    use; the data section's sequence lengths checked against the memory of the plan's device (`check_naflex_memory`;
+    default: the CPU's).
 
     Raises:
         ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries, or lengths that
@@ -146,31 +149,32 @@ def naflex_patch_size(
     if patch is None:
         raise ConfigError(f"naflex_loader: {model.model} takes no NaFlex patch dictionaries; use a NaFlex model "
                           '(naflexvit_tokenformer_ti16, timm naflexvit_*) or set naflex_loader: false')
-    check_naflex_memory(data, net, device)
+    check_naflex_memory(data, net, plan or device_plan('cpu'))
     return patch[0]
 
 
 def check_naflex_memory(
         data: DataConfig,
         net: torch.nn.Module,
-        device: Union[str, torch.device],
+        plan: DevicePlan,
 ) -> None:
-    """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in ``device``'s memory: the
+    """Refuse, before any work, NaFlex sequence lengths whose batch cannot fit in the memory of ``plan``'s device
+    (``DevicePlan.available_memory``): the
     longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
     each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: the attention mask
-    (``L²`` per image), on a CPU one block's attention scores and probabilities (``2 x heads x L²``: the CPU
-    runs masked attention unfused), and the tokens' activations over the blocks (``16 x L x embed_dim`` per
-    image and block), in float32, against what the process may allocate
-    (``tkvision.utils.memory.available_memory_bytes``: free memory, ``ulimit -v``, a cgroup's limit).
+    (``L²`` per image), where masked attention runs unfused (``DevicePlan.fused_masked_attention`` false: a CPU)
+    one block's attention scores and probabilities (``2 x heads x L²``), and the tokens' activations over the blocks (``16 x L x embed_dim`` per
+    image and block), in float32, against what the process may allocate (free memory, ``ulimit -v``, a cgroup's
+    limit).
 
     Raises:
         ConfigError: naming the key, the length, the memory it needs at least and what is available.
     """
     blocks = len(net.blocks)
     heads = getattr(net.blocks[0].attn, 'num_heads', 1)
-    # on a CPU attention runs unfused with a mask: scores and probabilities, heads x L² each, exist at once
-    score_copies = 0 if torch.device(device).type == 'cuda' else 2 * heads
-    have = available_memory_bytes(device)
+    # unfused masked attention (a CPU): scores and probabilities, heads x L² each, exist at once
+    score_copies = 0 if plan.fused_masked_attention else 2 * heads
+    have = plan.available_memory()
     for key, length in (('naflex_train_seq_lens', max(data.naflex_train_seq_lens)),
                         ('naflex_max_seq_len', data.naflex_max_seq_len)):
         need = data.batch_size * ((1 + score_copies) * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
@@ -180,7 +184,7 @@ def check_naflex_memory(
                               + (f'{heads} heads x {length}² attention scores and probabilities, ' if score_copies
                                  else '') +
                               f'and its activations); {have / 2 ** 30:,.1f} GiB is available to this process on '
-                              f'{torch.device(device)}: lower {key} or batch_size')
+                              f'{plan.device}: lower {key} or batch_size')
 
 
 def naflex_loss_scale(mode: str, images: int, batch_size: int) -> float:

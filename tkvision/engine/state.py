@@ -9,7 +9,7 @@ the growth steps are `tkvision.engine.optim.RunOptim`'s, which rebuilds them ove
 import math
 import time
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence, Union
+from typing import Mapping, Optional, Sequence
 
 import torch
 from timm.utils import ModelEmaV3
@@ -21,6 +21,7 @@ from ..layers import set_backward_mode
 from ..models.mae import linear_probe
 from .build import build_model
 from .checkpoint import load_init_weights, training_checkpoint
+from .distributed import Processes
 from .optim import RunOptim
 
 __all__ = ['TrainState']
@@ -31,14 +32,13 @@ class TrainState:
 
     Args:
         model: the config's model section (`tkvision.config_sections.ModelConfig`), read here only: the state
-            keeps none of it but ``compile``.
+            keeps none of it.
         optim: the run's optimizer and schedule (`tkvision.engine.optim.RunOptim`), built over the model
             here; the state does not keep it.
         task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
-        amp: ``None``, ``'bf16'`` or ``'fp16'``.
         num_classes: the classifier's outputs unless ``model_kwargs`` says (`default_num_classes`).
-        device: where the model lives.
-        world: number of processes.
+        processes: this process among the job's (``tkvision.engine.distributed.Processes``): where the model
+            lives, and its device's plan for the scaler, ``torch.compile`` and DDP.
         ema_decay: the EMA's decay per update, or None for no EMA (``model_ema``).
         mae: the MAE section, for ``task: mae``.
         elastic_fractions: the ``elastic_fractions`` key (checked against the model).
@@ -69,20 +69,18 @@ class TrainState:
             optim: RunOptim,
             *,
             task: str,
-            amp: Optional[str],
             num_classes: int,
-            device: Union[str, torch.device],
-            world: int,
+            processes: Processes,
             ema_decay: Optional[float] = None,
             mae: Optional[MaeConfig] = None,
             elastic_fractions: Sequence[float] = (),
             config_record: Mapping = None,
             started: float = None,
     ):
-        self.task, self.device, self.world, self.compile = task, device, world, model.compile
+        self.task, self.device, self.world, self.plan = task, processes.device, processes.world, processes.plan
         self.config_record = MappingProxyType(dict(config_record or {}))
         self.seconds_before, self._started = 0.0, time.monotonic() if started is None else started
-        self.model = build_model(model, mae, num_classes).to(device)
+        self.model = build_model(model, mae, num_classes).to(self.device)
         self.grown_from, self.init_report = {}, ''
         optim.check(self.model, model.model, elastic_fractions)
         if model.init_from:
@@ -95,7 +93,7 @@ class TrainState:
         self.epochs_done = self.batches_done = self.num_updates = 0
         self.optimizer = optim.optimizer(self)
         self.scheduler = optim.scheduler(self)
-        self.scaler = torch.amp.GradScaler(device.type, enabled=amp == 'fp16')
+        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.plan.grad_scaler)
         self.ema = ModelEmaV3(self.model, decay=ema_decay) if ema_decay is not None else None
         self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if task == 'mae'
                      else dict(top1=-1.0, epoch=-1, source='model'))
@@ -127,15 +125,13 @@ class TrainState:
                           nonfinite=torch.zeros((), device=self.device, dtype=torch.bool),
                           seen=seen, skipped=skipped, seconds=seconds, data_seconds=data_seconds)
 
-    def compiled(self) -> bool:
-        """Whether the forward is compiled: ``compile`` true, or ``'auto'`` on CUDA."""
-        return self.compile is True or (self.compile == 'auto' and self.device.type == 'cuda')
-
     def wrap(self) -> None:
-        """(Re)build the compiled / DDP forward (``self.net``) over the current parameters."""
-        net = torch.compile(self.model) if self.compiled() else self.model
+        """(Re)build the compiled / DDP forward (``self.net``) over the current parameters, as the device's plan
+        says (``compile``, ``ddp_device_ids``)."""
+        net = torch.compile(self.model) if self.plan.compile else self.model
         if self.world > 1:
-            net = DDP(net, device_ids=[self.device.index] if self.device.type == 'cuda' else None)
+            ids = self.plan.ddp_device_ids
+            net = DDP(net, device_ids=list(ids) if ids is not None else None)
         self.net = net
 
     def state_dict(self) -> dict:

@@ -50,7 +50,7 @@ from .checkpoint import (
 from .clock import STOP_SIGNALS
 from .config import config_changes, resolve_run_config
 from .context import RunContext, build_context
-from .distributed import init_distributed, is_peer_failure, setup_threads
+from .distributed import Processes, init_distributed, is_peer_failure, setup_threads
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
 from .optim import RunOptim
 from .plotting import plot_curves, train_loss_label
@@ -113,8 +113,7 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
 def build_state(
         config: TrainConfig,
         optim: RunOptim,
-        device: torch.device,
-        world: int,
+        processes: Processes,
         started: float | None = None,
 ) -> TrainState:
     """The ``TrainState`` (model, optimizer, schedule, EMA, scaler) of a resolved run config
@@ -123,13 +122,13 @@ def build_state(
     Args:
         config: a config as ``resolve_run_config`` returns it.
         optim: the run's optimizer and schedule (``tkvision.engine.optim.RunOptim``).
-        device: where the model and optimizer live.
-        world: the number of processes.
+        processes: this process among the job's, with its device's plan (where the model and optimizer live,
+            the scaler, compile and DDP).
         started: ``time.monotonic()`` when the run began; now when ``None``.
     """
     task, ema = config.run.task, config.optim
-    return TrainState(config.model, optim, task=task, amp=config.run.amp, num_classes=default_num_classes(config.data),
-                      device=device, world=world, ema_decay=ema.model_ema_decay if ema.model_ema else None,
+    return TrainState(config.model, optim, task=task, num_classes=default_num_classes(config.data),
+                      processes=processes, ema_decay=ema.model_ema_decay if ema.model_ema else None,
                       mae=config.mae if task == 'mae' else None, elastic_fractions=config.elastic.elastic_fractions,
                       config_record=config.to_dict(), started=started)
 
@@ -141,12 +140,12 @@ def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
     config = resolve_run_config(cfg)
     check_model_input(config.model, config.data)
     setup_threads(config.run)
-    processes = init_distributed(config.run)
+    processes = init_distributed(config.run, config.model.compile)
     lock, resume = claim_output(config.run.output, processes, LAST_CHECKPOINT, resume)
     try:
         random_seed(config.run.seed)  # the same initial weights on every rank
         run = build_context(config, processes)
-        state = build_state(config, run.optim, processes.device, processes.world, started)
+        state = build_state(config, run.optim, processes, started)
         if config.run.task != 'mae':
             run.loss.set_classes(state.model.num_classes)
         history = _resume(run, state, resume) if resume else []
@@ -184,7 +183,7 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
     clock = run.clock
     for epoch in range(state.epochs_done, run.epochs):
         row = dict(epoch=epoch, **train_one_epoch(state, run.data, run.loss, clock, epoch, epochs=run.epochs,
-                                                  amp=run.amp, progress=run.progress))
+                                                  progress=run.progress))
         last_epoch = epoch + 1 == run.epochs
         if (epoch + 1) % run.eval_every == 0 or last_epoch:
             row.update(evaluate_epoch(run, state, epoch, last_epoch))
