@@ -80,8 +80,8 @@ def _onto(state, device: str):
     state.plan = device_plan(device, compile=state.compile_setting)
     state.model.to(state.device)
     state.ema.module.to(state.device)
-    state.optimizer = state.run_optim.optimizer(state)
-    state.scheduler = state.run_optim.scheduler(state)
+    state.optimizer = state.run_optim.optimizer(state.model, state.grown_from)
+    state.scheduler = state.run_optim.scheduler(state.optimizer, state.num_updates)
     state.reset_meter()
     state.wrap()
     return state

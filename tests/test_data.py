@@ -103,8 +103,8 @@ def test_train_validate_and_resume_mid_epoch_from_shards(tmp_path, shards, monke
 
     def crash(obj, path):
         real(obj, path)
-        calls.append(obj.batches_done)
-        if obj.epochs_done == 1 and obj.batches_done == 3:
+        calls.append(obj['batches_done'])
+        if obj['epochs_done'] == 1 and obj['batches_done'] == 3:
             raise KeyboardInterrupt('pre-empted')
     cfg = _cfg(tmp_path, 'wds/fmnist', shards, output=str(tmp_path / 'broken'), **kw)
     monkeypatch.setattr(clock_mod, 'save_training_checkpoint', crash)

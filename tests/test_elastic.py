@@ -309,3 +309,22 @@ def test_an_earlier_points_file_reads_back_as_the_report_wrote_it(tmp_path):
     (tmp_path / 'other.csv').write_text('config,seed\nx,0\n')
     with pytest.raises(Exception, match="lacks the columns"):
         study.read_points(str(tmp_path / 'other.csv'))
+
+
+def test_a_per_layer_prefix_the_model_cannot_be_built_with_is_refused_by_name():
+    """``{'blocks.0.attn.q': 4}`` left k and v at 16 tokens, and the copy described itself as ``num_tokens_qkv: 16``
+    (the last layer of the block won), so timm built a model its weights did not fit. The model takes one count per
+    kind and block: such a prefix is refused naming both layers; q, k and v together describe themselves."""
+    torch.manual_seed(0)
+    m = timm.create_model('tokenformer_vit_ti16', **KW).eval()
+    with pytest.raises(ValueError, match=r'blocks\.0\.attn\.q has 4 tokens and blocks\.0\.attn\.k 16'):
+        elastic.extract_prefix(m, {'blocks.0.attn.q': 4})
+    qkv = {f'blocks.0.attn.{p}': 4 for p in 'qkv'}
+    small = elastic.extract_prefix(m, qkv)
+    kwargs = elastic.prefix_model_kwargs(small)
+    assert kwargs['num_tokens_qkv'] == [4, 16, 16]  # one per block
+    built = timm.create_model('tokenformer_vit_ti16', **{**KW, **kwargs}).eval()
+    built.load_state_dict(small.state_dict())  # strict: every shape fits
+    x = torch.randn(2, KW.get('in_chans', 3), KW['img_size'], KW['img_size'])
+    with torch.no_grad(), elastic.prefix(m, qkv):
+        torch.testing.assert_close(built(x), m(x), rtol=1e-5, atol=1e-6)

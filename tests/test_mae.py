@@ -271,7 +271,7 @@ real = clock.save_training_checkpoint
 
 def save(state, path):  # the first checkpoint written mid-epoch 2, after the growth step: then SIGKILL
     real(state, path)
-    if state.epochs_done == 1 and state.batches_done > 0:
+    if state['epochs_done'] == 1 and state['batches_done'] > 0:
         os.kill(os.getpid(), signal.SIGKILL)
 
 clock.save_training_checkpoint = save

@@ -8,7 +8,7 @@ from timm.optim import create_optimizer_v2
 
 from tkvision.engine.checkpoint import load_fitting_weights, read_weights, save_weights
 from tkvision.utils.errors import WeightsMismatchError
-from tkvision.layers import Pattention
+from tkvision.layers import PatchEmbed, Pattention
 from tkvision.models import TokenFormerViT
 
 VARIANTS = {  # name: (embed_dim, depth, n_qkv = n_proj = n_patch, n_ffn)
@@ -309,3 +309,18 @@ def growth_counts(m):
 
 TINY_FMNIST_GROWN = dict(img_size=28, patch_size=7, in_chans=1, embed_dim=32, depth=2, num_heads=2, num_tokens=16,
                          num_tokens_qkv=24, num_tokens_ffn=80)
+
+
+def test_the_stem_takes_a_patch_size_as_timm_gives_it():
+    """timm's stems take ``patch_size=(16, 16)``; ``tkvision.layers.PatchEmbed`` multiplied the tuple into its key
+    size and failed. A square pair is the int (same keys, same tokens); a patch that is not square is refused by name
+    (the key tokens are square filters)."""
+    torch.manual_seed(0)
+    as_int = PatchEmbed(32, 8, in_chans=3, embed_dim=16, num_tokens=8)
+    torch.manual_seed(0)
+    as_pair = PatchEmbed(32, (8, 8), in_chans=3, embed_dim=16, num_tokens=8)
+    assert as_pair.patch_size == (8, 8) and as_pair.grid_size == (4, 4) and as_pair.num_patches == 16
+    x = torch.randn(2, 3, 32, 32)
+    torch.testing.assert_close(as_pair(x), as_int(x))
+    with pytest.raises(ValueError, match=r'patch_size \(8, 4\): a TokenFormer stem takes square patches'):
+        PatchEmbed(32, (8, 4), in_chans=3, embed_dim=16, num_tokens=8)

@@ -242,7 +242,7 @@ def test_our_trainer_reads_timms_naflex_loader_and_resumes_mid_epoch_exactly(tmp
 
     def crash(state, path):
         real(state, path)
-        if state.epochs_done == 1 and state.batches_done == 3:
+        if state['epochs_done'] == 1 and state['batches_done'] == 3:
             raise KeyboardInterrupt('pre-empted')
     monkeypatch.setattr(clock_mod, 'save_training_checkpoint', crash)
     with pytest.raises(KeyboardInterrupt):
@@ -302,7 +302,7 @@ def test_two_ranks_under_torchrun_read_the_naflex_loader_and_resume_exactly(tmp_
     log, state = assert_torchrun_resumes_exactly(tmp_path, args_for, 29571,
                                                  lambda s: s['epochs_done'] == 1 and s['batches_done'] >= 2)
     # each rank its half: one process makes 14 updates of these 768 images an epoch (tools/train.py, same flags)
-    assert '768 train / 128 val images, 2 process(es) on cpu, global batch 64, 7 updates/epoch' in log, log
+    assert '768 train / 128 val images, 2 process(es) on cpu (gloo), global batch 64, 7 updates/epoch' in log, log
     assert state['epochs_done'] == 1
 
 

@@ -260,11 +260,11 @@ def test_the_compiled_mode_warns_once_and_runs_the_closed_form_where_it_cannot_c
 def test_the_docstring_table_is_the_registry():
     """Every row of Pattention's table (name, default tau, exactness, scale invariance) is a registry entry
     and back."""
-    rows = re.findall(r'^``(\w+)``\s+.*?\s{2,}(√n|n)\s+(yes|no)\s+(yes|no)\s*$', pattention_module.__doc__, re.M)
+    rows = re.findall(r'^``(\w+)``\s+.*?\s{2,}(√n|n|1)\s+(yes|no)\s+(yes|no)\s*$', pattention_module.__doc__, re.M)
     table = {name: (tau, exact, invariant) for name, tau, exact, invariant in rows}
     assert set(table) == set(SCORE_NORMS)
     for name, (tau, exact, invariant) in table.items():
-        assert default_tau(name, 64) == (8.0 if tau == '√n' else 64.0), name
+        assert default_tau(name, 64) == {'√n': 8.0, 'n': 64.0, '1': 1.0}[tau], name
         assert SCORE_NORMS[name].zero_key_exact == (exact == 'yes'), name
         assert SCORE_NORMS[name].scale_invariant == (invariant == 'yes'), name
 

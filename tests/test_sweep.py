@@ -193,23 +193,31 @@ def test_a_resumed_points_minutes_count_the_time_before_its_preemption(tmp_path,
     import time
 
     from tkvision.engine import clock as clock_mod
+    from tkvision.engine.state import TrainState
     from tkvision.experiments import sweep
     base = dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=2, warmup_epochs=0.5,
                 batch_size=64, lr=2e-3, train_subset=256, val_subset=64, threads=1)
     config = _write(tmp_path / 'point.yaml', base)
     out, real_save, pause = str(tmp_path / 'sweep'), clock_mod.save_training_checkpoint, 4.0
 
-    def slow_then_crash(state, path):  # the first part takes `pause` seconds longer, then the process dies
+    real_state = TrainState.state_dict
+
+    def slow(state):  # the first part takes `pause` seconds longer before its first checkpoint
         time.sleep(pause)
-        real_save(state, path)
+        return real_state(state)
+
+    def crash(checkpoint, path):  # then the process dies
+        real_save(checkpoint, path)
         raise KeyboardInterrupt('simulated crash after the first checkpoint')
 
-    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', slow_then_crash)
+    monkeypatch.setattr(TrainState, 'state_dict', slow)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', crash)
     t0 = time.perf_counter()
     with pytest.raises(KeyboardInterrupt):
         sweep.run_sweep([config], [0], out, log=lambda *a: None)
     first = time.perf_counter() - t0
     monkeypatch.setattr(clock_mod, 'save_training_checkpoint', real_save)
+    monkeypatch.setattr(TrainState, 'state_dict', real_state)
     t0 = time.perf_counter()
     [record] = sweep.run_sweep([config], [0], out, log=lambda *a: None)
     second = time.perf_counter() - t0

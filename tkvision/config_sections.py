@@ -15,16 +15,15 @@ come from the MAE paper, Appendix A.2 (https://arxiv.org/abs/2111.06377).
 """
 import dataclasses
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Tuple, Union
+from typing import Any, Dict, Mapping, NamedTuple, Optional, Tuple, Union
 
-__all__ = ['RunConfig', 'ModelConfig', 'DecoderConfig', 'MaeConfig', 'DataConfig', 'OptimConfig', 'ElasticConfig',
-           'DistillationConfig', 'GrowthConfig', 'TrainConfig', 'SECTION_CLASSES', 'section_defaults', 'section',
-           'frozen_value', 'plain_value']
-
-_frozen = dataclasses.dataclass(frozen=True)
+__all__ = ['RunConfig', 'ModelConfig', 'DecoderConfig', 'MaeConfig', 'DataConfig', 'ImageSettings', 'OptimConfig',
+           'ElasticConfig', 'DistillationConfig', 'GrowthConfig', 'TrainConfig', 'SECTION_CLASSES', 'section_defaults',
+           'section', 'frozen_value', 'plain_value']
 
 
-@_frozen
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """What runs where, and when a run evaluates, saves and reports (the ``run`` section)."""
 
@@ -62,7 +61,7 @@ class RunConfig:
     """Show a progress bar per epoch (rank 0)."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """The network: its registry name, its arguments, and how it runs (the ``model`` section)."""
 
@@ -89,7 +88,7 @@ class ModelConfig:
     (reference)."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class DecoderConfig:
     """MAE's decoder (the ``decoder`` key of the ``mae`` section): 512 wide, 8 blocks, 16 heads by default."""
 
@@ -105,7 +104,7 @@ class DecoderConfig:
     """``'tokenformer'`` or ``'vit'``; null: a TokenFormer decoder for a TokenFormer encoder, else a ViT's."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class MaeConfig:
     """Masked-autoencoder pretraining (``task: mae``; `tkvision.models.mae`) (the ``mae`` section)."""
 
@@ -119,7 +118,7 @@ class MaeConfig:
     """Validation images in the ``reconstruction.png`` written at the end; 0: none."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class DataConfig:
     """The images, how they are read, augmented and batched (the ``data`` section)."""
 
@@ -176,8 +175,40 @@ class DataConfig:
     naflex_loss_scale: str = 'linear'
     """Each NaFlex batch's loss times (its images / ``batch_size``): ``'linear'``, ``'sqrt'`` or ``'none'``."""
 
+    def image_settings(self) -> 'ImageSettings':
+        """The keys ``tkvision.data.resolve_data_cfg`` fills from the model, of a resolved section.
 
-@_frozen
+        Raises:
+            ValueError: one of them is still null (named): resolve the section first.
+        """
+        if (self.img_size is None or self.mean is None or self.std is None or self.crop_pct is None
+                or self.interpolation is None):
+            unset = [k for k in ImageSettings._fields if getattr(self, k) is None]
+            raise ValueError(f'data keys {unset} are null: resolve the section first (tkvision.data.resolve_data_cfg, '
+                             'or tkvision.engine.config.resolve_run_config)')
+        return ImageSettings(self.img_size, self.mean, self.std, self.crop_pct, self.interpolation)
+
+    def mean_std(self) -> Tuple[Tuple[float, ...], Tuple[float, ...]]:
+        """``(mean, std)`` of a resolved section (`image_settings`).
+
+        Raises:
+            ValueError: a key of `image_settings` is still null.
+        """
+        settings = self.image_settings()
+        return settings.mean, settings.std
+
+
+class ImageSettings(NamedTuple):
+    """What a resolved data section says of its images (`DataConfig.image_settings`): ``img_size`` px,
+    per-channel ``mean`` and ``std`` of pixels in [0, 1], the evaluation ``crop_pct``, the ``interpolation``."""
+    img_size: int
+    mean: Tuple[float, ...]
+    std: Tuple[float, ...]
+    crop_pct: float
+    interpolation: str
+
+
+@dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """The optimizer, its schedule and the loss's regularisers (the ``optim`` section). Epochs are passes over
     the training set; learning rates are per update of the global batch."""
@@ -240,7 +271,7 @@ class OptimConfig:
     """The EMA's decay per update."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class ElasticConfig:
     """Nested prefix training (`tkvision.growth.elastic`, docs/elastic.md) (the ``elastic`` section)."""
 
@@ -259,7 +290,7 @@ class ElasticConfig:
     it)."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class DistillationConfig:
     """Soft targets (`tkvision.engine.loss`, docs/elastic.md) (the ``distillation`` section)."""
 
@@ -277,7 +308,7 @@ class DistillationConfig:
     model)."""
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class GrowthConfig:
     """Growth during training (`tkvision.growth`) (the ``growth`` mapping, written ``growth: {...}`` in a file
     and ``--growth.every_epochs 2`` on the command line)."""
@@ -369,7 +400,7 @@ def section(
     return _from_mapping(cls, cfg['growth'] if name == 'growth' else cfg)
 
 
-@_frozen
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """A whole training config as typed, frozen sections, built from a validated flat config by `from_dict`;
     `to_dict` gives the flat form back (what ``config.yaml`` and every ``last.pth`` hold)."""
@@ -404,7 +435,7 @@ class TrainConfig:
     def to_dict(self) -> Dict[str, Any]:
         """The flat config: every key of every section at the top (the ``growth`` mapping under ``growth``),
         lists and dicts as a YAML file writes them."""
-        flat = {}
+        flat: Dict[str, Any] = {}
         for name in SECTION_CLASSES:
             values = plain_value(getattr(self, name))
             flat.update({'growth': values} if name == 'growth' else values)

@@ -142,7 +142,7 @@ def _validate(argv) -> int:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
     loader = build_loader(ds, data, train=False, seed=seed, rank=rank, world_size=world,
                           pin_memory=processes.plan.pin_memory)
-    res = evaluate(model.to(device), loader, device, BatchPreprocessor(data.mean, data.std, device), config.run.amp)
+    res = evaluate(model.to(device), loader, device, BatchPreprocessor(*data.mean_std(), device), config.run.amp)
     if rank:
         return 0
     print(f"{config.model.model} on {res['count']} {args.split} images: top-1 {res['top1']:.2f}%  "

@@ -101,7 +101,7 @@ def _mae_visualize(argv) -> int:
     model, _ = model_for_checkpoint(config.to_dict(), args.checkpoint)  # the EMA weights of a last.pth that has them
     data, mask_ratio = config.data, config.mae.mask_ratio
     dataset = build_dataset(data, 'val', config.run.seed)
-    save_reconstructions(model, dataset, data.mean, data.std, args.out, args.num_images, mask_ratio)
+    save_reconstructions(model, dataset, *data.mean_std(), args.out, args.num_images, mask_ratio)
     print(f'wrote {args.out} ({args.num_images} validation images, mask ratio {mask_ratio})')
     return 0
 

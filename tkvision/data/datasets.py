@@ -26,7 +26,7 @@ from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
 from .fashion_mnist import ArrayDataset, load_fashion_mnist
 from .loader import SeededDataset
-from .readers import ReaderDataset, check_same_classes, create_split_reader
+from .readers import ReaderDataset, check_same_classes, create_split_reader, data_root
 from .shards import ShardStream, read_info
 from .transforms import build_transform
 
@@ -35,15 +35,16 @@ __all__ = ['build_dataset', 'holdout_indices', 'has_test_split', 'train_class_ma
 SPLITS = ('train', 'val', 'test')
 
 
-def dataset_classes(dataset: Dataset) -> dict:
+def dataset_classes(dataset: Dataset) -> Optional[Dict[str, int]]:
     """``{class name: index}`` of a dataset built by `build_dataset` (None for Fashion-MNIST)."""
     while isinstance(dataset, (Subset, SeededDataset)):
         dataset = dataset.dataset
     if isinstance(dataset, ReaderDataset):
         reader = dataset.reader
         return getattr(reader, 'class_to_idx', None) or getattr(reader, 'class_name_to_idx', None)
-    if getattr(dataset, 'classes', None):
-        return {c: i for i, c in enumerate(dataset.classes)}
+    classes = getattr(dataset, 'classes', None)  # a shard stream's class list
+    if classes:
+        return {c: i for i, c in enumerate(classes)}
     return None
 
 
@@ -55,18 +56,18 @@ def holdout_indices(labels: Sequence[int], fraction: float) -> Tuple[np.ndarray,
     Raises:
         ConfigError: a class would keep no training image, or give no validation image (named).
     """
-    labels = np.asarray(labels)
+    classes = np.asarray(labels)
     rng = np.random.default_rng(derive_seed('val_split'))
     held = []
-    for c in np.unique(labels):
-        members = np.flatnonzero(labels == c)
+    for c in np.unique(classes):
+        members = np.flatnonzero(classes == c)
         k = int(round(fraction * len(members)))
         if k == 0 or k == len(members):
             raise ConfigError(f'val_split_fraction {fraction} leaves class {c} ({len(members)} images) with '
                               f'{k} validation images: choose a fraction that holds out at least one and keeps one')
         held.append(rng.permutation(members)[:k])
     val = np.sort(np.concatenate(held))
-    return np.setdiff1d(np.arange(len(labels)), val), val
+    return np.setdiff1d(np.arange(len(classes)), val), val
 
 
 def has_test_split(data: DataConfig) -> bool:
@@ -85,20 +86,21 @@ def _reader_labels(reader) -> list:
 
 def _carve(data: DataConfig, split: str, seed: int, class_to_idx):
     """The ``split`` of a dataset whose validation split is carved from its training images."""
-    fraction, name = data.val_split_fraction, data.dataset
+    fraction, name = data.val_split_fraction or 0.0, data.dataset
     train = split == 'train'
     if name.startswith('wds/'):
         raise ConfigError(f'val_split_fraction: shards ({name}) are streamed and cannot be split here; write a val '
                           'split into the shards (tools/make_shards.py from a folder with train/ and val/), or set 0')
     if name == 'fashion_mnist':
         images, labels = load_fashion_mnist('train', data.data_dir, data.download)
-        ds = ArrayDataset(images, labels, build_transform(data, train, seed,
-                                                          resize=data.img_size != images.shape[1]))
+        ds: Dataset = ArrayDataset(images, labels, build_transform(data, train, seed,
+                                                                   resize=data.img_size != images.shape[1]))
+        classes: Sequence[int] = labels.tolist()
     else:
         reader = create_split_reader(data, 'train', class_to_idx if not train else None)
-        labels = _reader_labels(reader)
+        classes = _reader_labels(reader)
         ds = ReaderDataset(reader, build_transform(data, train, seed))
-    train_idx, val_idx = holdout_indices(labels, fraction)
+    train_idx, val_idx = holdout_indices(classes, fraction)
     return Subset(ds, (train_idx if train else val_idx).tolist())
 
 
@@ -110,12 +112,12 @@ def _evaluation_split(data: DataConfig, split: str, seed: int, class_to_idx, ran
         return ArrayDataset(images, labels, build_transform(data, train, seed,
                                                             resize=data.img_size != images.shape[1]))
     if name.startswith('wds/'):
-        ds = ShardStream(data.data_dir, split, build_transform(data, train, seed), train=train,
+        ds = ShardStream(data_root(data), split, build_transform(data, train, seed), train=train,
                          batch_size=data.batch_size, num_workers=data.num_workers, rank=rank,
                          world=world_size, seed=seed, limit=data.train_subset if train else data.val_subset)
         if class_to_idx is not None and ds.classes:
-            counts = read_info(data.data_dir)['splits']
-            check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data.data_dir)
+            counts = read_info(data_root(data))['splits']
+            check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data_root(data))
         return ds
     return ReaderDataset(create_split_reader(data, split, class_to_idx), build_transform(data, train, seed))
 
@@ -169,11 +171,11 @@ def train_class_map(data: DataConfig) -> Optional[Dict[str, int]]:
         names = sorted(e.name for e in os.scandir(os.path.join(root, 'train')) if e.is_dir())
         return {c: i for i, c in enumerate(names)}
     if data.dataset.startswith('wds/'):
-        names = read_info(root).get('classes')
-        return {c: i for i, c in enumerate(names)} if names else None
+        listed = read_info(data_root(data)).get('classes')
+        return {c: i for i, c in enumerate(listed)} if listed else None
     return None
 
 
 def dataset_size(dataset: Dataset) -> int:
     """Images in one epoch of ``dataset`` over all ranks (a stream's ``num_samples``)."""
-    return getattr(dataset, 'num_samples', None) or len(dataset)
+    return getattr(dataset, 'num_samples', None) or len(dataset)  # type: ignore[arg-type]  # map-style: __len__

@@ -4,7 +4,7 @@
 """
 import gzip
 import os
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 from torch.utils.data import Dataset
@@ -63,9 +63,8 @@ def load_fashion_mnist(
     for d in searched:
         paths = []
         for name in _FMNIST_FILES[split]:
-            found = [p for p in (os.path.join(d, name), os.path.join(d, name + '.gz')) if os.path.isfile(p)]
-            paths.append(found[0] if found else None)
-        if all(paths):
+            paths += [p for p in (os.path.join(d, name), os.path.join(d, name + '.gz')) if os.path.isfile(p)][:1]
+        if len(paths) == len(_FMNIST_FILES[split]):
             return _read_idx(paths[0]).copy(), _read_idx(paths[1]).astype(np.int64)
     if download:
         from torchvision.datasets import FashionMNIST
@@ -77,7 +76,7 @@ def load_fashion_mnist(
 
 class ArrayDataset(Dataset):
     """In-memory images ``uint8 [N, H, W]`` or ``[N, H, W, C]`` with labels; items are
-    ``(transform(image) [C, H, W] float32, label int)``."""
+    ``(transform(image) [C, H, W] float32, label int)`` (without a transform, the ``[H, W, C]`` uint8 image)."""
 
     def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Optional[Callable] = None):
         self.images = images if images.ndim == 4 else images[..., None]
@@ -86,7 +85,9 @@ class ArrayDataset(Dataset):
     def __len__(self):
         return len(self.labels)
 
-    def __getitem__(self, i):
+    def __getitem__(self, i: int) -> tuple:
+        if self.transform is None:
+            return self.images[i], int(self.labels[i])
         return self.transform(image=self.images[i])['image'], int(self.labels[i])
 
 
@@ -117,7 +118,7 @@ def _resized(image: np.ndarray, height: int, width: int):
     """The 28 x 28 image upscaled (bicubic) to cover ``height x width`` and centre-cropped to it, as RGB."""
     from PIL import Image
     side = max(height, width)
-    img = Image.fromarray(image).convert('RGB').resize((side, side), Image.BICUBIC)
+    img = Image.fromarray(image).convert('RGB').resize((side, side), Image.Resampling.BICUBIC)
     top, left = (side - height) // 2, (side - width) // 2
     return img.crop((left, top, left + width, top + height))
 
@@ -128,7 +129,7 @@ def write_image_folder(
         train_per_class: int = 100,
         val_per_class: int = 20,
         data_dir: Optional[str] = None,
-        sizes: Optional[Sequence[int]] = None,
+        sizes: Optional[Sequence[Tuple[int, int]]] = None,
 ) -> dict:
     """Write Fashion-MNIST as an ImageNet-layout folder of RGB JPEGs (``<out>/train/<class>/*.JPEG``
     from the training images, ``<out>/val/<class>/*.JPEG`` from the test images; the first
@@ -152,7 +153,7 @@ def write_image_folder(
     if os.path.exists(out):
         raise FileExistsError(f'{out} exists: choose a new folder for the Fashion-MNIST images')
     sizes = list(sizes) if sizes else [(size, size)]
-    counts = {}
+    counts: Dict[str, int] = {}
 
     def write(tmp):
         for split, source, per_class in (('train', 'train', train_per_class), ('val', 'test', val_per_class)):

@@ -6,7 +6,7 @@ never from a worker's own random state, so the augmentations do not depend on ``
 run resumed in the middle of an epoch sees exactly the images an uninterrupted run would.
 """
 import random
-from typing import Callable, Optional
+from typing import Any, Callable, Optional, Protocol, Tuple, Union, cast
 
 import numpy as np
 import torch
@@ -77,13 +77,13 @@ class SeededDataset(Dataset):
     def __init__(self, dataset: Dataset):
         self.dataset = dataset
 
-    def __len__(self):
-        return len(self.dataset)
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]  # map-style: torch's Dataset declares no __len__
 
-    def __getitem__(self, key):
+    def __getitem__(self, key: Tuple[int, int]) -> Any:
         index, seed = key
-        ds = self.dataset
-        while hasattr(ds, 'dataset'):
+        ds: Any = self.dataset
+        while hasattr(ds, 'dataset'):  # through Subsets to the dataset that holds the transform
             ds = ds.dataset
         _seed_transform(ds.transform, seed)
         return self.dataset[index]
@@ -117,22 +117,59 @@ def build_loader(
         sampler = ResumableSampler(dataset, num_replicas=world_size, rank=rank, seed=seed)
         dataset = SeededDataset(dataset)
     else:
-        sampler, dataset = None, Subset(dataset, range(rank, len(dataset), world_size))
+        size = len(dataset)  # type: ignore[arg-type]  # map-style: __len__
+        sampler, dataset = None, Subset(dataset, range(rank, size, world_size))
     return DataLoader(dataset, batch_size=data.batch_size, sampler=sampler, shuffle=False, drop_last=train,
                       num_workers=workers, collate_fn=collate_skip_bad, persistent_workers=workers > 0,
                       pin_memory=pin_memory)
 
 
+class EpochStream(Protocol):
+    """A stream that orders its own epochs (``tkvision.data.shards.ShardStream``, the NaFlex training stream)."""
+
+    batches_per_epoch: int
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        """Yield epoch ``epoch`` next, from its batch ``skip_batches`` on."""
+
+
+def _training_order(loader: DataLoader) -> Union[EpochStream, Tuple[ResumableSampler, int]]:
+    """What orders the epochs of a training loader of `build_loader` (or the NaFlex loader): its stream, or its
+    sampler and batch size.
+
+    Raises:
+        TypeError: a loader whose epochs nothing here orders (not a training loader of ours).
+    """
+    dataset, sampler = loader.dataset, loader.sampler
+    if isinstance(dataset, IterableDataset) and getattr(dataset, 'batches_per_epoch', None) is not None:
+        return cast(EpochStream, dataset)  # a training stream: it has the attributes (checked)
+    if isinstance(sampler, ResumableSampler) and loader.batch_size:
+        return sampler, loader.batch_size
+    raise TypeError('not a training loader of tkvision.data.build_loader: its epochs have no resumable order')
+
+
 def batches_per_epoch(loader: DataLoader) -> int:
-    """Training batches per rank in one epoch of a `build_loader` loader."""
-    if isinstance(loader.dataset, IterableDataset):
-        return loader.dataset.batches_per_epoch
-    return loader.sampler.num_samples // loader.batch_size
+    """Training batches per rank in one epoch of a `build_loader` loader.
+
+    Raises:
+        TypeError: another loader.
+    """
+    order = _training_order(loader)
+    if isinstance(order, tuple):
+        sampler, batch_size = order
+        return sampler.num_samples // batch_size
+    return order.batches_per_epoch
 
 
 def set_loader_epoch(loader: DataLoader, epoch: int, start_batch: int = 0) -> None:
-    """Make ``loader`` yield epoch ``epoch`` from its batch ``start_batch`` on (a resumed run)."""
-    if isinstance(loader.dataset, IterableDataset):
-        loader.dataset.set_epoch(epoch, skip_batches=start_batch)
+    """Make ``loader`` yield epoch ``epoch`` from its batch ``start_batch`` on (a resumed run).
+
+    Raises:
+        TypeError: another loader.
+    """
+    order = _training_order(loader)
+    if isinstance(order, tuple):
+        sampler, batch_size = order
+        sampler.set_epoch(epoch, start=start_batch * batch_size)
     else:
-        loader.sampler.set_epoch(epoch, start=start_batch * loader.batch_size)
+        order.set_epoch(epoch, skip_batches=start_batch)

@@ -18,7 +18,7 @@ Source: ``timm.data.naflex_loader`` / ``naflex_dataset`` (timm 1.0.31), ``train.
 """
 import random
 from functools import partial
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Union, cast
 
 import numpy as np
 import torch
@@ -65,13 +65,13 @@ class NaFlexImages(Dataset):
     def __init__(self, dataset: Dataset, seed: Optional[int] = None):
         _innermost(dataset).transform = _decoded
         self.dataset, self.seed, self.transform = dataset, seed, None
-        self.epoch = None  # a SharedCount, set by ResumableNaFlexDataset
-        self.unreadable = []  # paths of the unreadable images met since the last batch (this process's)
+        self.epoch: Optional[SharedCount] = None  # set by ResumableNaFlexDataset
+        self.unreadable: List[str] = []  # paths of the unreadable images met since the last batch (this process's)
 
-    def __len__(self):
-        return len(self.dataset)
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]  # map-style: torch's Dataset declares no __len__
 
-    def __getitem__(self, index):
+    def __getitem__(self, index: int) -> tuple:
         if self.seed is not None:
             s = derive_seed(self.seed, self.epoch.value if self.epoch is not None else 0, index)
             random.seed(s)
@@ -119,7 +119,7 @@ class ResumableNaFlexDataset(NaFlexMapDatasetWrapper):
         return super()._prepare_epoch_batches(epoch)[self.skip.value:]
 
     def __iter__(self):
-        images = self.base_dataset
+        images = cast(NaFlexImages, self.base_dataset)  # what __init__ wraps
         for batch, labels in super().__iter__():
             bad, images.unreadable[:] = list(images.unreadable), []
             yield batch, labels, bad
@@ -172,21 +172,24 @@ def build_naflex_loader(
         ValueError: from timm, a patch size or sequence length it cannot use (its words).
     """
     if not train and world_size > 1:  # each rank its share, as our other evaluation loaders (summed metrics)
-        dataset = Subset(dataset, range(rank, len(dataset), world_size))
+        dataset = Subset(dataset, range(rank, len(dataset), world_size))  # type: ignore[arg-type]  # map-style
     images = NaFlexImages(dataset, seed=seed if train else None)
-    common = dict(interpolation=data.interpolation, mean=tuple(data.mean), std=tuple(data.std),
-                  use_prefetcher=False)
+    image = data.image_settings()
     if not train:
-        loader = create_naflex_loader(images, patch_size=patch_size, max_seq_len=data.naflex_max_seq_len,
-                                      batch_size=data.batch_size, is_training=False,
-                                      num_workers=data.num_workers, pin_memory=pin_memory, **common)
+        loader = cast(DataLoader, create_naflex_loader(  # a DataLoader without timm's prefetcher
+            images, patch_size=patch_size, max_seq_len=data.naflex_max_seq_len, batch_size=data.batch_size,
+            is_training=False, num_workers=data.num_workers, pin_memory=pin_memory, interpolation=image.interpolation,
+            mean=image.mean, std=image.std, use_prefetcher=False))
         loader.collate_fn = partial(_collate_with_bad, loader.collate_fn)
         return loader
+    low, high = data.rrc_scale or (1.0, 1.0)
     transform_factory = partial(
         # timm's NaFlex crop keeps the image's aspect ratio up to a factor in `ratio`; no rrc_scale: whole image
-        create_transform, is_training=True, naflex=True, scale=tuple(data.rrc_scale or (1.0, 1.0)),
-        ratio=(3 / 4, 4 / 3) if data.rrc_scale else (1.0, 1.0), hflip=data.hflip, vflip=0., color_jitter=None,
-        auto_augment=data.auto_augment, **common)
+        create_transform, is_training=True, naflex=True, scale=(low, high),
+        ratio=(3 / 4, 4 / 3) if data.rrc_scale else (1.0, 1.0), hflip=data.hflip, vflip=0.,
+        color_jitter=None,  # type: ignore[arg-type]  # timm's annotation leaves out its own None: no jitter
+        auto_augment=data.auto_augment, interpolation=image.interpolation, mean=image.mean, std=image.std,
+        use_prefetcher=False)
     sizes = data.naflex_patch_sizes
     wrapper = ResumableNaFlexDataset(
         images, transform_factory=transform_factory, patch_size=None if sizes else to_2tuple(patch_size),

@@ -8,17 +8,18 @@ map; a class present in only one split is an error naming it.
 """
 import io
 import os
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Iterable, Optional, Sequence
 
 import numpy as np
 from PIL import Image
 from timm.data.readers import create_reader
+from timm.data.readers.reader import Reader
 from torch.utils.data import Dataset, default_collate
 
 from ..config_sections import DataConfig
 from ..utils.errors import UsageError
 
-__all__ = ['BAD_IMAGE', 'decode_image', 'ReaderDataset', 'collate_skip_bad', 'create_split_reader',
+__all__ = ['BAD_IMAGE', 'decode_image', 'ReaderDataset', 'data_root', 'collate_skip_bad', 'create_split_reader',
            'check_same_classes']
 
 #: PIL modes of 16-bit (and 32-bit integer) grey images, whose 0..65535 levels map to 0..255.
@@ -58,27 +59,41 @@ def decode_image(data: bytes) -> np.ndarray:
 
 class ReaderDataset(Dataset):
     """A map-style dataset over a timm reader (``timm.data.readers.create_reader``: image folder, tar,
-    Hugging Face dataset): items are ``(transform(image) [C, H, W] uint8, label)``, or ``('bad', name)``
+    Hugging Face dataset): items are ``(transform(image) [C, H, W] uint8, label)`` (without a transform, the
+    decoded ``[H, W, C]`` uint8 array), or ``('bad', name)``
     for an image that cannot be decoded, which `collate_skip_bad` drops and counts.
 
     Attributes:
         reader: the timm reader (``class_to_idx``, ``filename(i)``).
     """
 
-    def __init__(self, reader: object, transform: Optional[Callable] = None):
+    def __init__(self, reader: Reader, transform: Optional[Callable] = None):
         self.reader, self.transform = reader, transform
 
-    def __len__(self):
-        return len(self.reader)
+    def __len__(self) -> int:
+        return len(self.reader)  # type: ignore[arg-type]  # every timm reader has __len__; its base class does not say
 
-    def __getitem__(self, i):
-        source, label = self.reader[i][:2]
+    def __getitem__(self, i: int) -> tuple:
+        source, label = self.reader[i][:2]  # type: ignore[index]  # as above: __getitem__
         try:
             with source:
                 image = decode_image(source.read())
         except BAD_IMAGE:
             return ('bad', str(self.reader.filename(i)))
+        if self.transform is None:
+            return image, label
         return self.transform(image=image)['image'], label
+
+
+def data_root(data: DataConfig) -> str:
+    """The data section's ``data_dir``, which every dataset but Fashion-MNIST and ``hfds/`` needs.
+
+    Raises:
+        FileNotFoundError: none given, saying how to give it.
+    """
+    if not data.data_dir:
+        raise FileNotFoundError(f'dataset {data.dataset} needs data_dir (--data-dir /path/to/data with train and val)')
+    return data.data_dir
 
 
 def collate_skip_bad(batch: Sequence[tuple]) -> tuple:
@@ -152,7 +167,7 @@ def _refuse_empty_classes(folder: str, class_folders: list, samples: list):
                          'add images or remove the folder')
 
 
-def check_same_classes(train_classes: Dict[str, int], val_classes: Dict[str, int], where: str) -> None:
+def check_same_classes(train_classes: Iterable[str], val_classes: Iterable[str], where: str) -> None:
     """Check that two splits name the same classes (their label indices depend on it).
 
     Args:
@@ -172,7 +187,7 @@ def check_same_classes(train_classes: Dict[str, int], val_classes: Dict[str, int
                          + (f'only in val: {only_val}' if only_val else ''))
 
 
-def create_split_reader(data: DataConfig, split: str, class_to_idx: Optional[Dict[str, int]] = None) -> object:
+def create_split_reader(data: DataConfig, split: str, class_to_idx: Optional[Dict[str, int]] = None) -> Reader:
     """A timm reader of ``split`` for the ``folder`` / ``imagenet``, ``tar`` and ``hfds/...`` datasets of the
     data section ``data``.
 
@@ -181,10 +196,10 @@ def create_split_reader(data: DataConfig, split: str, class_to_idx: Optional[Dic
         UsageError: the split's classes differ from ``class_to_idx``'s (named).
         ImportError: ``hfds/`` without the ``datasets`` package.
     """
-    name, root = data.dataset, data.data_dir
+    name = data.dataset
     if name.startswith('hfds/'):
         return _hfds_reader(data, split, class_to_idx)
-    path = os.path.join(root, split + ('.tar' if name == 'tar' else ''))
+    path = os.path.join(data_root(data), split + ('.tar' if name == 'tar' else ''))
     if not os.path.exists(path):
         layout = ('<data_dir>/train.tar and val.tar holding <class>/<image>' if name == 'tar' else
                   'ImageNet layout: <data_dir>/train/<class>/*.JPEG, <data_dir>/val/<class>/*')

@@ -28,7 +28,7 @@ import json
 import os
 import random
 import tarfile
-from typing import Callable, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from torch.utils.data import IterableDataset, get_worker_info
 
@@ -143,7 +143,7 @@ class ShardStream(IterableDataset):
         self.num_samples = min(split_info['num_samples'], limit or split_info['num_samples'])
         self.batch_size, self.num_workers, self.rank, self.world, self.seed = batch_size, num_workers, rank, world, seed
         workers = max(num_workers, 1)
-        self.batches_per_worker = self.num_samples // (world * workers * batch_size) if train else None
+        self.batches_per_worker = self.num_samples // (world * workers * batch_size) if train else 0  # eval: unused
         if train and len(self.shards) < world * workers:
             raise UsageError(f'{len(self.shards)} {split} shards in {root} cannot feed {world} process(es) x '
                              f'{workers} loader worker(s) one shard each: write smaller shards or use fewer workers')
@@ -152,13 +152,13 @@ class ShardStream(IterableDataset):
         self.epoch, self.skip_batches = 0, 0
 
     @property
-    def batches_per_epoch(self) -> int:
+    def batches_per_epoch(self) -> Optional[int]:
         """Training batches per rank in one epoch (``None`` for evaluation streams)."""
         return None if not self.train else self.batches_per_worker * max(self.num_workers, 1)
 
     def __len__(self):
         if self.train:
-            return self.batches_per_epoch * self.batch_size
+            return self.batches_per_worker * max(self.num_workers, 1) * self.batch_size
         return -(-self.num_samples // self.world)  # evaluation: about this rank's share
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
@@ -181,7 +181,7 @@ class ShardStream(IterableDataset):
         mine = shards[self.rank::self.world][logical::workers]
         if not mine:
             return
-        errors = []  # shards that broke part-way: each becomes one skipped item after the shuffle
+        errors: List[str] = []  # shards that broke part-way: each becomes one skipped item after the shuffle
         samples = self._samples(mine, errors)
         if self.train:
             rng = random.Random(derive_seed('shuffle', self.seed, self.epoch, self.rank, logical))
@@ -235,6 +235,8 @@ class ShardStream(IterableDataset):
             return ('bad', f"{sample.get('__url__', self.root)}:{key}")
         if self.train and hasattr(self.transform, 'set_random_seed'):
             seed_sample(self.transform, self.seed, self.epoch, key)
+        if self.transform is None:
+            return image, int(sample['cls'])
         return self.transform(image=image)['image'], int(sample['cls'])
 
 
@@ -268,7 +270,7 @@ def make_shards(
     if os.path.exists(os.path.join(out, INFO_NAME)):
         raise FileExistsError(f'{out} already holds shards ({INFO_NAME}); write to another --out')
     os.makedirs(out, exist_ok=True)
-    manifest = dict(name=os.path.basename(os.path.normpath(src)), splits={}, classes=None, total=0)
+    manifest: Dict[str, Any] = dict(name=os.path.basename(os.path.normpath(src)), splits={}, classes=None, total=0)
     for split in splits:
         folder = os.path.join(src, split)
         if not os.path.isdir(folder):
@@ -280,7 +282,8 @@ def make_shards(
         if extra:
             raise UsageError(f'{folder} has classes that {splits[0]} lacks: {extra}')
         samples, _ = find_images_and_targets(folder, class_to_idx={c: i for i, c in enumerate(manifest['classes'])})
-        lengths, counts = [], {}
+        lengths: List[int] = []
+        counts: Dict[str, int] = {}
         pattern = os.path.join(out, f'{split}-%06d.tar')
         with wds.ShardWriter(pattern, maxcount=max_count, maxsize=max_size, verbose=0) as sink:
             for i, (path, target) in enumerate(tqdm(samples, desc=f'{split} shards', disable=not progress)):

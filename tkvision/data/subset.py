@@ -9,7 +9,7 @@ import os
 import random
 import shutil
 import tempfile
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 from ..utils.errors import UsageError
 from .shards import make_shards
@@ -29,10 +29,10 @@ def _images(folder):
 def make_subset(
         src: str,
         out: str,
-        num_classes: int = None,
+        num_classes: Optional[int] = None,
         classes: Optional[Sequence[str]] = None,
-        train_per_class: int = None,
-        val_per_class: int = None,
+        train_per_class: Optional[int] = None,
+        val_per_class: Optional[int] = None,
         seed: int = 0,
         fmt: str = 'folder',
         link: bool = False,
@@ -71,7 +71,7 @@ def make_subset(
     if missing:
         raise FileNotFoundError(f'classes not in {train_dir}: {missing}')
     folder = tempfile.mkdtemp(prefix='subset-') if fmt == 'shards' else out
-    counts = {}
+    counts: Dict[str, Dict[str, int]] = {}
     for split, per_class in (('train', train_per_class), ('val', val_per_class)):
         counts[split] = {}
         for c in classes:

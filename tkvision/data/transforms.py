@@ -14,7 +14,7 @@ albumentations and OpenCV are imported where a pipeline is built, so the rest of
 albumentations runs the GPU report (``studies/performance/gpu_report.py``).
 """
 import dataclasses
-from typing import Any, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Any, Mapping, Sequence, Union
 
 import numpy as np
 import timm
@@ -26,6 +26,9 @@ from timm.data.random_erasing import RandomErasing
 
 from ..config_sections import DataConfig, frozen_value
 from .fashion_mnist import FASHION_MNIST_STATS, FASHION_MNIST_VAL_FRACTION
+
+if TYPE_CHECKING:  # imported where a pipeline is built (module docstring)
+    import albumentations
 
 __all__ = ['DATA_CFG_KEYS', 'RAND_AUGMENT_MAGNITUDE_MAX', 'build_transform', 'BatchPreprocessor', 'resolve_data_cfg']
 
@@ -81,7 +84,7 @@ def build_transform(
         train: bool,
         seed: int,
         resize: bool = True,
-) -> 'albumentations.Compose':  # noqa: F821 (albumentations is imported inside: a lazy dependency)
+) -> 'albumentations.Compose':
     """albumentations pipeline of the data section ``data`` (resolved: `resolve_data_cfg`):
     uint8 HWC array -> uint8 tensor ``[C, img_size, img_size]``; ``seed`` seeds its generators until a
     sample's own seed replaces it (`tkvision.data.loader.seed_sample`).
@@ -102,12 +105,9 @@ def build_transform(
     import albumentations as A
     import cv2
     from albumentations.pytorch import ToTensorV2
-    unset = [k for k in DATA_CFG_KEYS if getattr(data, k) is None]
-    if unset:
-        raise ValueError(f'data keys {unset} are null: resolve them with resolve_data_cfg first')
-    cfg = data
-    size, mean = cfg.img_size, tuple(cfg.mean)
-    interps = _interpolations(cfg.interpolation, train)
+    cfg, image = data, data.image_settings()
+    size, mean = image.img_size, image.mean
+    interps = _interpolations(image.interpolation, train)
 
     def one_of(make):  # 'random' interpolation: one op per mode, one drawn per image
         ops = [make(i) for i in interps]
@@ -128,7 +128,7 @@ def build_transform(
         if cfg.auto_augment:
             ops.append(_rand_augment_op(cfg.auto_augment, size, mean))
     elif resize:
-        ops += [A.SmallestMaxSize(max_size=int(size / cfg.crop_pct), interpolation=interps[0]),
+        ops += [A.SmallestMaxSize(max_size=int(size / image.crop_pct), interpolation=interps[0]),
                 A.CenterCrop(size, size)]
     ops.append(ToTensorV2())
     return A.Compose(ops, seed=seed)

@@ -3,9 +3,9 @@
 Files of a run directory (names: the constants below)::
 
     config.yaml         the resolved config (flat keys, `tkvision.engine.config`)
-    last.pth            the training state (format: `training_checkpoint`), every ``save_every``
-                        epochs, every ``checkpoint_every_steps`` updates, every ``checkpoint_every_minutes``
-                        and on SIGTERM / SIGUSR1
+    last.pth            the training state (format: ``tkvision.engine.state.TrainState.state_dict``), every
+                        ``save_every`` epochs, every ``checkpoint_every_steps`` updates, every
+                        ``checkpoint_every_minutes`` and on SIGTERM / SIGUSR1
     last.safetensors    the weights at the last epoch: the EMA weights when EMA is on (the metadata's
                         ``source`` says which), loadable by ``timm.create_model(name, pretrained=True,
                         pretrained_cfg_overlay=dict(file=...))``
@@ -39,7 +39,7 @@ from .build import model_for_config
 from .config import migrate
 
 __all__ = ['CONFIG_FILE', 'LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'METRICS_FILE', 'CURVES_FILE',
-           'RECONSTRUCTION_FILE', 'FORMAT_VERSION', 'training_checkpoint', 'save_training_checkpoint',
+           'RECONSTRUCTION_FILE', 'FORMAT_VERSION', 'save_training_checkpoint',
            'load_training_checkpoint', 'checkpoint_config', 'save_weights', 'save_yaml', 'save_rows', 'keep_best',
            'read_weights', 'load_fitting_weights', 'model_for_checkpoint', 'load_init_weights', 'grow_weights_file']
 
@@ -51,37 +51,15 @@ METRICS_FILE = 'metrics.csv'
 CURVES_FILE = 'curves.png'
 RECONSTRUCTION_FILE = 'reconstruction.png'
 
-#: Version of the ``last.pth`` format of `training_checkpoint` (files without the key are version 1).
+#: Version of the ``last.pth`` format (``tkvision.engine.state.TrainState.state_dict``; files without the key
+#: are version 1).
 FORMAT_VERSION = 1
 
 
-def training_checkpoint(state: object) -> dict:
-    """The ``last.pth`` format: everything a run needs to continue exactly, from a
-    `TrainState` ``state``.
-
-    Keys: ``model`` (state dict), ``optimizer``, ``scaler`` (GradScaler), ``model_ema`` (state dict or
-    None), ``epochs_done`` (completed epochs), ``batches_done`` (micro-batches of epoch ``epochs_done``
-    already trained, at an update boundary), ``num_updates`` (optimizer updates), ``best`` (the best
-    evaluation: ``dict(top1 | val_loss, epoch, source)``), ``token_counts`` (``growth.model_size``: the
-    size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums:
-    ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``elapsed_seconds`` (the run's wall
-    seconds so far, all processes that trained it: ``TrainState.elapsed_seconds``; files without it count
-    from their resume), ``format_version``. The scheduler is not saved:
-    it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
-    """
-    m = state.meter
-    return dict(model=state.model.state_dict(), optimizer=state.optimizer.state_dict(),
-                scaler=state.scaler.state_dict(), model_ema=state.ema.module.state_dict() if state.ema else None,
-                epochs_done=state.epochs_done, batches_done=state.batches_done, num_updates=state.num_updates,
-                best=state.best, token_counts=state.size(), config=dict(state.config_record),
-                meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'], seconds=m['seconds'],
-                           data_seconds=m['data_seconds']),
-                elapsed_seconds=state.elapsed_seconds(), format_version=FORMAT_VERSION)
-
-
-def save_training_checkpoint(state: object, path: str) -> None:
-    """Write `training_checkpoint` of ``state`` to ``path`` atomically (``torch.save``)."""
-    atomic_write(path, lambda tmp: torch.save(training_checkpoint(state), tmp))
+def save_training_checkpoint(checkpoint: Mapping[str, Any], path: str) -> None:
+    """Write a ``last.pth`` dict (``tkvision.engine.state.TrainState.state_dict``: the format) to ``path``
+    atomically (``torch.save``)."""
+    atomic_write(path, lambda tmp: torch.save(dict(checkpoint), tmp))
 
 
 def load_training_checkpoint(path: str, map_location: Union[str, torch.device] = 'cpu', mmap: bool = False) -> dict:
@@ -123,7 +101,7 @@ def checkpoint_config(path: str) -> dict:
     return load_training_checkpoint(path, mmap=True)['config']
 
 
-def save_weights(state_dict: dict, path: str, metadata: dict = None) -> None:
+def save_weights(state_dict: dict, path: str, metadata: Optional[dict] = None) -> None:
     """Write a model state dict as ``.safetensors`` atomically (tensors made contiguous, on CPU);
     ``metadata`` values are stored as strings.
 
@@ -159,8 +137,8 @@ def keep_best(
         candidates: list,
         metric: str,
         mode: str,
-        path: str = None,
-        metadata: dict = None,
+        path: Optional[str] = None,
+        metadata: Optional[dict] = None,
 ) -> dict:
     """The best evaluation so far, saving the winner's weights to ``path`` when it improves (timm's
     ``CheckpointSaver`` keeps the top-k by one metric the same way).
@@ -302,7 +280,8 @@ def grow_weights_file(
         raise FileExistsError(f'--out {out} is the input checkpoint; write the grown weights to another file')
     net, _ = model_for_checkpoint(cfg, checkpoint)
     before = token_counts(net)
-    grow(net, to=to, key_init=key_init, value_init=value_init, **(add or {}))
+    # add holds token counts by kind only (mypy cannot tell its keys from grow's other keywords)
+    grow(net, to=to, key_init=key_init, value_init=value_init, **(add or {}))  # type: ignore[arg-type]
     after = token_counts(net)
     save_weights(net.state_dict(), out, metadata=dict(grown_from=checkpoint, token_counts=after))
     return {k: (before[k], after[k]) for k in before}

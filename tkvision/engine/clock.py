@@ -8,6 +8,8 @@ run section's timing keys and nothing else of the config.
 import os
 import signal
 import time
+from typing import Optional
+
 import torch
 import torch.distributed as dist
 
@@ -47,7 +49,7 @@ class RunClock:
         self.log_interval = run.log_interval
         self.every_steps, self.every_minutes = run.checkpoint_every_steps, run.checkpoint_every_minutes
         self.processes, self.checkpoint_path = processes, checkpoint_path
-        self.stop_signal = None
+        self.stop_signal: Optional[str] = None
         self.last_save = time.monotonic()
         self.checked_update = 0
 
@@ -60,7 +62,7 @@ class RunClock:
         """Write ``last.pth`` of ``state`` (a ``tkvision.engine.state.TrainState``; rank 0, atomic) and restart
         the checkpoint clock."""
         if self.processes.main:
-            save_training_checkpoint(state, self.checkpoint_path)
+            save_training_checkpoint(state.state_dict(), self.checkpoint_path)
         self.last_save = time.monotonic()
 
     def check(self, state: TrainState, force: bool = False) -> bool:
@@ -79,10 +81,10 @@ class RunClock:
             NonFiniteLossError: a NaN / inf loss since the last check (nothing is saved after it).
         """
         u, world = state.num_updates, self.processes.world
-        step_due = bool(self.every_steps) and u % self.every_steps == 0
+        step_due = self.every_steps is not None and u % self.every_steps == 0
         if not (force or step_due or u % self.log_interval == 0 or (world == 1 and self.stop_signal)):
             return False
-        time_due = bool(self.every_minutes) and time.monotonic() - self.last_save >= 60 * self.every_minutes
+        time_due = self.every_minutes is not None and time.monotonic() - self.last_save >= 60 * self.every_minutes
         flags = torch.cat([state.meter['nonfinite'].float().view(1),
                            torch.tensor([float(bool(self.stop_signal)), float(time_due)],
                                         device=self.processes.device)])

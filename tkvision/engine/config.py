@@ -24,7 +24,7 @@ import copy
 import dataclasses
 import os
 import re
-from typing import Any, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -104,7 +104,7 @@ class _StrictLoader(yaml.SafeLoader):
 
 
 def _mapping_without_repeats(loader, node, deep=False):
-    lines = {}
+    lines: Dict[Any, int] = {}
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=True)
         if key in lines:
@@ -146,7 +146,8 @@ def parse_overrides(args: Any) -> dict:
         ConfigError: an argument that is not ``--key``, a key without a value, or a value YAML cannot read (a
             ``!!python`` tag included: nothing is constructed), named.
     """
-    out, i = {}, 0
+    out: Dict[str, Any] = {}
+    i = 0
     while i < len(args):
         arg = args[i]
         if not arg.startswith('--'):
@@ -177,7 +178,7 @@ def parse_overrides(args: Any) -> dict:
 def load_config(
         path: Optional[str] = None,
         overrides: Union[None, dict, Sequence[str]] = None,
-        base: dict = None,
+        base: Optional[dict] = None,
 ) -> dict:
     """Config from ``path`` (or ``base``, a config such as a checkpoint's, or the defaults) with
     ``overrides`` (a dict or ``--key value`` list). ``path``: a YAML file, or the name of a shipped
@@ -221,7 +222,7 @@ def resolve_lr(
     return optim.blr * batch_size * resolve_accum_steps(optim, batch_size, world_size) * world_size / 256
 
 
-def migrate(cfg: dict) -> dict:
+def migrate(cfg: Mapping[str, Any]) -> dict:
     """A config saved by an earlier release (a checkpoint's) with today's key names (`RENAMED`)
     and today's defaults for keys it did not have; ``val_split_fraction`` 0 where it is absent (earlier
     releases validated on the dataset's own evaluation split)."""
@@ -238,7 +239,8 @@ def config_changes(old: dict, new: dict) -> Tuple[List[str], List[str]]:
         gains ``num_classes`` is allowed: it states the head the checkpoint has (the trainer refuses
         any other head before loading), as a run written when the default head was another needs.
     """
-    allowed, forbidden = [], []
+    allowed: List[str] = []
+    forbidden: List[str] = []
     old = migrate(old)
     for key in sorted(set(old) | set(new)):
         a, b = old.get(key), new.get(key)

@@ -7,7 +7,7 @@
 """
 import dataclasses
 import os
-from typing import Optional
+from typing import Optional, Protocol
 
 from ..config_sections import TrainConfig
 from .checkpoint import LAST_CHECKPOINT
@@ -18,7 +18,18 @@ from .loss import RunLoss
 from .optim import RunOptim
 from .run_data import RunData
 
-__all__ = ['RunContext', 'build_context']
+__all__ = ['RunContext', 'ScalarWriter', 'build_context']
+
+
+class ScalarWriter(Protocol):
+    """What the trainer writes scalars to: TensorBoard's ``SummaryWriter`` (an optional extra, imported only when
+    ``tensorboard: true``)."""
+
+    def add_scalar(self, tag: str, scalar_value: float, global_step: int) -> None:
+        """Record ``scalar_value`` under ``tag`` at ``global_step`` (the epoch, counted from 1)."""
+
+    def close(self) -> None:
+        """Flush and close the log."""
 
 
 @dataclasses.dataclass
@@ -61,7 +72,7 @@ class RunContext:
     save_every: int
     progress: bool
     tensorboard: bool
-    writer: Optional[object] = None
+    writer: Optional[ScalarWriter] = None
 
     @property
     def main(self) -> bool:

@@ -18,7 +18,7 @@ import dataclasses
 import os
 import warnings
 from datetime import timedelta
-from typing import Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -27,13 +27,10 @@ from timm.utils.distributed import init_distributed_device_so
 from ..config_sections import RunConfig
 from ..utils.errors import ConfigError
 from ..utils.memory import available_memory_bytes
+from ..utils.precision import AMP_DTYPES
 
-__all__ = ['AMP_DTYPES', 'DevicePlan', 'device_plan', 'Processes', 'init_distributed', 'setup_threads',
+__all__ = ['DevicePlan', 'device_plan', 'Processes', 'init_distributed', 'setup_threads',
            'available_cores', 'all_ranks_agree', 'is_peer_failure']
-
-#: ``amp`` config value -> autocast dtype (None: full precision).
-AMP_DTYPES = {None: None, 'bf16': torch.bfloat16, 'fp16': torch.float16}
-
 
 @dataclasses.dataclass(frozen=True)
 class DevicePlan:
@@ -48,7 +45,8 @@ class DevicePlan:
             CPU run pins nothing.
         compile: whether the model is ``torch.compile``'d: ``compile: true``, or ``'auto'`` on CUDA.
         ddp_device_ids: ``DistributedDataParallel``'s ``device_ids``: ``(index,)`` on CUDA, None on a CPU.
-        autocast_dtype: ``torch.autocast``'s dtype for ``amp`` (``AMP_DTYPES``), None for float32.
+        autocast_dtype: ``torch.autocast``'s dtype for ``amp`` (``tkvision.utils.precision.AMP_DTYPES``), None for
+            float32.
         grad_scaler: whether the gradient scaler scales the loss (``amp: fp16``, on either device).
         fused_masked_attention: whether attention with a mask (NaFlex padding) runs fused, without its
             ``heads x L²`` scores and probabilities in memory (CUDA's SDPA kernels), or unfused (a CPU): what
@@ -68,6 +66,15 @@ class DevicePlan:
         """Bytes the device can give now (``tkvision.utils.memory.available_memory_bytes``)."""
         return available_memory_bytes(self.device)
 
+    def peak_memory(self) -> Dict[str, float]:
+        """``{'peak_mem_mib': MiB}``: the CUDA allocator's peak since the last call (then reset), a figure of
+        ``metrics.csv``; ``{}`` on a CPU, whose allocator keeps no peak."""
+        if self.device.type != 'cuda':
+            return {}
+        peak = torch.cuda.max_memory_allocated(self.device) / 2 ** 20
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return dict(peak_mem_mib=peak)
+
     def set_tf32(self) -> None:
         """Set PyTorch's TF32 flags (matmul and cuDNN) to `tf32` on CUDA; on a CPU leave them as they are."""
         if self.device.type == 'cuda':
@@ -86,7 +93,7 @@ def device_plan(
 
     Raises:
         ConfigError: ``amp: bf16`` on a CUDA device without bf16 (before Ampere), naming ``amp: fp16``; an
-            ``amp`` that is none of ``AMP_DTYPES``.
+            ``amp`` that is none of ``tkvision.utils.precision.AMP_DTYPES``.
     """
     device = torch.device(device)
     if amp not in AMP_DTYPES:

@@ -13,8 +13,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from timm.utils import unwrap_model
 
+from ..utils.precision import AMP_DTYPES
 from ..utils.seeding import derive_seed
-from .distributed import AMP_DTYPES
 
 __all__ = ['evaluate', 'evaluate_mae', 'mask_noise']
 
@@ -38,6 +38,7 @@ def evaluate(
         ``dict(top1, top5, loss, count, img_per_s, skipped)``; ``skipped`` counts unreadable images.
     """
     model.eval()
+    device = torch.device(device)
     totals = torch.zeros(5, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, count, skipped
     start = time.perf_counter()
     dtype = AMP_DTYPES[amp]
@@ -95,6 +96,7 @@ def evaluate_mae(
     inner = unwrap_model(model)
     num_patches = inner.grid_size[0] * inner.grid_size[1]
     model.eval()
+    device = torch.device(device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss_sum, count, skipped
     start = time.perf_counter()
     dtype = AMP_DTYPES[amp]

@@ -52,8 +52,8 @@ def check_export_target(out: str, force: bool) -> None:
 def export_model(
         model: torch.nn.Module,
         out: str,
-        model_args: dict = None,
-        data_config: dict = None,
+        model_args: Optional[dict] = None,
+        data_config: Optional[dict] = None,
         force: bool = False,
 ) -> str:
     """Write ``model`` to the folder ``out`` with timm's ``save_for_hf`` (safetensors), atomically
@@ -84,7 +84,7 @@ def export_checkpoint(
         checkpoint: str,
         out: str,
         use_ema: bool = True,
-        model: str = None,
+        model: Optional[str] = None,
         model_kwargs: Optional[dict] = None,
         force: bool = False,
 ) -> dict:

@@ -19,6 +19,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 from timm.utils import dispatch_clip_grad, random_seed
+from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
 from ..config_sections import OptimConfig
@@ -170,7 +171,7 @@ def _forward_backward(state: TrainState, data: RunData, loss: RunLoss, images, l
     forward's targets are the labels or, with distillation, soft predictions (``RunLoss.soft_target``: the
     whole model's logits of this step are the smaller prefixes' teacher). The meter records the losses' mean.
     Gradients are all-reduced once, after the last backward of an update."""
-    device, world = data.processes.device, data.processes.world
+    device = data.processes.device
     images = data.preprocess(images, train=True)
     if loss.task != 'mae':
         images, labels = loss.targets(images, labels.to(device, non_blocking=True))
@@ -187,7 +188,8 @@ def _forward_backward(state: TrainState, data: RunData, loss: RunLoss, images, l
         state.meter['nonfinite'] |= ~torch.isfinite(value.detach())
         state.meter['loss_sum'] += value.detach().double() * len(labels) / len(prefixes)
         last = j + 1 == len(prefixes)
-        with state.net.no_sync() if world > 1 and not (sync_grads and last) else contextlib.nullcontext():
+        net = state.net
+        with net.no_sync() if isinstance(net, DDP) and not (sync_grads and last) else contextlib.nullcontext():
             state.scaler.scale(value * scale).backward()
     if loss.elastic_step:  # every token and the layers' own τ, as evaluation and checkpoints expect
         elastic.set_prefix(state.model, None)

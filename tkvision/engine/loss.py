@@ -112,8 +112,14 @@ class RunLoss:
         self.task_weight = distillation.distillation_task_weight
         self.steps_per_epoch = steps_per_epoch
         self.elastic_step = bool(self.elastic.elastic_fractions)
-        self.teacher = load_teacher(distillation.teacher, device) if self.mode == 'teacher' else None
-        self.mixup = self.criterion = None  # set by set_classes once the model (and its num_classes) exists
+        self.teacher = None
+        if self.mode == 'teacher':
+            if not distillation.teacher:
+                raise ConfigError('distillation: teacher needs teacher: the path of the teacher\'s weights or run')
+            self.teacher = load_teacher(distillation.teacher, device)
+        # set by set_classes once the model (and its num_classes) exists
+        self.mixup: Optional[Mixup] = None
+        self.criterion: Optional[torch.nn.Module] = None
 
     def set_classes(self, num_classes: int) -> None:
         """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
@@ -179,6 +185,8 @@ class RunLoss:
         """
         if self.task == 'mae':
             return output[0]
+        if self.criterion is None:
+            raise RuntimeError('RunLoss.set_classes(num_classes) comes before the first loss of a classifier')
         if soft_target is None:
             return self.criterion(output, labels)
         soft = distillation_loss(output, soft_target, self.temperature)

@@ -30,17 +30,21 @@ one schedule over the whole run, as without growth; after a step the scheduled l
 ``lr_scale x (t + 1) / (W + 1)`` for the stage's first ``W = warmup_epochs x updates_per_epoch``
 updates (``t = 0 .. W - 1``, a short linear re-warm) and by ``lr_scale`` after them.
 """
-from typing import Mapping, Optional, Sequence
+import math
+from typing import List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
+from timm.scheduler.scheduler import Scheduler
+from torch.utils.hooks import RemovableHandle
 
 from .. import growth
 from ..config_sections import GrowthConfig, OptimConfig
 from ..growth import elastic
 from ..layers import Pattention
 from ..utils.errors import ConfigError, RunError
+from .state import TrainState, UpdateSchedule
 
 __all__ = ['RunOptim', 'build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler',
            'RewarmScheduler', 'growth_stages']
@@ -72,7 +76,7 @@ def build_optimizer(
 def split_parameter_tokens(
         optimizer: torch.optim.Optimizer,
         model: torch.nn.Module,
-        weight_decay: float,
+        weight_decay: Optional[float],
         lr_scale: float,
 ) -> torch.optim.Optimizer:
     """Split every param group of ``optimizer`` in place, before its first step, in two: the group's other
@@ -139,7 +143,7 @@ class RewarmScheduler:
         steps: ``[(first update of the stage, warmup updates W, lr_scale)]`` in order.
     """
 
-    def __init__(self, base: object, optimizer: torch.optim.Optimizer, steps: list):
+    def __init__(self, base: UpdateSchedule, optimizer: torch.optim.Optimizer, steps: list):
         self.base, self.optimizer, self.steps = base, optimizer, steps
 
     def step_update(self, num_updates: int, metric: Optional[float] = None) -> None:
@@ -161,7 +165,7 @@ def build_scheduler(
         growth: Optional[GrowthConfig],
         lr: float,
         updates_per_epoch: int,
-) -> object:
+) -> UpdateSchedule:
     """The lr schedule of the optim section (``sched``, ``epochs``, ``warmup_epochs``, ``min_lr``, ...) in updates;
     with ``growth.schedule``, a `StagedScheduler` of one such schedule per stage
     (``growth.stage_lr: restart``) or a `RewarmScheduler` (``continue``).
@@ -175,7 +179,7 @@ def build_scheduler(
         a timm scheduler or `StagedScheduler` (``step_update(num_updates)``).
     """
     stages = growth_stages(optim, growth)
-    if len(stages) > 1 and growth.stage_lr == 'continue':
+    if len(stages) > 1 and growth is not None and growth.stage_lr == 'continue':
         base = _stage_scheduler(optimizer, optim, lr, optim.epochs * updates_per_epoch,
                                 optim.warmup_epochs * updates_per_epoch, updates_per_epoch)
         rewarm = RewarmScheduler(base, optimizer, [(start * updates_per_epoch, round(warm * updates_per_epoch), scale)
@@ -194,7 +198,8 @@ def build_scheduler(
     return staged
 
 
-def _stage_scheduler(optimizer, optim, lr, total, warmup, updates_per_epoch):
+def _stage_scheduler(optimizer: torch.optim.Optimizer, optim: OptimConfig, lr: float, total: int, warmup: float,
+                     updates_per_epoch: int) -> Scheduler:
     """A timm scheduler of ``total`` updates, ``warmup`` of them linear warmup to ``lr``."""
     warmup = min(round(warmup), total - 1)
     for group in optimizer.param_groups:
@@ -206,7 +211,8 @@ def _stage_scheduler(optimizer, optim, lr, total, warmup, updates_per_epoch):
     scheduler, _ = create_scheduler_v2(
         optimizer, sched=optim.sched, num_epochs=max(total - 1 - warmup, 1), warmup_epochs=warmup,
         warmup_lr=optim.warmup_lr, warmup_prefix=True, min_lr=optim.min_lr, decay_epochs=decay,
-        decay_milestones=[m * updates_per_epoch for m in optim.decay_milestones], decay_rate=optim.decay_rate,
+        decay_milestones=[math.ceil(m * updates_per_epoch) for m in optim.decay_milestones],  # t >= m exactly
+        decay_rate=optim.decay_rate,
         step_on_epochs=False, updates_per_epoch=1)
     scheduler.step_update(0)
     return scheduler
@@ -238,7 +244,7 @@ class RunOptim:
     ):
         self.optim, self.growth, self.lr, self.updates_per_epoch = optim, growth, lr, updates_per_epoch
         self.freeze_loaded_tokens = freeze_loaded_tokens
-        self.freeze_handles = []
+        self.freeze_handles: List[RemovableHandle] = []
 
     def check(
             self,
@@ -264,20 +270,20 @@ class RunOptim:
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
-    def optimizer(self, state: object) -> torch.optim.Optimizer:
-        """The optimizer of the optim section over ``state.model``; with ``freeze_loaded_tokens``, the rows
-        loaded by ``init_from`` (``state.grown_from``; everything but the head) frozen."""
-        opt = build_optimizer(state.model, self.optim, self.lr)
+    def optimizer(self, model: torch.nn.Module, grown_from: Mapping[str, Tuple[int, int]]) -> torch.optim.Optimizer:
+        """The optimizer of the optim section over ``model``; with ``freeze_loaded_tokens``, the rows loaded by
+        ``init_from`` (``grown_from``: ``{tensor: (old rows, new rows)}``; everything but the head) frozen."""
+        opt = build_optimizer(model, self.optim, self.lr)
         if self.freeze_loaded_tokens:
-            layers = growth.pattention_layers(state.model)
-            frozen = {layers[k.rsplit('.', 1)[0]][0]: old for k, (old, _) in state.grown_from.items()}
-            growth.freeze_old_tokens(state.model, frozen, opt)
+            layers = growth.pattention_layers(model)
+            frozen = {layers[k.rsplit('.', 1)[0]][0]: old for k, (old, _) in grown_from.items()}
+            growth.freeze_old_tokens(model, frozen, opt)
         return opt
 
-    def scheduler(self, state: object) -> object:
-        """The lr schedule of ``state.optimizer`` at update ``state.num_updates``."""
-        scheduler = build_scheduler(state.optimizer, self.optim, self.growth, self.lr, self.updates_per_epoch)
-        scheduler.step_update(state.num_updates)
+    def scheduler(self, optimizer: torch.optim.Optimizer, num_updates: int = 0) -> UpdateSchedule:
+        """The lr schedule of ``optimizer``, set for update ``num_updates``."""
+        scheduler = build_scheduler(optimizer, self.optim, self.growth, self.lr, self.updates_per_epoch)
+        scheduler.step_update(num_updates)
         return scheduler
 
     def due(
@@ -300,7 +306,7 @@ class RunOptim:
 
     def grow(
             self,
-            state: object,
+            state: TrainState,
             due: Mapping,
             seed: int,
     ) -> dict:
@@ -323,15 +329,15 @@ class RunOptim:
         if 'at_epoch' in due:
             self._unfreeze_stage()  # a reset optimizer covers every parameter, as one built at the start does
             if g.optimizer_state == 'reset':
-                state.optimizer = self.optimizer(state)
+                state.optimizer = self.optimizer(state.model, state.grown_from)
             self._freeze_stage(state, before)
-            state.scheduler = self.scheduler(state)
+            state.scheduler = self.scheduler(state.optimizer, state.num_updates)
         state.wrap()
         return counts
 
     def resume(
             self,
-            state: object,
+            state: TrainState,
             checkpoint: dict,
             path: str,
     ) -> None:
@@ -354,14 +360,14 @@ class RunOptim:
             if state.ema is not None:
                 growth.grow_to(state.ema.module, checkpoint['token_counts'])
         state.model.load_state_dict(checkpoint['model'])
-        state.optimizer = self.optimizer(state)
+        state.optimizer = self.optimizer(state.model, state.grown_from)
         # the stages reached so far; the current one freezes the size of the one before
         sizes = growth.schedule_sizes(counts, [s for s in g.schedule if s['at_epoch'] <= checkpoint['epochs_done']])
         if len(sizes) > 1:
             self._freeze_stage(state, sizes[-2])
         state.optimizer.load_state_dict(checkpoint['optimizer'])
         state.restore(checkpoint)
-        state.scheduler = self.scheduler(state)
+        state.scheduler = self.scheduler(state.optimizer, state.num_updates)
         state.wrap()
 
     def _unfreeze_stage(self):
@@ -370,7 +376,7 @@ class RunOptim:
             h.remove()
         self.freeze_handles = []
 
-    def _freeze_stage(self, state, old_size: Optional[dict]):
+    def _freeze_stage(self, state: TrainState, old_size: Mapping[str, int]):
         """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
         if not self.growth.freeze_old_tokens:
             return

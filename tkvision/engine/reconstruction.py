@@ -61,9 +61,9 @@ def reconstruction_grid(
     reconstruction + visible patches, un-normalised with ``mean`` / ``std`` (per channel) and
     enlarged ``scale`` times (nearest)."""
     cols = [images, *reconstruct(model, images, mask_ratio)]
-    mean = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
-    std = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
-    rows = torch.cat([((c.float() * std + mean).clamp(0, 1)) for c in cols], dim=3)  # [B, C, H, 4W]
+    shift = torch.tensor(mean, device=images.device).view(1, -1, 1, 1)
+    scale_by = torch.tensor(std, device=images.device).view(1, -1, 1, 1)
+    rows = torch.cat([((c.float() * scale_by + shift).clamp(0, 1)) for c in cols], dim=3)  # [B, C, H, 4W]
     grid = torch.cat(list(rows), dim=1)  # [C, B*H, 4W]
     if grid.shape[0] == 1:
         grid = grid.expand(3, -1, -1)
@@ -72,7 +72,7 @@ def reconstruction_grid(
 
 
 def save_reconstructions(
-        model: MaskedAutoencoder,
+        model: torch.nn.Module,
         dataset: Dataset,
         mean: Sequence[float],
         std: Sequence[float],
@@ -83,8 +83,15 @@ def save_reconstructions(
 ) -> None:
     """Write `reconstruction_grid` of the first ``num_images`` images of ``dataset`` (items
     ``(uint8 image [C, H, W], label)``, normalised with ``mean`` / ``std``) to the PNG ``path``
-    (atomically)."""
-    images = torch.stack([torch.as_tensor(dataset[i][0]) for i in range(min(num_images, len(dataset)))])
+    (atomically); ``model`` is a `tkvision.models.mae.MaskedAutoencoder`.
+
+    Raises:
+        TypeError: ``model`` is no MaskedAutoencoder.
+    """
+    if not isinstance(model, MaskedAutoencoder):
+        raise TypeError(f'save_reconstructions needs a MaskedAutoencoder, got {type(model).__name__}')
+    count = min(num_images, len(dataset))  # type: ignore[arg-type]  # map-style: torch's Dataset declares no __len__
+    images = torch.stack([torch.as_tensor(dataset[i][0]) for i in range(count)])
     images = BatchPreprocessor(mean, std, torch.device(device))(images)
     picture = Image.fromarray(reconstruction_grid(model, images, mean, std, mask_ratio))
     atomic_write(path, lambda tmp: picture.save(tmp, format='PNG'))

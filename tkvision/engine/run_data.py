@@ -12,6 +12,7 @@ from typing import Iterable, Optional
 
 import cv2
 import torch
+from torch.utils.data import DataLoader, Dataset
 
 from ..config_sections import DataConfig, ModelConfig
 from ..data import BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size
@@ -69,8 +70,8 @@ class RunData:
         self.data, self.accum, self.seed, self.processes = data, accum, seed, processes
         self.naflex_patch_size = naflex_patch_size(model, data, processes.plan) if data.naflex_loader else None
         self.preprocess = (NaFlexPreprocessor(processes.device) if data.naflex_loader else
-                           BatchPreprocessor(data.mean, data.std, processes.device, reprob=data.reprob))
-        self._test_loader = None  # built by test_loader(), at the end of a run
+                           BatchPreprocessor(*data.mean_std(), processes.device, reprob=data.reprob))
+        self._test_loader: Optional[DataLoader] = None  # built by test_loader(), at the end of a run
         self.train_ds = build_dataset(data, 'train', seed, processes.rank, processes.world)
         self.val_ds = build_dataset(data, 'val', seed, processes.rank, processes.world,
                                     class_to_idx=dataset_classes(self.train_ds))
@@ -93,10 +94,11 @@ class RunData:
         trainer asks once, at the end of a run (kept for `close`)."""
         ds = build_dataset(self.data, 'test', self.seed, self.processes.rank, self.processes.world,
                            class_to_idx=dataset_classes(self.train_ds))
-        self._test_loader = self._loader(ds, train=False)
-        return self._test_loader
+        loader = self._loader(ds, train=False)
+        self._test_loader = loader
+        return loader
 
-    def _loader(self, dataset, train: bool):
+    def _loader(self, dataset: Dataset, train: bool) -> DataLoader:
         """Our map-style / shard loader (``tkvision.data.build_loader``), or timm's NaFlex loader
         (``tkvision.data.naflex.build_naflex_loader``) with ``naflex_loader``."""
         rank, world = self.processes.rank, self.processes.world
@@ -163,21 +165,22 @@ def check_naflex_memory(
     longest training length (timm packs ``batch_size`` images of it into a batch) and the evaluation length,
     each at ``batch_size`` images. The bound is a floor, so nothing that fits is refused: the attention mask
     (``L²`` per image), where masked attention runs unfused (``DevicePlan.fused_masked_attention`` false: a CPU)
-    one block's attention scores and probabilities (``2 x heads x L²``), and the tokens' activations over the blocks (``16 x L x embed_dim`` per
-    image and block), in float32, against what the process may allocate (free memory, ``ulimit -v``, a cgroup's
-    limit).
+    one block's attention scores and probabilities (``2 x heads x L²``), and the tokens' activations over the
+    blocks (``16 x L x embed_dim`` per image and block), in float32, against what the process may allocate (free
+    memory, ``ulimit -v``, a cgroup's limit). ``net``: any NaFlex ViT (its ``blocks``, their ``attn.num_heads``
+    and its ``embed_dim``, read by name: the family is any of timm's).
 
     Raises:
         ConfigError: naming the key, the length, the memory it needs at least and what is available.
     """
-    blocks = len(net.blocks)
-    heads = getattr(net.blocks[0].attn, 'num_heads', 1)
+    layers, width = getattr(net, 'blocks'), int(getattr(net, 'embed_dim'))
+    blocks, heads = len(layers), getattr(layers[0].attn, 'num_heads', 1)
     # unfused masked attention (a CPU): scores and probabilities, heads x L² each, exist at once
     score_copies = 0 if plan.fused_masked_attention else 2 * heads
     have = plan.available_memory()
     for key, length in (('naflex_train_seq_lens', max(data.naflex_train_seq_lens)),
                         ('naflex_max_seq_len', data.naflex_max_seq_len)):
-        need = data.batch_size * ((1 + score_copies) * length ** 2 + 16 * length * net.embed_dim * blocks) * 4.
+        need = data.batch_size * ((1 + score_copies) * length ** 2 + 16 * length * width * blocks) * 4.
         if need > have:
             raise ConfigError(f"{key}: a batch of {data.batch_size} images at {length} patches needs at least "
                               f'{need / 2 ** 30:,.1f} GiB (an image\'s {length}² attention mask, '

@@ -32,7 +32,7 @@ import fcntl
 import os
 import re
 import socket
-from typing import Union
+from typing import Optional, Tuple, Union
 
 from ..utils.errors import RunError
 from ..utils.files import FILE_MODE
@@ -110,7 +110,8 @@ class RunDirLock:
     """The held lock of one output directory; `release` (or process exit) frees it."""
 
     def __init__(self, path: str, fd: int):
-        self.path, self.fd = path, fd
+        self.path = path
+        self.fd: Optional[int] = fd
 
     def release(self) -> None:
         """Unlock and close the lock file; a second call does nothing."""
@@ -164,7 +165,7 @@ def claim_output(
         processes: Processes,
         checkpoint: str,
         resume: Union[None, bool, str],
-) -> tuple:
+) -> Tuple[Optional[RunDirLock], Union[None, bool, str]]:
     """Claim ``output`` for a run of ``processes`` (a ``tkvision.engine.distributed.Processes``): rank 0 locks it
     ([`claim_output_dir`][tkvision.engine.rundir.claim_output_dir]); every rank fails if it could not. A run resumed
     from another directory's checkpoint writes into ``output`` as a new run does: it must hold no other run. A
@@ -189,7 +190,7 @@ def claim_output(
         resume = True
         if main:
             print(f'restarted by the launcher: resuming {os.path.join(output, checkpoint)} (no --resume needed)')
-    in_place = resume is True or (bool(resume) and os.path.abspath(os.path.dirname(resume)) ==
+    in_place = resume is True or (isinstance(resume, str) and os.path.abspath(os.path.dirname(resume)) ==
                                   os.path.abspath(output))
     lock, error = None, None
     if main:

@@ -1,15 +1,16 @@
 """The state of a training run: everything that is saved and restored (timm's ``CheckpointSaver``
 saves the same set together: one object owns the run's state).
 
-`TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best
-evaluation; its ``state_dict`` is the ``last.pth`` format of
-`tkvision.engine.checkpoint.training_checkpoint`. It keeps no config section: the optimizer, the schedule and
-the growth steps are `tkvision.engine.optim.RunOptim`'s, which rebuilds them over the state's model.
+`TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best evaluation, and owns the
+``last.pth`` format: `TrainState.state_dict` writes it, `TrainState.restore` reads the state's own parts back
+(`tkvision.engine.checkpoint` owns the files). It keeps no config section and builds nothing it is given: the
+optimizer and the schedule are built by `tkvision.engine.optim.RunOptim` over the model of `build_train_model`,
+and rebuilt by it after a growth step and on resume (who owns what: this module imports neither).
 """
 import math
 import time
 from types import MappingProxyType
-from typing import Mapping, Optional, Sequence
+from typing import Dict, Mapping, Optional, Protocol, Tuple, TypedDict, cast
 
 import torch
 from timm.utils import ModelEmaV3
@@ -19,32 +20,94 @@ from .. import growth
 from ..config_sections import MaeConfig, ModelConfig
 from ..layers import set_backward_mode
 from ..models.mae import linear_probe
+from ..utils.errors import ConfigError
 from .build import build_model
-from .checkpoint import load_init_weights, training_checkpoint
+from .checkpoint import FORMAT_VERSION, load_init_weights
 from .distributed import Processes
-from .optim import RunOptim
 
-__all__ = ['TrainState']
+__all__ = ['TrainState', 'UpdateSchedule', 'EpochMeter', 'build_train_model']
+
+
+class EpochMeter(TypedDict):
+    """The running epoch's sums (`TrainState.meter`).
+
+    Attributes:
+        loss_sum: the summed training loss x images, a float64 tensor on the device (no host sync per step).
+        nonfinite: a bool tensor on the device: whether a loss since the last check was NaN or infinite.
+        seen: images trained this epoch.
+        skipped: unreadable images skipped this epoch.
+        seconds: training seconds this epoch.
+        data_seconds: the seconds of those spent waiting for the loader.
+    """
+    loss_sum: torch.Tensor
+    nonfinite: torch.Tensor
+    seen: int
+    skipped: int
+    seconds: float
+    data_seconds: float
+
+
+class UpdateSchedule(Protocol):
+    """What the state needs of a learning-rate schedule: timm's schedulers and
+    `tkvision.engine.optim.StagedScheduler` / ``RewarmScheduler`` set the lr of update ``num_updates``."""
+
+    def step_update(self, num_updates: int, metric: Optional[float] = None) -> None:
+        """Set every param group's lr for optimizer update ``num_updates`` (counted from the run's start)."""
+
+
+def build_train_model(
+        model: ModelConfig,
+        mae: Optional[MaeConfig],
+        num_classes: int,
+        task: str,
+        device: torch.device,
+) -> Tuple[torch.nn.Module, dict, str]:
+    """The model a run trains, on ``device``: the model section's (around an MAE for ``task: mae``), started from
+    ``init_from`` (grown to fit), linear-probe ready for ``task: linprobe``, with ``grad_checkpointing`` and
+    Pattention's ``backward_mode`` set.
+
+    Returns:
+        ``(model, grown_from, init_report)``: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit,
+        and a line saying what ``init_from`` loaded and dropped (empty without one).
+
+    Raises:
+        ConfigError: a model that refuses its kwargs (`build_model`); ``grad_checkpointing`` for a model without
+            timm's ``set_grad_checkpointing``.
+        FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
+    """
+    net = build_model(model, mae, num_classes).to(device)
+    grown_from: Dict[str, Tuple[int, int]] = {}
+    init_report = ''
+    if model.init_from:
+        grown_from, init_report = load_init_weights(net, model.init_from, task)
+    if task == 'linprobe':
+        linear_probe(net)
+    if model.grad_checkpointing:
+        set_grad_checkpointing = getattr(net, 'set_grad_checkpointing', None)
+        if not callable(set_grad_checkpointing):
+            raise ConfigError(f'grad_checkpointing: {model.model} has no set_grad_checkpointing (timm\'s API for '
+                              'it); set grad_checkpointing: false')
+        set_grad_checkpointing(True)
+    set_backward_mode(net, model.backward_mode)
+    return net, grown_from, init_report
 
 
 class TrainState:
     """Everything a run needs to continue exactly, with `state_dict` (and `RunOptim.resume` to load it).
 
     Args:
-        model: the config's model section (`tkvision.config_sections.ModelConfig`), read here only: the state
-            keeps none of it.
-        optim: the run's optimizer and schedule (`tkvision.engine.optim.RunOptim`), built over the model
-            here; the state does not keep it.
-        task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
-        num_classes: the classifier's outputs unless ``model_kwargs`` says (`default_num_classes`).
+        model: the model being trained (`build_train_model`), on ``processes.device``.
+        optimizer: its optimizer (`tkvision.engine.optim.RunOptim.optimizer`).
+        scheduler: the lr schedule of that optimizer (`tkvision.engine.optim.RunOptim.scheduler`).
         processes: this process among the job's (``tkvision.engine.distributed.Processes``): where the model
             lives, and its device's plan for the scaler, ``torch.compile`` and DDP.
+        task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
         ema_decay: the EMA's decay per update, or None for no EMA (``model_ema``).
-        mae: the MAE section, for ``task: mae``.
-        elastic_fractions: the ``elastic_fractions`` key (checked against the model).
         config_record: the whole config, read-only, written into every ``last.pth`` (a resumed run compares
             its own with it); nothing here reads settings from it.
         started: ``time.monotonic()`` when this process began the run (its set-up counts; default: now).
+        grown_from: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit (`build_train_model`).
+        init_report: what ``init_from`` loaded and dropped.
 
     Attributes:
         model, optimizer, scheduler, scaler (a no-op unless fp16), ema (``ModelEmaV3`` or None).
@@ -55,44 +118,29 @@ class TrainState:
             ``task: mae`` the lowest validation reconstruction loss). meter: the running epoch's sums.
         seconds_before: wall seconds the run had spent before this process took it over (0 for a new run;
             the checkpoint's ``elapsed_seconds`` on resume): see `elapsed_seconds`.
-        grown_from: ``{layer: (old, new)}`` of the ``init_from`` weights grown to fit; init_report: what
-            ``init_from`` loaded and dropped.
-
-    Raises:
-        ConfigError: ``growth.freeze_old_tokens`` or ``elastic_fractions`` on a model without parameter tokens.
-        FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
+        grown_from, init_report: as given.
     """
 
     def __init__(
             self,
-            model: ModelConfig,
-            optim: RunOptim,
+            model: torch.nn.Module,
+            optimizer: torch.optim.Optimizer,
+            scheduler: UpdateSchedule,
             *,
-            task: str,
-            num_classes: int,
             processes: Processes,
+            task: str,
             ema_decay: Optional[float] = None,
-            mae: Optional[MaeConfig] = None,
-            elastic_fractions: Sequence[float] = (),
-            config_record: Mapping = None,
-            started: float = None,
+            config_record: Optional[Mapping] = None,
+            started: Optional[float] = None,
+            grown_from: Optional[dict] = None,
+            init_report: str = '',
     ):
         self.task, self.device, self.world, self.plan = task, processes.device, processes.world, processes.plan
         self.config_record = MappingProxyType(dict(config_record or {}))
         self.seconds_before, self._started = 0.0, time.monotonic() if started is None else started
-        self.model = build_model(model, mae, num_classes).to(self.device)
-        self.grown_from, self.init_report = {}, ''
-        optim.check(self.model, model.model, elastic_fractions)
-        if model.init_from:
-            self.grown_from, self.init_report = load_init_weights(self.model, model.init_from, task)
-        if task == 'linprobe':
-            linear_probe(self.model)
-        if model.grad_checkpointing:
-            self.model.set_grad_checkpointing(True)
-        set_backward_mode(self.model, model.backward_mode)
+        self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
+        self.grown_from, self.init_report = dict(grown_from or {}), init_report
         self.epochs_done = self.batches_done = self.num_updates = 0
-        self.optimizer = optim.optimizer(self)
-        self.scheduler = optim.scheduler(self)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.plan.grad_scaler)
         self.ema = ModelEmaV3(self.model, decay=ema_decay) if ema_decay is not None else None
         self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if task == 'mae'
@@ -120,23 +168,43 @@ class TrainState:
     ) -> None:
         """The running epoch's sums: loss (on the device, no host sync per step), images, skipped images,
         training seconds and the seconds of those spent waiting for the loader (a checkpoint written before
-        this was counted resumes with 0)."""
-        self.meter = dict(loss_sum=torch.tensor(float(loss_sum), device=self.device, dtype=torch.float64),
+        this was counted resumes with 0): an `EpochMeter`."""
+        self.meter = EpochMeter(loss_sum=torch.tensor(float(loss_sum), device=self.device, dtype=torch.float64),
                           nonfinite=torch.zeros((), device=self.device, dtype=torch.bool),
                           seen=seen, skipped=skipped, seconds=seconds, data_seconds=data_seconds)
 
     def wrap(self) -> None:
         """(Re)build the compiled / DDP forward (``self.net``) over the current parameters, as the device's plan
         says (``compile``, ``ddp_device_ids``)."""
-        net = torch.compile(self.model) if self.plan.compile else self.model
+        net = self.model
+        if self.plan.compile:  # typed as returning a callable; for a module it is an OptimizedModule, a module too
+            net = cast(torch.nn.Module, torch.compile(self.model))
         if self.world > 1:
             ids = self.plan.ddp_device_ids
             net = DDP(net, device_ids=list(ids) if ids is not None else None)
         self.net = net
 
     def state_dict(self) -> dict:
-        """The ``last.pth`` dict (`tkvision.engine.checkpoint.training_checkpoint`)."""
-        return training_checkpoint(self)
+        """The ``last.pth`` format: everything a run needs to continue exactly.
+
+        Keys: ``model`` (state dict), ``optimizer``, ``scaler`` (GradScaler), ``model_ema`` (state dict or
+        None), ``epochs_done`` (completed epochs), ``batches_done`` (micro-batches of epoch ``epochs_done``
+        already trained, at an update boundary), ``num_updates`` (optimizer updates), ``best`` (the best
+        evaluation: ``dict(top1 | val_loss, epoch, source)``), ``token_counts`` (``growth.model_size``: the
+        size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums:
+        ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``elapsed_seconds`` (the run's wall
+        seconds so far, all processes that trained it: `elapsed_seconds`; files without it count from their
+        resume), ``format_version`` (``tkvision.engine.checkpoint.FORMAT_VERSION``). The scheduler is not saved:
+        it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
+        """
+        m = self.meter
+        return dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
+                    scaler=self.scaler.state_dict(), model_ema=self.ema.module.state_dict() if self.ema else None,
+                    epochs_done=self.epochs_done, batches_done=self.batches_done, num_updates=self.num_updates,
+                    best=self.best, token_counts=self.size(), config=dict(self.config_record),
+                    meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'],
+                               seconds=m['seconds'], data_seconds=m['data_seconds']),
+                    elapsed_seconds=self.elapsed_seconds(), format_version=FORMAT_VERSION)
 
     def restore(self, checkpoint: dict) -> None:
         """The state's own parts of a ``last.pth`` dict: the scaler, the EMA weights, the counters, the best

@@ -26,6 +26,7 @@ import time
 from typing import Any, Mapping, Union
 
 import torch
+import torch.distributed as dist
 from timm.utils import random_seed
 from tqdm import tqdm
 
@@ -57,7 +58,7 @@ from .plotting import plot_curves, train_loss_label
 from .reconstruction import save_reconstructions
 from .run_eval import evaluate_epoch, evaluate_net
 from .rundir import claim_output, run_files
-from .state import TrainState
+from .state import TrainState, build_train_model
 
 __all__ = ['train', 'log_epoch', 'TrainState', 'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
 
@@ -117,7 +118,8 @@ def build_state(
         started: float | None = None,
 ) -> TrainState:
     """The ``TrainState`` (model, optimizer, schedule, EMA, scaler) of a resolved run config
-    (``resolve_run_config``): the model from its model section, the optimizer and schedule from ``optim``.
+    (``resolve_run_config``): the model from its model section (`build_train_model`), checked against what the
+    optim and growth sections need of it, then the optimizer and schedule from ``optim``.
 
     Args:
         config: a config as ``resolve_run_config`` returns it.
@@ -127,10 +129,13 @@ def build_state(
         started: ``time.monotonic()`` when the run began; now when ``None``.
     """
     task, ema = config.run.task, config.optim
-    return TrainState(config.model, optim, task=task, num_classes=default_num_classes(config.data),
-                      processes=processes, ema_decay=ema.model_ema_decay if ema.model_ema else None,
-                      mae=config.mae if task == 'mae' else None, elastic_fractions=config.elastic.elastic_fractions,
-                      config_record=config.to_dict(), started=started)
+    model, grown_from, init_report = build_train_model(config.model, config.mae if task == 'mae' else None,
+                                                       default_num_classes(config.data), task, processes.device)
+    optim.check(model, config.model.model, config.elastic.elastic_fractions)
+    optimizer = optim.optimizer(model, grown_from)
+    return TrainState(model, optimizer, optim.scheduler(optimizer), processes=processes, task=task,
+                      ema_decay=ema.model_ema_decay if ema.model_ema else None, config_record=config.to_dict(),
+                      started=started, grown_from=grown_from, init_report=init_report)
 
 
 def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
@@ -147,7 +152,7 @@ def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
         run = build_context(config, processes)
         state = build_state(config, run.optim, processes, started)
         if config.run.task != 'mae':
-            run.loss.set_classes(state.model.num_classes)
+            run.loss.set_classes(int(getattr(state.model, 'num_classes')))  # every timm classifier has it
         history = _resume(run, state, resume) if resume else []
         run.clock.checked_update = state.num_updates
     except BaseException:
@@ -173,7 +178,7 @@ def _announce(run: RunContext, state: TrainState):
     data = run.data
     print(f"{run.model_name}: {n_params / 1e6:.2f}M params, {dataset_size(data.train_ds)} train / "
           f"{dataset_size(data.val_ds)} val images, "
-          f"{run.processes.world} process(es) on {run.processes.device}, global batch {data.global_batch}, "
+          f"{run.processes.world} process(es) on {run.processes.device}{_backend()}, global batch {data.global_batch}, "
           f"{data.updates_per_epoch} updates/epoch, lr {run.optim.lr:.3g}, task {run.task}"
           + (f'\n{state.init_report}' if state.init_report else ''))
 
@@ -188,6 +193,7 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
         if (epoch + 1) % run.eval_every == 0 or last_epoch:
             row.update(evaluate_epoch(run, state, epoch, last_epoch))
         row['tokens'] = sum(growth.model_size(state.model).values())
+        row.update(run.processes.plan.peak_memory())  # CUDA: the allocator's peak of the epoch, in MiB
         row['elapsed_minutes'] = state.elapsed_seconds() / 60  # the whole run's, across resumes
         row.update(_grow_if_due(run, state, epoch))
         state.epochs_done, state.batches_done = epoch + 1, 0
@@ -230,9 +236,9 @@ def _finish(run: RunContext, state: TrainState, history: list, mae: MaeConfig):
                     train_label=train_loss_label(run.loss.optim))
     if run.task == 'mae' and mae.recon_images:
         data = run.data.data
-        save_reconstructions(state.ema.module if state.ema else state.model, run.data.val_ds, data.mean,
-                             data.std, os.path.join(run.out, RECONSTRUCTION_FILE), mae.recon_images,
-                             mae.mask_ratio, run.processes.device)
+        save_reconstructions(state.ema.module if state.ema else state.model, run.data.val_ds, *data.mean_std(),
+                             os.path.join(run.out, RECONSTRUCTION_FILE), mae.recon_images, mae.mask_ratio,
+                             run.processes.device)
 
 
 def train(
@@ -293,6 +299,11 @@ def train(
                 best_source=state.best.get('source'), best_epoch=state.best.get('epoch'),
                 epochs=run.epochs, output=run.out, model=state.model,
                 history=history, ema=state.ema is not None)
+
+
+def _backend() -> str:
+    """`` (nccl)`` / `` (gloo)``: the process group's backend under a launcher, else nothing."""
+    return f' ({dist.get_backend()})' if dist.is_available() and dist.is_initialized() else ''
 
 
 def _number(v):

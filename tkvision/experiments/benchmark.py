@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import time
-from typing import Callable, Optional, Sequence, Tuple, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import timm
 import torch
@@ -32,6 +32,7 @@ from ..layers import BACKWARD_MODES, Pattention
 from ..models import input_shape
 from ..utils.errors import UsageError
 from ..utils.memory import available_memory_bytes
+from ..utils.precision import AMP_DTYPES
 
 __all__ = ['COUNTERPARTS', 'ModelStep', 'forward_flops_per_image',
            'parse_model_spec', 'available_memory_mib', 'check_train_memory',
@@ -64,7 +65,7 @@ def flop_counter() -> FlopCounterMode:
         aten._scaled_dot_product_flash_attention_for_cpu_backward: _cpu_sdpa_backward})
 
 
-def train_flops_per_image(cfg: dict, prefix: elastic.Prefix = None) -> float:
+def train_flops_per_image(cfg: dict, prefix: Optional[elastic.Prefix] = None) -> float:
     """Forward + backward FLOPs of one training image of ``cfg``'s model, counted by `flop_counter`
     (a multiply-add is 2 FLOPs), at ``prefix`` of an elastic model
     ([`tkvision.growth.elastic`][tkvision.growth.elastic], under the config's ``elastic_nesting``; None: every
@@ -199,9 +200,10 @@ class ModelStep:
                 m.backward_mode = backward_mode
         self.params = sum(p.numel() for p in self.model.parameters())
         channels, hw = input_shape(self.model)  # the model's own size (pretrained_cfg keeps 224 for img_size=32)
-        self.x = torch.randn(batch_size, channels, *(hw or self.model.pretrained_cfg['input_size'][1:]), device=device)
+        size = hw or getattr(self.model, 'pretrained_cfg')['input_size'][1:]  # every timm model has one
+        self.x = torch.randn(batch_size, channels, *size, device=device)
         self.y = torch.randint(0, 1000, (batch_size,), device=device)
-        self.amp = {'bf16': torch.bfloat16, 'fp16': torch.float16}.get(amp)
+        self.amp = AMP_DTYPES.get(amp)
         self.fn = torch.compile(self.model) if compile_ else self.model
         if mode == 'train':
             self.model.train()
@@ -233,7 +235,7 @@ class ModelStep:
         return counter.get_total_flops() / len(self.x)
 
 
-def saved_activation_mib(model: torch.nn.Module, x: torch.Tensor, amp: Optional[str] = None) -> float:
+def saved_activation_mib(model: torch.nn.Module, x: torch.Tensor, amp: Optional[torch.dtype] = None) -> float:
     """MiB that autograd keeps for backward in one forward of ``model`` on ``x``, parameters excluded
     (unique storages, counted through ``torch.autograd.graph.saved_tensors_hooks``): the activation
     memory of a training step, independent of the allocator."""
@@ -325,7 +327,7 @@ def time_rounds(
         for _ in range(warmup):
             r()
     synchronize(device)
-    times = {r.name: [] for r in runners}
+    times: Dict[str, List[float]] = {r.name: [] for r in runners}
     for _ in range(repeats):
         for r in runners:
             synchronize(device)
@@ -392,12 +394,12 @@ def benchmark_models(
                 f"{row['tflops_per_s'] * 1000:7.1f} GFLOP/s  {mem:8.0f} MiB")
         del runners
     by_key = {(r['model'], r['mode']): r for r in rows}
-    for r in rows if reference is None else ():
-        base = by_key.get((COUNTERPARTS.get(parse_model_spec(r['model'])[0]), r['mode']))
+    for measured in rows if reference is None else ():
+        base = by_key.get((COUNTERPARTS.get(parse_model_spec(measured['model'])[0]), measured['mode']))
         if base:
-            r['ratio'] = r['img_per_s'] / base['img_per_s']
-            r['mem_ratio'] = r['peak_mem_mib'] / base['peak_mem_mib']
-            r['saved_ratio'] = r['saved_mib'] / base['saved_mib']
+            measured['ratio'] = measured['img_per_s'] / base['img_per_s']
+            measured['mem_ratio'] = measured['peak_mem_mib'] / base['peak_mem_mib']
+            measured['saved_ratio'] = measured['saved_mib'] / base['saved_mib']
     return rows
 
 

@@ -7,7 +7,7 @@ loses nothing measured. The layer and data benchmarks of ``docs/performance.md``
 import csv
 import json
 import time
-from typing import Any
+from typing import Any, Optional
 
 import torch
 
@@ -85,7 +85,7 @@ def _profile_part(args) -> tuple:
 PARTS = {'peak': _peak_part, 'models': _models_part, 'profile': _profile_part}
 
 
-def run_benchmark(args: Any, command: str, parts: dict = None) -> dict:
+def run_benchmark(args: Any, command: str, parts: Optional[dict] = None) -> dict:
     """Run the parts ``args.parts`` of ``parts`` (default `PARTS`; each ``fn(args) -> (rows, markdown
     lines)``) with the options of ``tkvision-benchmark`` (its parsed arguments ``args``), writing
     ``<args.out>.md / .csv / .json`` with the machine, the date and ``command`` after each part. Returns

@@ -5,7 +5,7 @@ sums the operators' time by category (`PROFILE_CATEGORIES`): an operator run by 
 node's category (Θ's closed-form backward as Θ, not as the elementwise operators it is made of), an operator
 inside the optimizer's step as the optimizer. ``tools/benchmark.py --parts profile`` prints the table.
 """
-from typing import Callable, Iterable, Optional, Sequence, Union
+from typing import Callable, Dict, Iterable, Optional, Sequence, Union
 
 import torch
 
@@ -74,7 +74,7 @@ def category_ms(events: Iterable, on_gpu: bool, steps: int) -> dict:
     operator events are counted, or every kernel would count twice ('other' would hold the kernels). On a CPU:
     ``self_cpu_time_total`` of every event."""
     from torch.autograd import DeviceType
-    totals = {}
+    totals: Dict[str, float] = {}
     for ev in events:
         if on_gpu and ev.device_type != DeviceType.CPU:
             continue

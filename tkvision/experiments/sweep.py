@@ -19,7 +19,7 @@ import statistics
 import subprocess
 import sys
 import traceback
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 
@@ -141,7 +141,7 @@ def run_sweep(
     return records
 
 
-def _write_tables(rows: list, records: list, out: str):
+def _write_tables(rows: list, records: Sequence[dict], out: str):
     """``results_points.csv`` (every finished config and seed), ``results.csv`` and ``results.md`` in ``out``."""
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'results_points.csv'), 'w',
@@ -164,7 +164,7 @@ def _write_tables(rows: list, records: list, out: str):
         f.write('\n'.join(lines) + '\n')
 
 
-def mean_std(values: list, digits: int = None) -> tuple:
+def mean_std(values: list, digits: Optional[int] = None) -> tuple:
     """Mean and sample standard deviation (``statistics.stdev``, n - 1 in the denominator) of one figure over
     seeds, each rounded to ``digits`` decimals when given. One value has no spread: its std is None (an empty
     cell in a CSV, null in JSON, – in the docs' tables), not 0.0, which would claim seeds that agree. Every

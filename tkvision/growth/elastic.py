@@ -40,7 +40,7 @@ import contextlib
 import copy
 import itertools
 import re
-from typing import Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Mapping, Optional, Protocol, Sequence, Tuple, Union, cast
 
 import torch
 from timm.utils import unwrap_model
@@ -48,9 +48,9 @@ from torch import nn
 
 from ..layers.pattention import default_tau
 
-__all__ = ['SAMPLING', 'PREFIX_TAU', 'NESTING', 'Prefix', 'elastic_layers', 'prefix_counts', 'set_prefix', 'prefix',
-           'extract_prefix', 'prefix_model_kwargs', 'prefix_parameters', 'step_fractions', 'mix_n_match',
-           'monotone_prefixes']
+__all__ = ['SAMPLING', 'PREFIX_TAU', 'NESTING', 'Prefix', 'ElasticLayer', 'elastic_layers', 'prefix_counts',
+           'set_prefix', 'prefix', 'extract_prefix', 'prefix_model_kwargs', 'prefix_parameters', 'step_fractions',
+           'mix_n_match', 'monotone_prefixes']
 
 SAMPLING = ('all', 'random', 'largest_plus_random', 'sandwich')
 """How a training step picks the granularities it trains (the ``elastic_sampling`` config key): ``'all'``: every
@@ -73,13 +73,33 @@ Prefix = Union[None, float, Sequence[float], Mapping[str, int]]
 _BLOCK = re.compile(r'(?:^|\.)blocks\.(\d+)\.')
 
 
-def elastic_layers(model: nn.Module) -> Dict[str, nn.Module]:
+class ElasticLayer(Protocol):
+    """A layer that runs at a prefix of its tokens, known by its ``prefix_tokens`` attribute: a
+    [`Pattention`][tkvision.layers.pattention.Pattention], or another model's nested layer (the MatFormer ViT's
+    MLP of ``studies/elastic``)."""
+
+    prefix_tokens: Optional[int]
+    prefix_tau_scale: float
+
+    @property
+    def num_tokens(self) -> int:
+        """n, the layer's tokens (all of them, whatever the prefix)."""
+
+    @property
+    def parameters_per_token(self) -> int:
+        """Parameters one token holds."""
+
+    def truncate(self, num_tokens: int) -> object:
+        """Keep the first ``num_tokens`` tokens only, in place."""
+
+
+def elastic_layers(model: nn.Module) -> Dict[str, ElasticLayer]:
     """``{module name: layer}`` of every elastic layer of ``model`` (wrappers peeled with timm's
-    ``unwrap_model``), in module order."""
-    return {n: m for n, m in unwrap_model(model).named_modules() if hasattr(m, 'prefix_tokens')}
+    ``unwrap_model``), in module order: the modules with a ``prefix_tokens`` attribute (`ElasticLayer`)."""
+    return {n: cast(ElasticLayer, m) for n, m in unwrap_model(model).named_modules() if hasattr(m, 'prefix_tokens')}
 
 
-def _require_elastic_layers(model: nn.Module, layers: Dict[str, nn.Module]):
+def _require_elastic_layers(model: nn.Module, layers: Dict[str, ElasticLayer]):
     """Refuse a model without elastic layers (a timm ViT): it has nothing to run at a prefix."""
     if not layers:
         raise ValueError(f'{type(unwrap_model(model)).__name__} has no parameter tokens (no elastic layer): only a '
@@ -97,7 +117,7 @@ def _block_index(name: str) -> Optional[int]:
     return int(match.group(1)) if match else None
 
 
-def _nested(layer: nn.Module, nesting: str) -> bool:
+def _nested(layer: ElasticLayer, nesting: str) -> bool:
     """Whether a prefix shrinks ``layer`` under ``nesting`` ([`NESTING`][tkvision.growth.elastic.NESTING]; a layer
     without a ``kind``, such as the MatFormer ViT's nested MLP, is always nested)."""
     kind = getattr(layer, 'kind', None)
@@ -179,7 +199,7 @@ def set_prefix(
     return counts
 
 
-def _tau_scale(layer: nn.Module, k: int) -> float:
+def _tau_scale(layer: ElasticLayer, k: int) -> float:
     """``default_tau(k) / default_tau(n_τ)`` of a Pattention (1 for an elastic layer without τ)."""
     score_norm = getattr(layer, 'score_norm', None)
     if score_norm is None:
@@ -211,7 +231,7 @@ def prefix(
 
 def extract_prefix(
         model: nn.Module,
-        prefix: Prefix = None,
+        prefix: Optional[Prefix] = None,
         tau: str = 'kept',
         nesting: str = 'all',
 ) -> nn.Module:
@@ -242,17 +262,30 @@ def _sync_count_attributes(model: nn.Module):
     for kind, counts in _counts_by_kind(inner).items():
         attr = f'num_tokens_{kind}'
         if hasattr(inner, attr):
-            per_block = [counts[b] for b in sorted(counts)]
+            per_block = [counts[b] for b in sorted(counts, key=lambda b: -1 if b is None else b)]
             setattr(inner, attr, per_block[0] if len(set(per_block)) == 1 else per_block)
 
 
 def _counts_by_kind(model: nn.Module) -> Dict[str, Dict[Optional[int], int]]:
-    """``{kind: {block index (None outside the blocks): tokens}}`` of the model's Pattentions."""
-    out = {}
+    """``{kind: {block index (None outside the blocks): tokens}}`` of the model's Pattentions.
+
+    Raises:
+        ValueError: two layers of one kind in one block with different counts (a per-layer prefix of ``q`` but not
+            of ``k`` and ``v``): the model's constructor takes one count per kind and block, so no model of that
+            shape can be built.
+    """
+    out: Dict[str, Dict[Optional[int], int]] = {}
+    seen: Dict[Tuple[str, Optional[int]], str] = {}
     for name, layer in elastic_layers(model).items():
         kind = getattr(layer, 'kind', None)
-        if kind is not None:
-            out.setdefault(kind, {})[_block_index(name)] = layer.num_tokens
+        if kind is None:
+            continue
+        block, counts = _block_index(name), out.setdefault(kind, {})
+        if counts.get(block, layer.num_tokens) != layer.num_tokens:
+            raise ValueError(f'{seen[kind, block]} has {counts[block]} tokens and {name} {layer.num_tokens}: layers of '
+                             f'kind {kind} in one block take one count (the model is built with num_tokens_{kind} '
+                             'per block); give them the same prefix')
+        counts[block], seen[kind, block] = layer.num_tokens, name
     return out
 
 

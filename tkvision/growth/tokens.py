@@ -16,7 +16,7 @@ What a size is (`model_size`): ``{kind: num_tokens}`` for a TokenFormer, ``{'mlp
 for a timm ViT widened by Net2Net (`net2net`).
 """
 import copy as copy_module
-from typing import Dict, Union
+from typing import Any, Dict, Mapping, Optional, Sequence, Union
 
 import timm
 import torch
@@ -53,14 +53,14 @@ def token_counts(model: torch.nn.Module) -> dict:
     Raises:
         ValueError: layers of one kind with different counts (then use per-layer growth).
     """
-    counts = {}
+    counts: Dict[str, int] = {}
     for name, (kind, layer) in pattention_layers(model).items():
         if counts.setdefault(kind, layer.num_tokens) != layer.num_tokens:
             raise ValueError(f'{kind} layers have different token counts ({name}: {layer.num_tokens})')
     return counts
 
 
-def target_counts(variant: str, **model_kwargs: dict) -> dict:
+def target_counts(variant: str, **model_kwargs: Any) -> dict:
     """``{kind: num_tokens}`` of the registered ``variant`` (built on the meta device, no memory)."""
     with torch.device('meta'):
         return token_counts(timm.create_model(variant, **model_kwargs))
@@ -162,7 +162,7 @@ def model_size(model: torch.nn.Module) -> dict:
     return {'mlp_hidden': sizes.pop()} if sizes else {}
 
 
-def target_size(to: Union[None, str, Dict[str, int]]) -> dict:
+def target_size(to: Union[str, Mapping[str, int]]) -> dict:
     """The `model_size` a growth target names: a registered variant's token counts, or the
     mapping itself (``{kind: tokens}`` or ``{'mlp_hidden': N}``)."""
     return target_counts(to) if isinstance(to, str) else dict(to)
@@ -177,7 +177,8 @@ def schedule_sizes(size: dict, schedule: list) -> list:
     return sizes
 
 
-def check_reachable(size: dict, schedule: list = (), add_tokens: dict = None) -> None:
+def check_reachable(size: Mapping[str, int], schedule: Sequence[Mapping[str, Any]] = (),
+                    add_tokens: Optional[Mapping[str, int]] = None) -> None:
     """Check that a model of `model_size` ``size`` can take every step of a ``growth.schedule``
     (each ``to`` as `target_size` reads it) and the kinds of ``growth.add_tokens``, before any
     training: a TokenFormer grows by the token kinds it has, to counts no smaller than its own; a timm
@@ -225,7 +226,7 @@ def checkpoint_size(model: torch.nn.Module, state_dict: dict) -> dict:
     adapted with `adapt_state_dict`). Layers absent from it are left out."""
     layers = pattention_layers(model)
     if layers:
-        size = {}
+        size: Dict[str, int] = {}
         for name, (kind, layer) in layers.items():
             t = state_dict.get(f'{name}.{layer.key_name}')
             if t is not None:

@@ -8,10 +8,11 @@ docs/growth.md). The step count is kept, so Adam's bias correction divides the n
 instead of by the small ``1 - β^k`` of a fresh start; how large their first updates then are depends on β2
 (docs/growth.md).
 """
-from typing import Dict, Optional, Union
+from typing import Dict, List, Mapping, Optional, Sequence, Union
 
 import torch
 from timm.utils import unwrap_model
+from torch.utils.hooks import RemovableHandle
 
 from .net2net import mlps, net2net_widen
 from .tokens import grow, model_size, pattention_layers, token_counts
@@ -59,7 +60,7 @@ def grow_training_state(
         value_init: str = 'normal',
         to: Union[None, str, Dict[str, int]] = None,
         tau: str = 'keep',
-        **add: Optional[Dict[str, int]],
+        **add: int,
 ) -> dict:
     """Grow a model in the middle of training, with the state that trains it (paper §3.3).
 
@@ -80,7 +81,8 @@ def grow_training_state(
     if not layers:
         return _widen_training_state(model, optimizer, ema_model, to)
     before = {n: (m.keys, m.value_param_tokens) for n, (_, m) in layers.items()}
-    grow(model, key_init=key_init, value_init=value_init, to=to, tau=tau, **add)
+    # add holds token counts by kind only (mypy cannot tell its keys from grow's other keywords)
+    grow(model, key_init=key_init, value_init=value_init, to=to, tau=tau, **add)  # type: ignore[arg-type]
     old_to_new = {}
     for n, (_, m) in pattention_layers(model).items():
         old_to_new[before[n][0]] = m.keys
@@ -130,9 +132,9 @@ class _Unfreeze:
 
 def freeze_old_tokens(
         model: torch.nn.Module,
-        old_counts: dict,
+        old_counts: Mapping[str, int],
         optimizer: Optional[torch.optim.Optimizer] = None,
-        trainable: bool = ('head',),
+        trainable: Sequence[str] = ('head',),
 ) -> list:
     """Parameter-efficient tuning (paper §5): train only appended tokens and ``trainable`` modules.
 
@@ -149,7 +151,8 @@ def freeze_old_tokens(
         The list of handles; removing them all unfreezes (the hooks go, and the parameters frozen here
         get ``requires_grad=True`` back).
     """
-    handles, frozen = [], []
+    handles: List[Union[_Unfreeze, RemovableHandle]] = []
+    frozen = []
     layers = pattention_layers(model)
     pattention_params = {id(p) for _, layer in layers.values() for p in layer.parameters()}
     inner = unwrap_model(model)

@@ -46,7 +46,7 @@ the MAE decoder's ``decoder_*``), set by the model that builds it; growth groups
 import math
 import warnings
 from dataclasses import dataclass
-from typing import Callable, Optional, Union
+from typing import TYPE_CHECKING, Callable, Dict, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -91,7 +91,7 @@ class ScoreNorm:
 
 
 #: The registry: ``{name: ScoreNorm}``; iterate it for every normalisation's name.
-SCORE_NORMS = {}
+SCORE_NORMS: Dict[str, ScoreNorm] = {}
 
 
 def register_score_norm(
@@ -280,6 +280,10 @@ class Pattention(nn.Module):
 
     #: the attribute holding K_P (``keys``); rows are parameter tokens, whatever the other dims
     key_name = 'key_param_tokens'
+    if TYPE_CHECKING:  # set in __init__ (K_P by name); TorchScript reads class annotations as attribute types
+        key_param_tokens: nn.Parameter
+        value_param_tokens: nn.Parameter
+        tau: torch.Tensor
     __jit_unused_properties__ = ['num_tokens', 'keys', 'parameters_per_token']
 
     def __init__(
@@ -320,9 +324,9 @@ class Pattention(nn.Module):
         self.prefix_tau_scale: float = 1.0
         self.centre_keys = False
         self.tau_tokens = num_tokens
-        factory = dict(device=device, dtype=dtype)
-        setattr(self, self.key_name, nn.Parameter(torch.empty(num_tokens, in_features, **factory)))  # K_P
-        self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, **factory))
+        keys = torch.empty(num_tokens, in_features, device=device, dtype=dtype)
+        setattr(self, self.key_name, nn.Parameter(keys))  # K_P
+        self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, device=device, dtype=dtype))
         self.register_buffer('tau', torch.tensor(float(tau), dtype=torch.float32, device=device))
         self.reset_parameters()
 
@@ -413,7 +417,8 @@ class Pattention(nn.Module):
         hand-written backwards, which give τ no gradient. A 0-d parameter gets no weight decay from timm's optimizer
         factory. Returns self (idempotent)."""
         if not isinstance(self.tau, nn.Parameter):
-            tau = self._buffers.pop('tau')
+            tau = self.tau
+            del self._buffers['tau']
             self.tau = nn.Parameter(tau)
         return self
 

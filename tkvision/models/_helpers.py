@@ -6,6 +6,7 @@ build on these; the models use them to read a local file's head size.
 """
 import os
 import pickle
+from typing import Any, Optional, Tuple
 
 import torch
 from safetensors import SafetensorError
@@ -79,14 +80,15 @@ def check_fit(model: torch.nn.Module, state_dict: dict, source: str = 'checkpoin
         raise WeightsMismatchError(f'{source} does not fit the model:\n' + '\n'.join(parts))
 
 
-def input_shape(model: torch.nn.Module):
+def input_shape(model: torch.nn.Module) -> Tuple[int, Optional[Tuple[int, ...]]]:
     """``(channels, (H, W) or None)`` a ViT-like model takes: its stem's input channels and, when the
     stem checks the size (timm's ``strict_img_size``, ours without ``dynamic_img_size``), the image size.
     A NaFlex model (timm's ``embeds`` stem) takes any size: ``(in_chans, None)``."""
-    if not hasattr(model, 'patch_embed') and hasattr(model, 'embeds'):
-        return model.in_chans, None
-    stem = model.patch_embed
-    channels = getattr(model, 'in_chans', None) or stem.proj.weight.shape[1]
+    vit: Any = model  # a ViT by its attributes: ours or timm's
+    if not hasattr(vit, 'patch_embed') and hasattr(vit, 'embeds'):
+        return vit.in_chans, None
+    stem = vit.patch_embed
+    channels = getattr(vit, 'in_chans', None) or stem.proj.weight.shape[1]
     strict = getattr(stem, 'strict_img_size', True) and not getattr(model, 'dynamic_img_size', False)
     return channels, (tuple(stem.img_size) if strict and getattr(stem, 'img_size', None) else None)
 

@@ -8,24 +8,45 @@ The model it is mixed into has timm's ViT attributes: ``patch_embed`` (``img_siz
 (``pos_embed_type``), ``num_prefix_tokens``, ``no_embed_class``, ``embed_dim``, and ``_pos_embed``,
 ``_run_block``.
 """
-from typing import List, Optional, Tuple, Union
+from typing import TYPE_CHECKING, Callable, List, Optional, Tuple, Union
 
 import torch
+from timm.layers import PatchEmbed as TimmPatchEmbed
 from timm.layers import resample_abs_pos_embed
 from timm.layers.pos_embed_sincos import build_sincos2d_pos_embed
 from timm.models._features import feature_take_indices
 from torch import nn
 
+from ..layers import PatchEmbed
+
 __all__ = ['ViTContract']
 
 
 class ViTContract:
-    """``get_patch_size``, ``set_input_size``, ``forward_intermediates``, ``prune_intermediate_layers``."""
+    """``get_patch_size``, ``set_input_size``, ``forward_intermediates``, ``prune_intermediate_layers``.
+
+    The attributes below are the model's: the model sets them, the type checker reads what this uses of them
+    (under ``TYPE_CHECKING``: TorchScript reads a module class's annotations as attribute types)."""
+
+    if TYPE_CHECKING:
+        patch_embed: Union[PatchEmbed, TimmPatchEmbed]  # ours, or timm's conv stem (RingFormer)
+        blocks: Union[nn.Sequential, nn.ModuleList]  # a recurrent family's levels: a ModuleList
+        norm: nn.Module
+        fc_norm: nn.Module
+        pos_embed: Optional[torch.Tensor]
+        pos_embed_type: str
+        num_prefix_tokens: int
+        no_embed_class: bool
+        embed_dim: int
+        feature_info: List[dict]
+        _pos_embed: Callable[[torch.Tensor, Tuple[int, int]], torch.Tensor]
+        _run_block: Callable[[nn.Module, torch.Tensor, Optional[torch.Tensor]], torch.Tensor]
+        reset_classifier: Callable[[int, Optional[str]], None]
 
     @torch.jit.ignore
     def get_patch_size(self) -> Tuple[int, int]:
         """The stem's patch size ``(p_h, p_w)`` in pixels."""
-        return tuple(self.patch_embed.patch_size)
+        return self.patch_embed.patch_size
 
     @torch.no_grad()
     def sincos_table(self) -> torch.Tensor:

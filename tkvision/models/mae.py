@@ -27,7 +27,7 @@ from the encoder's ``patch``, ``qkv``, ``proj``, ``ffn``.
 Layout as timm's model files: helpers -> decoder -> model -> checkpoint filter -> factories.
 """
 import math
-from typing import Any, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Mapping, Optional, Tuple, Union
 
 import timm
 import torch
@@ -151,6 +151,9 @@ class MAEDecoder(nn.Module):
         ValueError: unknown ``kind``, or ``embed_dim`` not divisible by ``num_heads``.
     """
 
+    if TYPE_CHECKING:  # a registered buffer; TorchScript reads class annotations as attribute types
+        pos_embed: torch.Tensor
+
     def __init__(
             self,
             encoder_dim: int,
@@ -174,14 +177,14 @@ class MAEDecoder(nn.Module):
         self.num_tokens = n
         if kind == 'tokenformer':
             value_std = 2 / (depth * math.sqrt(embed_dim))
-            self.embed = Pattention(encoder_dim, embed_dim, n, score_norm=score_norm, kind='decoder_embed')
+            self.embed: nn.Module = Pattention(encoder_dim, embed_dim, n, score_norm=score_norm, kind='decoder_embed')
             self.blocks = nn.Sequential(*[
                 TokenFormerBlock(embed_dim, num_heads, n, n, 4 * n, score_norm=score_norm, value_std=value_std)
                 for _ in range(depth)])
             for m in self.blocks.modules():  # the blocks' qkv / proj / ffn, grown apart from the encoder's
-                if isinstance(m, Pattention):
+                if isinstance(m, Pattention) and m.kind is not None:
                     m.kind = 'decoder_' + m.kind
-            self.pred = Pattention(embed_dim, out_dim, n, score_norm=score_norm, kind='decoder_pred')
+            self.pred: nn.Module = Pattention(embed_dim, out_dim, n, score_norm=score_norm, kind='decoder_pred')
         else:
             self.embed = nn.Linear(encoder_dim, embed_dim)
             self.blocks = nn.Sequential(*[
@@ -267,7 +270,8 @@ class MaskedAutoencoder(nn.Module):
             raise ValueError(f'{type(encoder).__name__} is not a ViT encoder: it has no {", ".join(missing)}')
         if getattr(encoder, 'dynamic_img_size', False):
             raise ValueError('the MAE encoder needs a fixed image size (dynamic_img_size=False)')
-        pe = encoder.patch_embed
+        vit: Any = encoder  # a ViT by its attributes (checked above): ours or timm's
+        pe = vit.patch_embed
         ph, pw = pe.patch_size
         if ph != pw:
             raise ValueError(f'MAE needs square patches, got {pe.patch_size}')
@@ -280,16 +284,16 @@ class MaskedAutoencoder(nn.Module):
                              f'needs at least one masked and one visible patch (mask between 1 and {num_patches - 1})')
         self.in_chans = getattr(encoder, 'in_chans', None) or pe.proj.weight.shape[1]
         self.mask_ratio, self.norm_pix_loss = mask_ratio, norm_pix_loss
-        if sincos_pos_embed and encoder.pos_embed is not None:
+        if sincos_pos_embed and vit.pos_embed is not None:
             with torch.no_grad():
-                grid = build_sincos2d_pos_embed(list(self.grid_size), encoder.pos_embed.shape[-1])
-                encoder.pos_embed.zero_()[0, encoder.pos_embed.shape[1] - grid.shape[0]:] = grid
-            encoder.pos_embed.requires_grad_(False)
+                grid = build_sincos2d_pos_embed(list(self.grid_size), vit.pos_embed.shape[-1])
+                vit.pos_embed.zero_()[0, vit.pos_embed.shape[1] - grid.shape[0]:] = grid
+            vit.pos_embed.requires_grad_(False)
         pattention = next((m for m in encoder.modules() if isinstance(m, Pattention)), None)
         if decoder_kind is None:  # a TokenFormer decoder for an encoder made of Pattentions
             decoder_kind = 'vit' if pattention is None else 'tokenformer'
         score_norm = 'l2_norm_gelu' if pattention is None else pattention.score_norm
-        self.decoder = MAEDecoder(encoder.embed_dim, self.grid_size, encoder.num_prefix_tokens,
+        self.decoder = MAEDecoder(vit.embed_dim, self.grid_size, vit.num_prefix_tokens,
                                   self.patch_size ** 2 * self.in_chans, decoder_embed_dim, decoder_depth,
                                   decoder_num_heads, decoder_num_tokens, decoder_kind, score_norm=score_norm)
 
@@ -303,7 +307,8 @@ class MaskedAutoencoder(nn.Module):
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:
         """Recompute the encoder's block activations in backward."""
-        self.encoder.set_grad_checkpointing(enable)
+        enc: Any = self.encoder  # a ViT by its attributes (checked at construction): timm's method
+        enc.set_grad_checkpointing(enable)
 
     def forward_encoder(
             self,
@@ -313,7 +318,7 @@ class MaskedAutoencoder(nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``[B, C, H, W] -> (latent [B, P + K, d], mask [B, N], ids_restore [B, N])``: the visible
         patches (in shuffled order) after the prefix tokens, through the encoder's blocks and norm."""
-        enc = self.encoder
+        enc: Any = self.encoder  # a ViT by its attributes (checked at construction)
         x = enc.patch_embed(images)
         P = enc.num_prefix_tokens
         pos = enc.pos_embed
@@ -326,10 +331,10 @@ class MaskedAutoencoder(nn.Module):
         prefix = [t.expand(x.shape[0], -1, -1) for t in (enc.cls_token, getattr(enc, 'reg_token', None))
                   if t is not None]
         if prefix:
-            prefix = torch.cat(prefix, dim=1)
+            tokens = torch.cat(prefix, dim=1)
             if prefix_pos is not None:
-                prefix = prefix + prefix_pos
-            x = torch.cat([prefix, x], dim=1)
+                tokens = tokens + prefix_pos
+            x = torch.cat([tokens, x], dim=1)
         x = enc.pos_drop(x)
         x = getattr(enc, 'norm_pre', nn.Identity())(x)
         if hasattr(enc, 'forward_blocks'):  # a tkvision family's trunk, recurrent ones included
@@ -399,8 +404,9 @@ def encoder_weights(model: nn.Module, state_dict: dict) -> dict:
     enc.update({k: own[k] for k in kept_init})
     pos = enc.get('pos_embed')
     if pos is not None and 'pos_embed' in own and pos.shape != own['pos_embed'].shape:
-        prefix = 0 if getattr(model, 'no_embed_class', False) else model.num_prefix_tokens
-        enc['pos_embed'] = resample_abs_pos_embed(pos, new_size=list(model.patch_embed.grid_size),
+        vit: Any = model  # a ViT by its attributes: ours or timm's
+        prefix = 0 if getattr(vit, 'no_embed_class', False) else vit.num_prefix_tokens
+        enc['pos_embed'] = resample_abs_pos_embed(pos, new_size=list(vit.patch_embed.grid_size),
                                                   num_prefix_tokens=prefix)
     loaded = sorted(k for k in enc if k not in kept_init)
     return dict(weights=enc, loaded=loaded, dropped=dropped, kept_init=kept_init)
@@ -426,7 +432,7 @@ def linear_probe(model: nn.Module) -> nn.Module:
 
 def create_mae(
         encoder: str,
-        decoder: str = 'base',
+        decoder: Union[str, Mapping[str, int]] = 'base',
         mask_ratio: float = 0.75,
         norm_pix_loss: bool = True,
         decoder_num_tokens: Optional[int] = None,

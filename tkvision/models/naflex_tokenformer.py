@@ -29,6 +29,7 @@ import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 from timm.models import generate_default_cfgs, naflexvit, register_model
 from timm.models.naflexvit import NaFlexVit, NaFlexVitCfg
+from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
 from ..layers import Block, FlexPatchPattention
@@ -41,8 +42,9 @@ __all__ = ['NaFlexTokenFormer', 'checkpoint_filter_fn']
 #: NaFlexVitCfg values of a TokenFormer: no biases (Pattentions have none), a class token pooled as in
 #: the fixed-grid family, no init rescaling of Linear projections that do not exist here, the position grid of
 #: the default 224 px at 16 px patches (NaFlexViT's default is 256 px).
-TOKENFORMER_CFG = dict(qkv_bias=False, proj_bias=False, class_token=True, global_pool='token', fix_init=False,
-                       embed_proj_type='linear', pos_embed='learned', pos_embed_grid_size=(14, 14))
+TOKENFORMER_CFG: Dict[str, Any] = dict(
+    qkv_bias=False, proj_bias=False, class_token=True, global_pool='token', fix_init=False, embed_proj_type='linear',
+    pos_embed='learned', pos_embed_grid_size=(14, 14))
 
 #: NaFlexVitCfg fields a TokenFormer cannot honour (they configure Linear / MLP / EVA layers), with the
 #: value it runs with: anything else is refused rather than silently ignored.
@@ -134,8 +136,10 @@ class NaFlexTokenFormer(NaFlexVit):
             patch = self.embeds.patch_size
             if patch[0] != patch[1]:
                 raise ValueError(f'patch_size {patch}: the NaFlex TokenFormer takes square patches')
-            self.embeds.proj = FlexPatchPattention(in_chans, patch[0], cfg.embed_dim, self.num_tokens_patch,
-                                                   score_norm, dtype=dtype)
+            # timm types the stem's proj as a Linear; ours scores patches against key tokens in its place
+            self.embeds.proj = FlexPatchPattention(  # type: ignore[assignment]
+                in_chans, patch[0], cfg.embed_dim, self.num_tokens_patch, score_norm, dtype=dtype)
+            self.in_chans = in_chans
 
     def forward(
             self,
@@ -177,7 +181,7 @@ class NaFlexTokenFormer(NaFlexVit):
             patches, patch_coord, patch_valid = x['patches'], x.get('patch_coord', patch_coord), x.get('patch_valid',
                                                                                                       patch_valid)
         elif x.dim() == 4:
-            _check_image(x, self.embeds.patch_size[0], self.embeds.proj.in_chans, self.embeds.dynamic_img_pad)
+            _check_image(x, self.embeds.patch_size[0], self.in_chans, self.embeds.dynamic_img_pad)
             return
         else:
             patches = x
@@ -233,8 +237,10 @@ def _block_builder(shared: dict, tokens: List[Dict[str, int]]):
 
     def build(dim, num_heads, qk_norm=False, init_values=None, proj_drop=0., attn_drop=0., drop_path=0.,
               **linear_layers):  # mlp_ratio, biases, norm / act / mlp layers: refused in _check_supported
+        mine = next(counts)
         return Block(dim, num_heads, qk_norm=qk_norm, init_values=init_values, proj_drop=proj_drop,
-                     attn_drop=attn_drop, drop_path=drop_path, **shared, **next(counts))
+                     attn_drop=attn_drop, drop_path=drop_path, **shared, num_tokens_qkv=mine['num_tokens_qkv'],
+                     num_tokens_proj=mine['num_tokens_proj'], num_tokens_ffn=mine['num_tokens_ffn'])
     return build
 
 
@@ -272,7 +278,7 @@ default_cfgs = generate_default_cfgs({
 
 
 @register_model
-def naflexvit_tokenformer_ti16(pretrained: bool = False, **kwargs: Any) -> NaFlexTokenFormer:
+def naflexvit_tokenformer_ti16(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """NaFlex TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (tokenformer_vit_ti16's)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
     return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_ti16', pretrained, checkpoint_filter_fn,
@@ -280,7 +286,7 @@ def naflexvit_tokenformer_ti16(pretrained: bool = False, **kwargs: Any) -> NaFle
 
 
 @register_model
-def naflexvit_tokenformer_b16(pretrained: bool = False, **kwargs: Any) -> NaFlexTokenFormer:
+def naflexvit_tokenformer_b16(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """NaFlex TokenFormer-B/16: d 768, 12 blocks, 12 heads, 768 / 3072 tokens (tokenformer_vit_b16's)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
     return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_b16', pretrained, checkpoint_filter_fn,
@@ -288,7 +294,7 @@ def naflexvit_tokenformer_b16(pretrained: bool = False, **kwargs: Any) -> NaFlex
 
 
 @register_model
-def naflexvit_tokenformer_b16_matched(pretrained: bool = False, **kwargs: Any) -> NaFlexTokenFormer:
+def naflexvit_tokenformer_b16_matched(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """NaFlex TokenFormer-B/16†: ViT-B/16's parameter count, 576 / 2304 tokens (tokenformer_vit_b16_matched's)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
     return create_tokenformer(NaFlexTokenFormer, 'naflexvit_tokenformer_b16_matched', pretrained,

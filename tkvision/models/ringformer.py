@@ -38,7 +38,7 @@ norms would make the levels' norms identical, leaving the signals as the only le
 Layout follows ``tokenformer_vit.py``: layers -> model -> checkpoint filter -> cfgs -> entrypoints. The
 model class is [`TokenFormerViT`][tkvision.models.tokenformer_vit.TokenFormerViT] with another stem and trunk.
 """
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Pattention
-from .tokenformer_vit import TokenFormerViT, create_tokenformer, tokenformer_cfg
+from .tokenformer_vit import Blocks, TokenFormerViT, create_tokenformer, tokenformer_cfg
 
 __all__ = ['LevelSignal', 'Level', 'RecurrentAttention', 'RingBlock', 'RingFormerViT', 'TokenRingViT',
            'LEVEL_SIGNALS']
@@ -107,11 +107,15 @@ class Level(nn.Module):
             tokens: Optional[dict] = None,
             dims: Optional[dict] = None,
             drop_path: float = 0.,
-            value_std: Optional[float] = 0.02,
+            value_std: float = 0.02,
     ):
         super().__init__()
         if kind not in (None, 'none') + LEVEL_SIGNALS:
             raise ValueError(f"level_signal must be one of {LEVEL_SIGNALS} or 'none', got {kind!r}")
+        if (kind == 'tokens' and tokens is None) or (kind in ('lowrank', 'tokens') and dims is None):
+            raise ValueError(f'level_signal {kind!r} needs the layers\' dims'
+                             + (' and tokens' if kind == 'tokens' else ''))
+        dims, tokens = dims or {}, tokens or {}
         self.kind = kind
         self.norm1 = nn.LayerNorm(dim, eps=1e-6)
         self.norm2 = nn.LayerNorm(dim, eps=1e-6)
@@ -131,7 +135,7 @@ class Level(nn.Module):
     def project(self, name: str, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """``layer(x)`` at this level: plus the low-rank signal (Eq. 6), or with the level's tokens."""
         if name in self.token_names:
-            return attend_with_level_tokens(layer, x, getattr(self, f'{name}_keys'), getattr(self, f'{name}_values'))
+            return attend_with_level_tokens(_pattention(layer), x, *self._level_tokens(name))
         out = layer(x)
         if name in self.signals:
             out = out + self.signals[name](x)
@@ -140,10 +144,21 @@ class Level(nn.Module):
     def ffn(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """The shared FFN at this level: ``layer(x + M_F x)`` (Eq. 7), or with the level's tokens."""
         if 'ffn' in self.token_names:
-            return attend_with_level_tokens(layer, x, self.ffn_keys, self.ffn_values)
+            return attend_with_level_tokens(_pattention(layer), x, *self._level_tokens('ffn'))
         if 'ffn' in self.signals:
             x = x + self.signals['ffn'](x)
         return layer(x)
+
+    def _level_tokens(self, name: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        """This level's key and value tokens for the shared layer ``name``."""
+        return self.get_parameter(f'{name}_keys'), self.get_parameter(f'{name}_values')
+
+
+def _pattention(layer: nn.Module) -> Pattention:
+    """``layer``, which level tokens extend: a Pattention (the Ring x Token family's shared layers)."""
+    if not isinstance(layer, Pattention):
+        raise TypeError(f'level tokens extend a Pattention, not a {type(layer).__name__}')
+    return layer
 
 
 class RecurrentAttention(nn.Module):
@@ -217,6 +232,9 @@ class _RecurrentViT(TokenFormerViT):
     TorchScript is not supported (a level is passed to the shared block as an argument); fx and ``torch.compile``
     are."""
 
+    if TYPE_CHECKING:  # set by each family's _build_blocks
+        shared: RingBlock
+
     def _run_block(self, level: nn.Module, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """The shared block at ``level`` (the trunk runs the levels in order)."""
         if self.grad_checkpointing and not torch.jit.is_scripting():
@@ -262,15 +280,16 @@ class RingFormerViT(_RecurrentViT):
             **kwargs: Any,
     ):
         _check_rank(rank)
-        self._ring = dict(mlp_ratio=mlp_ratio, rank=max(1, embed_dim // 16) if rank is None else rank,
+        self._ring: Dict[str, Any] = dict(mlp_ratio=mlp_ratio, rank=max(1, embed_dim // 16) if rank is None else rank,
                           level_signal=level_signal, qkv_bias=qkv_bias)
         super().__init__(embed_dim=embed_dim, depth=depth, num_heads=num_heads, pos_embed=pos_embed, **kwargs)
 
-    def _build_patch_embed(self, img_size, patch_size, in_chans, embed_dim, score_norm, strict_img_size):
+    def _build_patch_embed(self, img_size: Union[int, Tuple[int, int]], patch_size: int, in_chans: int,
+                           embed_dim: int, score_norm: str, strict_img_size: bool) -> ConvPatchEmbed:
         return ConvPatchEmbed(img_size, patch_size, in_chans, embed_dim, strict_img_size=strict_img_size,
                               dynamic_img_pad=False)
 
-    def _build_blocks(self, depth, dpr, kw, tokens):
+    def _build_blocks(self, depth: int, dpr: List[float], kw: dict, tokens: List[Dict[str, int]]) -> Blocks:
         r, d = self._ring, kw['dim']
         hidden = round(d * r["mlp_ratio"])
         linear = lambda: nn.Linear(d, d, bias=r['qkv_bias'])  # noqa: E731
@@ -319,10 +338,10 @@ class TokenRingViT(_RecurrentViT):
         _check_rank(rank)
         if level_tokens is not None and not (isinstance(level_tokens, int) and level_tokens >= 1):
             raise ValueError(f'level_tokens must be an integer >= 1 or None, got level_tokens={level_tokens!r}')
-        self._ring = dict(level_signal=level_signal, rank=rank, level_tokens=level_tokens)
+        self._ring: Dict[str, Any] = dict(level_signal=level_signal, rank=rank, level_tokens=level_tokens)
         super().__init__(pos_embed=pos_embed, **kwargs)
 
-    def _build_blocks(self, depth, dpr, kw, tokens):
+    def _build_blocks(self, depth: int, dpr: List[float], kw: dict, tokens: List[Dict[str, int]]) -> Blocks:
         if any(t != tokens[0] for t in tokens):
             raise ValueError('the recurrent trunk shares one block across levels: give one token count per kind')
         r, d = self._ring, kw['dim']
@@ -334,10 +353,10 @@ class TokenRingViT(_RecurrentViT):
                                   proj_drop=kw['proj_drop'])
         self.shared = RingBlock(attn, pattn(n_ffn, 'ffn'), ffn_drop=kw['proj_drop'])
         m = max(1, n_qkv // 32) if r['level_tokens'] is None else r['level_tokens']
-        tokens = dict(q=m, k=m, v=m, proj=m, ffn=4 * m)
+        per_level = dict(q=m, k=m, v=m, proj=m, ffn=4 * m)
         dims = dict.fromkeys(('q', 'k', 'v', 'proj', 'ffn'), (d, d))
         rank = max(1, d // 16) if r['rank'] is None else r['rank']
-        return nn.ModuleList([Level(d, r['level_signal'], rank, tokens=tokens, dims=dims, drop_path=dpr[i],
+        return nn.ModuleList([Level(d, r['level_signal'], rank, tokens=per_level, dims=dims, drop_path=dpr[i],
                                     value_std=kw['value_std']) for i in range(depth)])
 
 
@@ -360,21 +379,21 @@ default_cfgs = generate_default_cfgs({
 
 
 @register_model
-def ringformer_vit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> RingFormerViT:
+def ringformer_vit_small_patch16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """RingFormer, ImageNet-small (Table 2): d 512, FFN 2048, 6 levels, 8 heads, 100 classes: 4.40M (paper 4.4M)."""
     args = dict(patch_size=16, embed_dim=512, depth=6, num_heads=8)  # 100 classes: the cfg's (a file's head wins)
     return _create(RingFormerViT, 'ringformer_vit_small_patch16_224', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def ringformer_vit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> RingFormerViT:
+def ringformer_vit_base_patch16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """RingFormer, ImageNet-1K (Table 3): d 768, FFN 3072, 12 levels, 12 heads: 12.02M (paper 12.02M)."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12)
     return _create(RingFormerViT, 'ringformer_vit_base_patch16_224', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def ringformer_vit_base_wide_patch16_224(pretrained: bool = False, **kwargs: Any) -> RingFormerViT:
+def ringformer_vit_base_wide_patch16_224(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """RingFormer^s, upscaled (Table 3): d 1284, FFN 5120, 12 levels, 12 heads, rank 80: 31.95M (paper 31.95M)."""
     args = dict(patch_size=16, embed_dim=1284, depth=12, num_heads=12, mlp_ratio=5120 / 1284)
     return _create(RingFormerViT, 'ringformer_vit_base_wide_patch16_224', pretrained, **dict(args, **kwargs))

@@ -24,6 +24,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from timm.data import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
+from timm.layers import PatchEmbed as TimmPatchEmbed
 from timm.layers import resample_abs_pos_embed, trunc_normal_
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
 from timm.models._builder import resolve_pretrained_cfg
@@ -41,6 +42,8 @@ __all__ = ['TokenFormerViT', 'TokenCounts', 'block_token_counts', 'checkpoint_fi
 #: A Pattention kind's token count: one for every block, or one per block (a Mix'n'Match sub-model of an
 #: elastic model, [`tkvision.growth.elastic`][tkvision.growth.elastic]).
 TokenCounts = Union[int, Sequence[int], None]
+#: A model's trunk: a ``Sequential`` of blocks, or a recurrent family's ``ModuleList`` of levels.
+Blocks = Union[nn.Sequential, nn.ModuleList]
 
 
 def block_token_counts(
@@ -267,17 +270,19 @@ class TokenFormerViT(ViTContract, nn.Module):
             embed_dim: int,
             score_norm: str,
             strict_img_size: bool,
-    ) -> nn.Module:
-        """The stem (a subclass may build another): a Pattention patch embedding."""
+    ) -> Union[PatchEmbed, TimmPatchEmbed]:
+        """The stem (a subclass may build another, as timm's conv stem): a Pattention patch embedding."""
         return PatchEmbed(img_size, patch_size, in_chans, embed_dim, self.num_tokens_patch, score_norm,
                           strict_img_size=strict_img_size)
 
     def _build_blocks(self, depth: int, dpr: List[float], block_kwargs: dict, tokens: List[Dict[str,
-                                                                                                int]]) -> nn.Module:
+                                                                                                int]]) -> Blocks:
         """``depth`` TokenFormer blocks (a subclass may build another trunk, e.g. the recurrent
         families of `tkvision.models.ringformer`); ``dpr``: drop-path rate per block; ``tokens``: each
         block's token counts (`block_token_counts`)."""
-        return nn.Sequential(*[Block(**block_kwargs, **tokens[i], drop_path=dpr[i]) for i in range(depth)])
+        return nn.Sequential(*[Block(**block_kwargs, num_tokens_qkv=t['num_tokens_qkv'],
+                                     num_tokens_proj=t['num_tokens_proj'], num_tokens_ffn=t['num_tokens_ffn'],
+                                     drop_path=dpr[i]) for i, t in enumerate(tokens)])
 
     def init_weights(self) -> None:
         """timm ViT init for the non-Pattention parameters (Pattentions init themselves); the fixed
@@ -365,7 +370,7 @@ class TokenFormerViT(ViTContract, nn.Module):
     def forward_features(self, x: torch.Tensor, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``[B, in_chans, H, W] -> [B, num_prefix_tokens + N, embed_dim]`` (after the final norm);
         ``attn_mask`` as timm's ViT takes it (``F.scaled_dot_product_attention``'s, over all tokens)."""
-        grid = self.patch_embed.dynamic_feat_size(x.shape[-2:])
+        grid = self.patch_embed.dynamic_feat_size((x.shape[-2], x.shape[-1]))
         x = self._pos_embed(self.patch_embed(x), grid)
         return self.norm(self.forward_blocks(x, attn_mask))
 
@@ -405,7 +410,7 @@ class TokenFormerViT(ViTContract, nn.Module):
         return adapt_input_channels(checkpoint_filter_fn(state_dict, self), self)
 
 
-def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: TokenFormerViT) -> Dict[str, torch.Tensor]:
+def checkpoint_filter_fn(state_dict: Dict[str, Any], model: Optional[TokenFormerViT]) -> Dict[str, torch.Tensor]:
     """Adapt a TokenFormer ViT checkpoint to ``model`` (timm's ``pretrained_filter_fn``).
 
     Unwraps ``{'state_dict_ema' | 'model_ema' | 'state_dict' | 'model': ...}`` (EMA first, as
@@ -413,8 +418,8 @@ def checkpoint_filter_fn(state_dict: Dict[str, torch.Tensor], model: TokenFormer
     ``patch_embed.proj.key_param_tokens [n, C*p*p]``, now the filter bank ``patch_embed.proj.weight
     [n, C, p, p]``), resamples ``pos_embed`` to the model's patch grid (timm's
     ``resample_abs_pos_embed``). Other input channels are timm's loader's to adapt (``first_conv``),
-    or `adapt_input_channels`'s on our own path.
-    Everything else passes through; shape mismatches are reported by
+    or `adapt_input_channels`'s on our own path. ``model`` None: only the unwrapping (another family's filter
+    reads the layout itself). Everything else passes through; shape mismatches are reported by
     `tkvision.models.check_fit` / ``load_state_dict``.
     """
     for key in ('state_dict_ema', 'model_ema', 'state_dict', 'model'):
@@ -478,8 +483,9 @@ def create_tokenformer(
         kwargs['pretrained_cfg_overlay'] = _local_file_overlay(variant, kwargs)
     out_indices = kwargs.pop('out_indices', 3)
     with torch.device(device) if device is not None else contextlib.nullcontext():
-        model = build_model_with_cfg(model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,
-                                     feature_cfg=dict(out_indices=out_indices, feature_cls='getter'), **kwargs)
+        model: nn.Module = build_model_with_cfg(model_cls, variant, pretrained, pretrained_filter_fn=filter_fn,
+                                                feature_cfg=dict(out_indices=out_indices, feature_cls='getter'),
+                                                **kwargs)
     if device is not None or dtype is not None:
         model.to(device=device, dtype=dtype)
     return model
@@ -528,42 +534,42 @@ default_cfgs = generate_default_cfgs({
 
 
 @register_model
-def tokenformer_vit_ti16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
+def tokenformer_vit_ti16(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """TokenFormer-Ti/16: d 192, 12 blocks, 3 heads, 192 / 768 tokens (qkv, proj, patch / ffn)."""
     args = dict(patch_size=16, embed_dim=192, depth=12, num_heads=3, num_tokens=192)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_ti16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_s16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
+def tokenformer_vit_s16(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """TokenFormer-S/16: d 384, 12 blocks, 6 heads, 384 / 1536 tokens."""
     args = dict(patch_size=16, embed_dim=384, depth=12, num_heads=6, num_tokens=384)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_s16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_b16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
+def tokenformer_vit_b16(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """TokenFormer-B/16 (Table 2, 'Ours 109M' row): d 768, 12 blocks, 12 heads, 768 / 3072 tokens."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=768)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_b16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_b16_matched(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
+def tokenformer_vit_b16_matched(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """TokenFormer-B/16† (Table 2, 86M): ViT-B/16's parameter count, 576 / 2304 tokens."""
     args = dict(patch_size=16, embed_dim=768, depth=12, num_heads=12, num_tokens=576)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_b16_matched', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_l16(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
+def tokenformer_vit_l16(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """TokenFormer-L/16 (Table 2, 407M): d 1024, 24 blocks, 16 heads, 1024 / 4096 tokens."""
     args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=1024)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_l16', pretrained, **dict(args, **kwargs))
 
 
 @register_model
-def tokenformer_vit_l16_matched(pretrained: bool = False, **kwargs: Any) -> TokenFormerViT:
+def tokenformer_vit_l16_matched(pretrained: bool = False, **kwargs: Any) -> nn.Module:
     """TokenFormer-L/16† (Table 2, 307M): ViT-L/16's parameter count, 768 / 3072 tokens."""
     args = dict(patch_size=16, embed_dim=1024, depth=24, num_heads=16, num_tokens=768)
     return create_tokenformer(TokenFormerViT, 'tokenformer_vit_l16_matched', pretrained, **dict(args, **kwargs))
