@@ -6,17 +6,20 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH_PINS := torch==2.14.1 torchvision==0.29.1
+# The type checker and the stubs it reads, pinned: another mypy release finds other errors (make typecheck).
+TYPECHECK_PINS := mypy==2.4.1 types-PyYAML==6.0.12.20261122 types-tqdm==4.70.0.20261106
 FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 CHROMIUM := /usr/bin/chromium
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: env data browser docs train train-long test test-lowest-deps test-timm-upstream benchmark bench-gpu sweep growth-experiment clean
+.PHONY: env data browser docs train train-long test typecheck test-gpu test-lowest-deps test-timm-upstream benchmark bench-gpu sweep \
+	growth-experiment clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
 	[ -x $(PY) ] || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q $(TORCH_PINS)
-	$(PY) -m pip install -q -e '.[test,tensorboard,docs]'
+	$(PY) -m pip install -q -e '.[test,tensorboard,docs]' $(TYPECHECK_PINS)
 	touch $@
 
 env: $(VENV)/.installed
@@ -52,6 +55,10 @@ train-long: env data
 test: env data browser
 	TKVISION_NO_SKIPS=1 $(PY) -m pytest -q $(ARGS)
 
+# mypy over the library at the level pyproject.toml states ([tool.mypy]); zero errors, no blanket ignore.
+typecheck: env
+	$(PY) -m mypy
+
 # The lower bounds setup.cfg declares, tested: those versions in .lowest-deps/, ahead of the venv's, on
 # the tests that exercise them (timm's API, safetensors files, YAML configs). torch's pins are above.
 LOWEST := timm safetensors pyyaml albumentations
@@ -69,6 +76,12 @@ test-timm-upstream: env
 
 benchmark: env
 	$(PY) tools/benchmark.py $(ARGS)
+
+# First on a new GPU machine (about 5 min of one GPU): what a user runs there, one line each
+# (tkvision/experiments/gpu_check.py); ARGS="--out docs/bench/gpu_check" keeps the lines. CPU check (CI runs it):
+# ARGS="--device cpu --dry-run".
+test-gpu:
+	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) tools/check_gpu.py $(ARGS)
 
 # On a GPU machine (< 10 min on one H100): one report under docs/bench/ (studies/performance/gpu_report.py).
 # Needs torch, timm, triton; the end-to-end part also albumentations. CPU check: ARGS="--device cpu --tiny".

@@ -12,7 +12,7 @@ from ..experiments.benchmark_parts import PARTS, run_benchmark
 from ..experiments.sweep import expand_configs, run_sweep, summarize
 from .common import device_name, positive_int, run_cli
 
-__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main']
+__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'check_gpu_main']
 
 
 def benchmark_parser(parts: dict = PARTS) -> argparse.ArgumentParser:
@@ -83,3 +83,31 @@ def _sweep(argv) -> int:
         print(f.read())
     print(f'wrote {args.out}/results.md, results.csv, results.png')
     return 1 if any(r['failed'] for r in rows) and not any(r['seeds'] for r in rows) else 0
+
+
+def check_gpu_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``tkvision-check-gpu`` / ``tools/check_gpu.py`` / ``make test-gpu``: what a user runs on a GPU machine, one
+    line each (`tkvision.experiments.gpu_check`); exit 0 when every item passed, 1 when one failed, 2 on a bad
+    setting."""
+    return run_cli(_check_gpu, argv)
+
+
+def _check_gpu(argv) -> int:
+    import tempfile
+
+    from ..experiments.gpu_check import ITEMS, check_gpu, write_check_report
+    ap = argparse.ArgumentParser(description='Check a GPU machine: the recipe, MAE, NaFlex, RingFormer, growth, '
+                                             'elastic, torchrun, stop and resume, validate, export.')
+    ap.add_argument('--device', type=device_name, default='cuda')
+    ap.add_argument('--dry-run', action='store_true', help='tiny models at 32 px on the CPU (about a minute)')
+    ap.add_argument('--items', nargs='+', choices=ITEMS, help='these items only (and the ones they need)')
+    ap.add_argument('--work', help='a new folder for the images, runs and logs (default: a temporary one)')
+    ap.add_argument('--out', help='write the lines as OUT_<date>.json and .md, e.g. docs/bench/gpu_check')
+    args = ap.parse_args(argv)
+    work = args.work or tempfile.mkdtemp(prefix='tkvision-gpu-check-')
+    print(f'checking {args.device} in {work} (each item\'s log: {work}/logs)')
+    results = check_gpu(args.device, work, args.dry_run, args.items)
+    if args.out:
+        command = 'tkvision-check-gpu ' + ' '.join(argv)
+        print('wrote ' + ', '.join(write_check_report(results, args.out, args.device, command)))
+    return 1 if any(r.status == 'fail' for r in results) else 0

@@ -1,0 +1,60 @@
+"""``make test-gpu`` (``tkvision-check-gpu``) cannot rot before a GPU is lent: its dry run takes every item's
+command line on the CPU, with tiny models, and each must pass; the GPU commands are what a user runs there."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tkvision.experiments import gpu_check
+
+
+def test_the_dry_run_passes_every_item_and_writes_its_report(tmp_path):
+    work, out = tmp_path / 'work', tmp_path / 'bench' / 'gpu_check'
+    result = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'tkvision-check-gpu'), '--device', 'cpu',
+                             '--dry-run', '--work', str(work), '--out', str(out)],
+                            capture_output=True, text=True, timeout=900)
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith(('PASS', 'FAIL', 'SKIPPED'))]
+    assert sorted(line.split()[1] for line in lines) == sorted(gpu_check.ITEMS)
+    assert all(line.startswith('PASS') for line in lines), result.stdout
+    report = json.load(open(next(p for p in (tmp_path / 'bench').iterdir() if p.suffix == '.json')))
+    assert [item['item'] for item in report['items']] == list(gpu_check.ITEMS) and report['machine']
+    recipe = next(item for item in report['items'] if item['item'] == 'recipe')
+    assert recipe['img_per_s'] > 0 and 0 <= recipe['data_wait'] <= 1 and recipe['peak_mem_mib'] > 0
+
+
+def test_on_a_gpu_the_recipe_is_the_b16_recipe_compiled_at_224_px(tmp_path):
+    """What the GPU check runs: the shipped B/16† recipe as it is (bf16, compile auto, its augmentations and EMA) at
+    224 px under torchrun; the other items eager at Ti/16; nothing of the dry run's sizes."""
+    check = gpu_check._Check('cuda', 'gpu', str(tmp_path / 'images'), str(tmp_path))
+    recipe = check.recipe()
+    assert recipe[:8] == [sys.executable, '-m', 'torch.distributed.run', '--standalone', '--nproc_per_node', '1',
+                          '-m', 'tkvision.cli.train']
+    assert recipe[recipe.index('--config') + 1] == 'imagenet/tokenformer_vit_b16_matched'
+    assert '--compile' not in recipe and '--model' not in recipe and '--img_size' not in recipe
+    commands = gpu_check._commands(check)
+    assert set(gpu_check.ITEMS) - {'recipe', 'stop_resume'} <= set(commands)
+    for item in ('mae', 'mae_finetune', 'naflex', 'ringformer', 'growth', 'elastic'):
+        command = commands[item][0]
+        assert command[command.index('--compile') + 1] == 'false' and '--img_size' not in command, item
+    assert gpu_check._torchrun_probe('cuda')[-1] == 'cuda:0' and 'nccl' == gpu_check._backend('cuda')
+
+
+def test_a_failed_item_names_its_error_and_what_needs_it_is_skipped(tmp_path, monkeypatch):
+    failed = gpu_check._result('mae', (2, 'epoch 1\nerror: amp: bf16 needs a GPU with bfloat16\n', 3.0, 900.0), None,
+                               gpu_check._has('never'))
+    assert failed.status == 'fail' and failed.note == 'exit 2: error: amp: bf16 needs a GPU with bfloat16'
+    assert failed.line().startswith('FAIL    mae')
+    monkeypatch.setattr(gpu_check, '_one', lambda item, commands, log_path: failed)
+    results = gpu_check.check_gpu('cpu', str(tmp_path / 'w'), dry_run=True, items=['mae_finetune'], log=lambda _: None)
+    assert [(r.item, r.status) for r in results] == [('mae', 'fail'), ('mae_finetune', 'skipped')]
+    assert results[1].note == 'needs mae, which did not pass'
+
+
+def test_a_check_never_writes_into_a_folder_that_holds_files(tmp_path):
+    (tmp_path / 'earlier.txt').write_text('kept')
+    with pytest.raises(FileExistsError, match='is not empty'):
+        gpu_check.check_gpu('cpu', str(tmp_path), dry_run=True)
+    assert (tmp_path / 'earlier.txt').read_text() == 'kept'
