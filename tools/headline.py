@@ -33,12 +33,23 @@ def _comparison() -> list:
     short = {r['config']: r for r in _rows('docs/comparison/results.csv')}
     t, v = short['tokenformer_equal_params'], short['vit_equal_width']
     rows = [dict(key='quick',
-                 question=f"Fashion-MNIST, quick recipe ({t['epochs']} epochs), equal parameters and compute: "
+                 question=f"Fashion-MNIST, quick recipe ({t['epochs']} epochs), equal parameters and compute "
+                          f"({int(t['params']) / 1e6:.2f}M, {t['num_tokens']} tokens; make train's model has 96): "
                           f"test top-1 %, {t['seeds']} seeds",
                  tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']), vit=_pm(v['test_top1_mean'],
                                                                                    v['test_top1_std']),
                  difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
                  source='docs/comparison/results.csv')]
+    mlp = short.get('tokenformer_plain_gelu')
+    if mlp is not None:
+        rows.append(dict(key='plain_mlp',
+                         question='The same, each Pattention a plain GELU MLP (score_norm: gelu, no normalisation): '
+                                  f"validation top-1 %, {mlp['seeds']} seeds (the TokenFormer with it: "
+                                  f"{_pm(t['top1_mean'], t['top1_std'])})",
+                         tokenformer=_pm(mlp['top1_mean'], mlp['top1_std']),
+                         vit=_pm(v['top1_mean'], v['top1_std']),
+                         difference=f"{float(mlp['top1_mean']) - float(v['top1_mean']):+.2f}",
+                         source='docs/comparison/results.csv'))
     long = {r['config']: r for r in _rows('docs/comparison/long/results.csv')}
     t, v = long['tokenformer_token_lr_quarter'], long['vit_equal_width']
     rows.append(dict(key='long_mean',
@@ -144,13 +155,18 @@ def _elastic() -> list:
         return []
     method = max(gaps, key=lambda m: statistics.mean(gaps[m]))
     whole = next(r for r in rows if r['method'] == method and r['prefix'] == '1.0')
-    difference = (f'{statistics.mean(gaps[method]):+.2f} mean; training compute '
+    alone = {r['prefix']: float(r['test_top1_mean']) for r in rows
+             if r['method'] == 'independent' and r['test_top1_mean'] not in ('', None)}
+    test = [float(r['test_top1_mean']) - alone[r['prefix']] for r in rows
+            if r['method'] == method and r['prefix'] in alone]
+    difference = (f'{statistics.mean(gaps[method]):+.2f} mean (test {statistics.mean(test):+.2f}); training compute '
                   f"{float(whole['compute_vs_largest']):.2f}x the largest alone")
     return [dict(key='elastic',
                  question=f'Fashion-MNIST, quick recipe: one elastic TokenFormer ({method}, the best on validation of '
                           'the variants at most elastic\'s compute) at 1/4, 1/2, 3/4 and all of its tokens against 4 '
-                          f"trained alone: validation top-1 gap, points (worst prefix), {whole['seeds']} seeds",
-                 tokenformer=f"{min(gaps[method]):+.2f}", vit='–', difference=difference, source=path,
+                          f"trained alone: validation top-1 gap, points (worst prefix; test top-1 gap), "
+                          f"{whole['seeds']} seeds",
+                 tokenformer=f"{min(gaps[method]):+.2f} (test {min(test):+.2f})", vit='–', difference=difference, source=path,
                  page='elastic')]
 
 
