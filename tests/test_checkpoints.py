@@ -99,3 +99,19 @@ def test_attention_distance_reads_a_grown_run(tmp_path, capsys):
     assert attention_distance_main(['--config', _run_config(tmp_path), '--checkpoint', _legacy('classify_last.safetensors'),
                                     '--num-images', '8', '--batch-size', '8', '--out', out]) == 0
     assert os.path.isfile(out) and 'MAD per layer' in capsys.readouterr().out
+
+
+def test_two_identical_runs_write_byte_identical_weights_files(tmp_path):
+    """safetensors writes its metadata in a per-process random order, so two identical runs' weights files had
+    other sha256 digests (and the same run's weights compared unequal by hash). Their keys are sorted now."""
+    import hashlib
+
+    from tkvision.engine.trainer import train
+
+    from .helpers import fmnist_cfg
+    digests = []
+    for name in ('a', 'b'):
+        train(fmnist_cfg(tmp_path, output=str(tmp_path / name), epochs=1, train_subset=256, val_subset=64))
+        digests.append({f: hashlib.sha256((tmp_path / name / f).read_bytes()).hexdigest()
+                        for f in ('last.safetensors', 'best.safetensors')})
+    assert digests[0] == digests[1]

@@ -2,12 +2,15 @@
 arithmetic on known logits, in-place distillation's gradients against a float64 autograd reference, the
 sandwich rule, the delayed start, nesting by kind, a teacher from a finished run, and the keys' errors."""
 import math
+import re
+import shutil
 
 import pytest
 import timm
 import torch
 
 from tkvision.engine import loop as loop_mod, trainer as train_mod
+from tkvision.engine.checkpoint import load_training_checkpoint
 from tkvision.engine.config import ConfigError, load_config, section
 from tkvision.engine.distributed import Processes, device_plan
 from tkvision.engine.loss import RunLoss, distillation_loss
@@ -182,3 +185,67 @@ def test_inplace_distilled_elastic_training_resumes_bit_identically(tmp_path, mo
 def test_distillation_keys_are_checked_before_any_work(tmp_path, keys, message):
     with pytest.raises(ConfigError, match=message):
         train_mod.train(fmnist_cfg(tmp_path, **keys))
+
+
+def test_a_resume_whose_teacher_changed_is_refused_naming_the_file(tmp_path, monkeypatch, capsys):
+    """The teacher's weights file replaced by another run's between a kill and ``--resume``: the run went on,
+    silently, towards other targets. The checkpoint records the teacher's sha256 (and init_from's): the resume is
+    refused naming the file; a changed ``init_from`` (read once, at the start) only says so."""
+    first = fmnist_cfg(tmp_path, output=str(tmp_path / 'teacher'), epochs=1)
+    train_mod.train(first)
+    train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'other'), epochs=1, seed=5))
+    path = str(tmp_path / 'teacher' / 'last.safetensors')
+    cfg = fmnist_cfg(tmp_path, output=str(tmp_path / 'student'), distillation='teacher', teacher=path, epochs=2,
+                     init_from=path)
+    from tkvision.engine import clock as clock_mod
+    real = clock_mod.save_training_checkpoint
+
+    def killed(checkpoint, where):  # killed right after the first checkpoint
+        real(checkpoint, where)
+        raise KeyboardInterrupt('killed')
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(cfg)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', real)
+    saved = load_training_checkpoint(str(tmp_path / 'student' / 'last.pth'))['inputs']
+    assert saved['teacher']['path'] == path and len(saved['teacher']['sha256']) == 64
+    shutil.copyfile(tmp_path / 'other' / 'last.safetensors', path)
+    with pytest.raises(ConfigError, match=rf'teacher: {re.escape(path)} is not the file this run started from'):
+        train_mod.train(cfg, resume=True)
+    # init_from alone: read once, at the start, so the resume goes on and says so
+    plain = fmnist_cfg(tmp_path, output=str(tmp_path / 'tuned'), epochs=2, init_from=path)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', killed)
+    with pytest.raises(KeyboardInterrupt):
+        train_mod.train(plain)
+    monkeypatch.setattr(clock_mod, 'save_training_checkpoint', real)
+    shutil.copyfile(tmp_path / 'teacher' / 'best.safetensors', path)
+    capsys.readouterr()
+    assert train_mod.train(plain, resume=True)['epochs'] == 2
+    assert f'note: init_from: {path} is not the file this run started from' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('teacher_kwargs, words', [
+    (dict(num_classes=3), 'teacher: its model predicts 3 classes and this run\'s 10'),
+    (dict(in_chans=3), 'teacher: its model takes 3-channel images and this run\'s 1'),
+    (dict(task='mae'), 'is a masked autoencoder\'s (task: mae'),
+])
+def test_a_teacher_that_cannot_teach_this_run_is_refused_before_any_work(tmp_path, teacher_kwargs, words):
+    """A teacher of 3 classes for a 10-class run, of 3-channel images for 1-channel ones, or an MAE: a raw
+    RuntimeError / AttributeError at the first step. Each is one ConfigError naming the mismatch, before a step."""
+    from tkvision.engine.build import model_for_config
+    from tkvision.engine.checkpoint import save_weights, save_yaml
+    from tkvision.engine.config import resolve_run_config
+
+    from .helpers import TINY_FMNIST
+    task = teacher_kwargs.pop('task', 'classify')
+    folder = tmp_path / 'teacher'
+    folder.mkdir()
+    kwargs = dict(TINY_FMNIST, **teacher_kwargs)
+    teacher_cfg = load_config(None, dict(model='tokenformer_vit_ti16', model_kwargs=kwargs, task=task,
+                                         decoder=dict(embed_dim=32, depth=1, num_heads=2)))
+    save_yaml(teacher_cfg, str(folder / 'config.yaml'))
+    save_weights(model_for_config(resolve_run_config(teacher_cfg)).state_dict(), str(folder / 'last.safetensors'))
+    cfg = fmnist_cfg(tmp_path, distillation='teacher', teacher=str(folder / 'last.safetensors'), epochs=1)
+    with pytest.raises(ConfigError, match=re.escape(words)):
+        train_mod.train(cfg)
+    assert not (tmp_path / 'run' / 'last.pth').exists()

@@ -109,15 +109,17 @@ def test_a_requeued_job_resumes_by_itself_and_ends_as_the_uninterrupted_run(unin
 
 def test_a_restart_starts_fresh_in_an_empty_folder_and_never_takes_another_jobs_run(tmp_path, monkeypatch):
     """The restart rule resumes only the job's own checkpoint: a restarted process in an empty folder starts the
-    run, and one whose folder holds a run another job wrote is refused as a new run would be."""
+    run, and one whose folder holds a run another job wrote is refused as a new run would be. (Agent a and agent b
+    stand in for two torchrun agents; the end-to-end cases with real ones are tests/test_hostile_use.py's.)"""
     monkeypatch.setenv('TORCHELASTIC_RESTART_COUNT', '1')
-    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job-a')
+    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'exp1')  # one rendezvous id for both jobs, as tutorials set it
+    monkeypatch.setattr(rundir, '_torchrun_agent', lambda: 'host:1000:111')
     cfg = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64)
     assert train_mod.train(cfg)['epochs'] == 1  # nothing to resume: a fresh start
-    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job-b')
+    monkeypatch.setattr(rundir, '_torchrun_agent', lambda: 'host:2000:222')
     with pytest.raises(RunError, match='already holds a run'):
         train_mod.train(cfg)
-    monkeypatch.setenv('TORCHELASTIC_RUN_ID', 'job-a')  # job a restarted again: its own run, finished
+    monkeypatch.setattr(rundir, '_torchrun_agent', lambda: 'host:1000:111')  # job a restarted again: its own run
     assert rundir.restarts_this_run(cfg['output'], 'last.pth')
 
 

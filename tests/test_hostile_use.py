@@ -122,10 +122,37 @@ def test_naflex_loader_skips_and_counts_unreadable_images_in_training_and_evalua
     (['--lr', '[1'], ["--lr: the value '[1' is not YAML this config reads", "expected ',' or ']'"]),  # yaml traceback
     (['--lr', '!!python/object/apply:os.system ["touch pwned"]'], ['--lr: the value', 'could not determine a constructor',
                                                                   "no '!!' tags"]),
+    (['--dist_timeout_minutes', '1e12'], ['dist_timeout_minutes must be a number >= 0.1 and <= 10080']),
+    (['--dist_timeout_minutes', '1e-9'], ['dist_timeout_minutes must be a number >= 0.1']),
 ])
 def test_values_that_could_only_fail_later_are_refused_naming_the_key(tmp_path, capsys, override, words):
     code = train_main(['--output', str(tmp_path / 'r'), *COMMON, *override])
     _one_line_error(capsys, code, *words)
+
+
+def test_a_one_channel_model_on_rgb_images_is_refused_before_any_work(tmp_path, capsys):
+    """``--dataset imagenet`` (a folder of RGB JPEGs) with the 1-channel Fashion-MNIST model: a raw conv RuntimeError
+    at the first batch; now one line naming in_chans."""
+    from .helpers import make_imagenet_folder
+    root = make_imagenet_folder(tmp_path / 'folder', classes=2, train_per_class=4, val_per_class=2, size=28)
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, '--dataset', 'imagenet', '--data-dir', root,
+                       '--img_size', '28', '--train_subset', 'null', '--val_subset', 'null'])
+    _one_line_error(capsys, code, 'dataset imagenet gives RGB images (3 channels)', 'in_chans: 3')
+
+
+def test_a_typed_config_built_in_python_gets_the_errors_a_yaml_file_gets(tmp_path):
+    """``train(TrainConfig(data=OptimConfig()))`` or ``data={'batch_size': 64}``: ``KeyError: 'dataset'``;
+    ``train({'lr': 1e-3})``: ``KeyError: 'task'``. A wrong section is named; a partial mapping is read as a YAML
+    file of those keys (the defaults fill the rest) and a bad key in it is named."""
+    from tkvision.config_sections import OptimConfig, TrainConfig
+    from tkvision.engine.config import resolve_run_config
+    from tkvision.utils.errors import ConfigError
+    for data in (OptimConfig(), {'batch_size': 64}):
+        with pytest.raises(ConfigError, match=r'TrainConfig\(data=...\) must be a DataConfig, got a '):
+            resolve_run_config(TrainConfig(data=data))
+    assert resolve_run_config({'lr': 1e-3}).optim.lr == 1e-3
+    with pytest.raises(ConfigError, match="unknown config key 'lrr' in the config mapping"):
+        resolve_run_config({'lrr': 1e-3})  # the message names where: the config mapping
 
 
 def test_the_weights_commands_answer_user_errors_in_one_line(runs, tmp_path, capsys):
@@ -417,3 +444,13 @@ def test_a_batch_that_does_not_fit_is_one_line_naming_batch_size(tmp_path, capsy
     monkeypatch.setattr(loop, '_forward_backward', lambda *a, **k: 1 / 0)
     with pytest.raises(ZeroDivisionError):
         train_main(['--output', str(tmp_path / 'r2'), *COMMON])
+
+
+def test_a_listing_read_by_head_ends_quietly():
+    """``tkvision-train --list-recipes | head``: the lines, then a ``BrokenPipeError`` traceback and exit 1. The
+    listing now ends quietly when its reader closes the pipe."""
+    tool = os.path.join(os.path.dirname(sys.executable), 'tkvision-train')
+    result = subprocess.run(f'{tool} --list-recipes | head -n 1; echo "status ${{PIPESTATUS[0]}}"', shell=True,
+                            executable='/bin/bash', capture_output=True, text=True, timeout=120)
+    assert result.stdout.splitlines()[-1] == 'status 0' and len(result.stdout.splitlines()) == 2, result.stdout
+    assert result.stderr == '', result.stderr

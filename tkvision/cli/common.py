@@ -27,7 +27,8 @@ def run_cli(tool: Callable[[Optional[Sequence[str]]], int], argv: Optional[Seque
     `USER_ERRORS` and the machine's errors a user fixes (disk full, read-only or
     forbidden path) print one line ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1
     (``Preempted``, its state saved) prints why and returns `EXIT_PREEMPTED`;
-    any other error is a defect of ours and propagates with its traceback. ``--debug`` anywhere in ``argv``,
+    any other error is a defect of ours and propagates with its traceback; a reader that closed the pipe
+    (``tkvision-train --list-recipes | head``) ends the command quietly, exit 0. ``--debug`` anywhere in ``argv``,
     or ``TKVISION_DEBUG=1``, shows the traceback of a user error too. A process group left open (a torchrun
     launch) is destroyed on the way out."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -35,9 +36,15 @@ def run_cli(tool: Callable[[Optional[Sequence[str]]], int], argv: Optional[Seque
     if '--debug' in argv:
         argv.remove('--debug')
     try:
-        return tool(argv)
+        try:
+            return tool(argv)
+        finally:
+            sys.stdout.flush()  # here, where a closed pipe is caught, not at the interpreter's exit
     except SystemExit as e:  # argparse's refusal of an argument (its usage and one error line, printed) or --help
         return e.code if isinstance(e.code, int) else int(e.code is not None)
+    except BrokenPipeError:  # the reader has what it wanted; what is left to print goes nowhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except Preempted as e:
         print(str(e), file=sys.stderr)
         return EXIT_PREEMPTED

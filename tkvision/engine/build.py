@@ -81,17 +81,21 @@ def check_model_input(
         data: DataConfig,
 ) -> None:
     """Refuse, before any work, a model (the model section) that cannot take the data section's images:
-    Fashion-MNIST's are ``img_size`` px with one channel, and another input would only fail at the first batch
-    (the model is built on the meta device: no memory).
+    Fashion-MNIST's are ``img_size`` px with one channel, every other dataset's decode to three (RGB,
+    ``tkvision.data.decode_image``), and another input would only fail at the first batch (the model is built
+    on the meta device: no memory).
 
     Raises:
         ConfigError: naming both shapes and the model_kwargs that fit.
     """
-    if data.dataset != 'fashion_mnist':
-        return
     with torch.device('meta'):
         net = create_model(model.model, **{k: v for k, v in model.model_kwargs.items() if k != 'num_classes'})
     channels, size = input_shape(net)
+    if data.dataset != 'fashion_mnist':
+        if channels != 3:
+            raise ConfigError(f'dataset {data.dataset} gives RGB images (3 channels); {model.model} as configured takes '
+                              f'{channels}: set model_kwargs {{in_chans: 3}} (or leave in_chans unset)')
+        return
     if channels == 1 and size in (None, (data.img_size,) * 2):
         return
     shown = f'{size[0]} x {size[1]} px' if size else 'any size'

@@ -22,6 +22,7 @@ family's checkpoint filter, grow the model to the checkpoint's size if the run g
 (naming every tensor that differs), load.
 """
 import csv
+import json
 import os
 import pickle
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
@@ -103,15 +104,36 @@ def checkpoint_config(path: str) -> dict:
 
 def save_weights(state_dict: dict, path: str, metadata: Optional[dict] = None) -> None:
     """Write a model state dict as ``.safetensors`` atomically (tensors made contiguous, on CPU);
-    ``metadata`` values are stored as strings.
+    ``metadata`` values are stored as strings. Equal tensors and metadata give a byte-identical file (the
+    metadata's keys sorted: safetensors writes them in a per-process random order), so files compare by hash.
 
     Raises:
         OSError: ``ENOSPC`` for a full disk (``path`` left as it was), and the file system's other errors.
     """
     tensors = {k: v.detach().contiguous().cpu() for k, v in state_dict.items()}
     meta = {k: str(v) for k, v in (metadata or {}).items()}
+
+    def write(tmp: str) -> None:
+        save_file(tensors, tmp, metadata=meta)
+        _sort_metadata(tmp)
     with safetensors_os_errors(path):
-        atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+        atomic_write(path, write)
+
+
+def _sort_metadata(path: str) -> None:
+    """Rewrite the ``__metadata__`` of the safetensors file at ``path`` with its keys sorted, in place: the same
+    header length (compact JSON of the same content), so no offset moves."""
+    with open(path, 'r+b') as f:
+        size = int.from_bytes(f.read(8), 'little')
+        header = json.loads(f.read(size))
+        if '__metadata__' not in header:
+            return
+        header['__metadata__'] = dict(sorted(header['__metadata__'].items()))
+        text = json.dumps(header, separators=(',', ':'), ensure_ascii=False).encode()
+        if len(text) > size:  # another escaping than safetensors': leave the file as it was written
+            return
+        f.seek(8)
+        f.write(text.ljust(size, b' '))
 
 
 def save_yaml(obj: object, path: str) -> None:

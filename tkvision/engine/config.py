@@ -201,10 +201,21 @@ def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfi
     into typed, frozen sections, with the data section's null keys filled from the model
     (`tkvision.data.resolve_data_cfg`).
 
+    A flat mapping that names only some keys is read as a YAML file is: the defaults fill the rest
+    (`load_config`).
+
     Raises:
-        ConfigError: a bad value (named).
+        ConfigError: a bad value or an unknown key (named); a `TrainConfig` whose section is not of its class.
     """
-    flat = validate_config(copy.deepcopy(cfg.to_dict() if isinstance(cfg, TrainConfig) else dict(cfg)))
+    if isinstance(cfg, TrainConfig):
+        for name, cls in SECTION_CLASSES.items():
+            part = getattr(cfg, name)
+            if not isinstance(part, cls):
+                raise ConfigError(f'TrainConfig({name}=...) must be a {cls.__name__}, got a {type(part).__name__}: '
+                                  f'build it as {cls.__name__}(...) (tkvision.config_sections)')
+        flat = validate_config(copy.deepcopy(cfg.to_dict()))
+    else:
+        flat = validate_config(merge(DEFAULTS, copy.deepcopy(dict(cfg)), 'the config mapping'))
     config = TrainConfig.from_dict(flat)
     return dataclasses.replace(config, data=resolve_data_cfg(config.data, config.model.model,
                                                              config.model.model_kwargs))

@@ -169,7 +169,7 @@ RULES = {
     'checkpoint_every_minutes': _rule('num', 0, lo_open=True, null=True),
     'tensorboard': _rule('bool'),
     'log_interval': _rule('int', 1),
-    'dist_timeout_minutes': _rule('num', 0, lo_open=True),
+    'dist_timeout_minutes': _rule('num', 0.1, 10080),  # 6 seconds to a week: gloo and NCCL take milliseconds
     'progress': _rule('bool'),
 }
 

@@ -27,6 +27,7 @@ from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from ..config_sections import DistillationConfig, ElasticConfig, OptimConfig
 from ..growth import elastic
+from ..models import input_shape
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
 from .checkpoint import CONFIG_FILE, model_for_checkpoint
@@ -74,9 +75,26 @@ def load_teacher(
     if not os.path.isfile(config_file):
         raise ConfigError(f'teacher: {path} has no {CONFIG_FILE} beside it to build its model; give the weights of '
                           'a run folder written by tkvision-train')
-    model, _ = model_for_checkpoint(load_config(config_file), path, use_ema=False)
+    config = load_config(config_file)
+    if config['task'] == 'mae':
+        raise ConfigError(f"teacher: {path} is a masked autoencoder's (task: mae in {config_file}): it predicts "
+                          'pixels, not classes; give a finished classifier run\'s weights')
+    model, _ = model_for_checkpoint(config, path, use_ema=False)
     model.requires_grad_(False)
     return model.eval().to(device)
+
+
+def _check_teacher(teacher: torch.nn.Module, num_classes: int, in_chans: Optional[int]) -> None:
+    """Refuse a teacher whose logits or input are not the student's (before any work: they would fail at the first
+    step with a shape error)."""
+    classes = getattr(teacher, 'num_classes', None)
+    if classes is not None and classes != num_classes:
+        raise ConfigError(f'teacher: its model predicts {classes} classes and this run\'s {num_classes}: distil '
+                          'from a run of the same classes')
+    channels = input_shape(teacher)[0] if in_chans is not None else None
+    if channels is not None and channels != in_chans:
+        raise ConfigError(f'teacher: its model takes {channels}-channel images and this run\'s {in_chans}: distil from '
+                          'a run of the same images')
 
 
 class RunLoss:
@@ -121,9 +139,15 @@ class RunLoss:
         self.mixup: Optional[Mixup] = None
         self.criterion: Optional[torch.nn.Module] = None
 
-    def set_classes(self, num_classes: int) -> None:
-        """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs: timm's Mixup/CutMix
-        with soft-target cross-entropy, label smoothing, or plain cross-entropy."""
+    def set_classes(self, num_classes: int, in_chans: Optional[int] = None) -> None:
+        """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs taking ``in_chans``-channel
+        images: timm's Mixup/CutMix with soft-target cross-entropy, label smoothing, or plain cross-entropy.
+
+        Raises:
+            ConfigError: a ``teacher`` that cannot teach this classifier (other classes, other input channels).
+        """
+        if self.teacher is not None:
+            _check_teacher(self.teacher, num_classes, in_chans)
         optim = self.optim
         if optim.mixup > 0 or optim.cutmix > 0:
             self.mixup = Mixup(mixup_alpha=optim.mixup, cutmix_alpha=optim.cutmix, prob=optim.mixup_prob,

@@ -23,15 +23,23 @@ directory removes them: holding the lock, it knows that no other run writes ther
 are not a run's work (``run_files`` leaves them out).
 
 A job whose launcher restarts its workers after a failure (``torchrun --max-restarts``; a requeued SLURM job)
-continues by itself: the lock file also names the job (``job_identity``), and a restarted process
-(``RESTART_COUNTS``) whose job wrote the directory's checkpoint resumes it without ``--resume``
-(``restarts_this_run``). A first start still starts fresh, and a directory another job wrote is still
-refused.
+continues by itself: the lock file also names the job that claimed the directory (``job_identity``), and a
+restarted process (``RESTART_COUNTS``) of that very job resumes its checkpoint without ``--resume``
+(``restarts_this_run``). The job is one no other job can share: a SLURM job id (a requeued job keeps it), or
+torchrun's agent process (the parent that restarts its workers) by host, process id and start time, never a
+user-chosen ``--rdzv-id`` or a shell that exported a restart count. An attempt that was refused never claimed the
+directory, so its restart is refused too. A first start still starts fresh, and a directory another job wrote is
+still refused.
+
+The lock file is opened without following a symbolic link and must be a regular file: a link or a FIFO planted
+as ``.lock`` is refused, naming it, and nothing it points to is written.
 """
+import errno
 import fcntl
 import os
 import re
 import socket
+import stat
 from typing import Optional, Tuple, Union
 
 from ..utils.errors import RunError
@@ -75,23 +83,54 @@ def remove_stale_temporaries(out: str) -> list:
     return removed
 
 
+def _process(pid: int) -> Optional[str]:
+    """``host:pid:start`` of process ``pid`` (its start time in clock ticks since boot, ``/proc/<pid>/stat``):
+    a name no other process, now or later, shares; None where it cannot be read."""
+    try:
+        with open(f'/proc/{pid}/stat') as f:
+            start = f.read().rsplit(')', 1)[1].split()[19]  # field 22, counted after the command's name
+    except (OSError, IndexError):
+        return None
+    return f'{socket.gethostname()}:{pid}:{start}'
+
+
+def _torchrun_agent() -> Optional[str]:
+    """`_process` of this worker's torchrun agent (its parent, which restarts it), or None when this process was
+    not started by one (a ``TORCHELASTIC_*`` variable exported in a shell does not make its parent an agent)."""
+    if 'TORCHELASTIC_RUN_ID' not in os.environ:
+        return None
+    parent = os.getppid()
+    try:
+        with open(f'/proc/{parent}/cmdline', 'rb') as f:
+            command = f.read().decode(errors='replace')
+    except OSError:
+        return None
+    if 'torch.distributed.run' not in command and 'torchrun' not in command:
+        return None
+    return _process(parent)
+
+
 def job_identity() -> str:
-    """What stays the same when a launcher restarts this job's workers and differs between jobs: the SLURM
-    job id; else torchrun's rendezvous id (``--rdzv-id``, or ``--standalone``'s); else, under torchrun's
-    default static rendezvous (id ``none``), its agent process (the workers' parent, which restarts them);
-    else this process."""
+    """What stays the same when a launcher restarts this job's workers and no other job shares: the SLURM job
+    id; else torchrun's agent process (the workers' parent, by host, pid and start time: a rendezvous id is the
+    user's and two jobs may share it); else this process."""
     if os.environ.get('SLURM_JOB_ID'):
         return f"slurm {os.environ['SLURM_JOB_ID']}"
-    run_id = os.environ.get('TORCHELASTIC_RUN_ID', 'none')
-    if run_id != 'none':
-        return f'torchrun {run_id}'
-    if 'TORCHELASTIC_RESTART_COUNT' in os.environ:
-        return f'torchrun agent {socket.gethostname()}:{os.getppid()}'
-    return f'process {socket.gethostname()}:{os.getpid()}'
+    agent = _torchrun_agent()
+    if agent is not None:
+        return f'torchrun agent {agent}'
+    return f'process {_process(os.getpid()) or f"{socket.gethostname()}:{os.getpid()}"}'
 
 
 def _restarted() -> bool:
-    return any(os.environ.get(name, '0').isdigit() and int(os.environ.get(name, '0')) > 0 for name in RESTART_COUNTS)
+    """Whether a launcher restarted this process: a requeued SLURM job, or a worker its torchrun agent started
+    again (a restart count above 0 from the launcher itself, not from a shell)."""
+    def count(name: str) -> int:
+        value = os.environ.get(name, '0')
+        return int(value) if value.isdigit() else 0
+    if os.environ.get('SLURM_JOB_ID') and count('SLURM_RESTART_COUNT') > 0:
+        return True
+    return count('TORCHELASTIC_RESTART_COUNT') > 0 and _torchrun_agent() is not None
 
 
 def restarts_this_run(out: str, checkpoint: str) -> bool:
@@ -135,9 +174,12 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     The temporaries of interrupted writes in ``out`` are removed once the lock is held
     (``remove_stale_temporaries``).
     """
+    if os.path.islink(out) and not os.path.isdir(out):
+        raise RunError(f'output {out} is a symbolic link to {os.readlink(out)!r}, which is no folder (missing, or a '
+                       'loop): remove the link or pass another --output')
     os.makedirs(out, exist_ok=True)
     path = os.path.join(out, LOCK_NAME)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, FILE_MODE)  # less the umask, as every file tkvision writes
+    fd = _open_lock(path)
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -158,6 +200,27 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()} job {job_identity()}\n'.encode(), 0)
     remove_stale_temporaries(out)
     return RunDirLock(path, fd)
+
+
+def _open_lock(path: str) -> int:
+    """The lock file's descriptor, opened read-write (created less the umask, as every file tkvision writes)
+    without following a symbolic link and without blocking on a FIFO.
+
+    Raises:
+        RunError: ``path`` is a symbolic link, or not a regular file (a FIFO, a device, a folder), named.
+    """
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, FILE_MODE)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.EISDIR) or os.path.islink(path):
+            raise RunError(f'{path} is not a lock file of tkvision (a symbolic link or a folder): nothing was written '
+                           'through it; remove it, or pass another --output') from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise RunError(f'{path} is not a regular file (a FIFO or a device): tkvision locks a file of its own '
+                       'there; remove it, or pass another --output')
+    return fd
 
 
 def claim_output(

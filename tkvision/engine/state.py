@@ -108,6 +108,8 @@ class TrainState:
         started: ``time.monotonic()`` when this process began the run (its set-up counts; default: now).
         grown_from: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit (`build_train_model`).
         init_report: what ``init_from`` loaded and dropped.
+        inputs: ``{key: {'path', 'sha256'}}`` of the files the run started from (``teacher``, ``init_from``), written
+            into every checkpoint so a resume can tell whether they changed (``tkvision.engine.trainer.run_inputs``).
 
     Attributes:
         model, optimizer, scheduler, scaler (a no-op unless fp16), ema (``ModelEmaV3`` or None).
@@ -118,7 +120,7 @@ class TrainState:
             ``task: mae`` the lowest validation reconstruction loss). meter: the running epoch's sums.
         seconds_before: wall seconds the run had spent before this process took it over (0 for a new run;
             the checkpoint's ``elapsed_seconds`` on resume): see `elapsed_seconds`.
-        grown_from, init_report: as given.
+        grown_from, init_report, inputs: as given.
     """
 
     def __init__(
@@ -134,12 +136,14 @@ class TrainState:
             started: Optional[float] = None,
             grown_from: Optional[dict] = None,
             init_report: str = '',
+            inputs: Optional[Mapping[str, Mapping[str, str]]] = None,
     ):
         self.task, self.device, self.world, self.plan = task, processes.device, processes.world, processes.plan
         self.config_record = MappingProxyType(dict(config_record or {}))
         self.seconds_before, self._started = 0.0, time.monotonic() if started is None else started
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
         self.grown_from, self.init_report = dict(grown_from or {}), init_report
+        self.inputs = {key: dict(value) for key, value in (inputs or {}).items()}
         self.epochs_done = self.batches_done = self.num_updates = 0
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.plan.grad_scaler)
         self.ema = ModelEmaV3(self.model, decay=ema_decay) if ema_decay is not None else None
@@ -192,7 +196,8 @@ class TrainState:
         already trained, at an update boundary), ``num_updates`` (optimizer updates), ``best`` (the best
         evaluation: ``dict(top1 | val_loss, epoch, source)``), ``token_counts`` (``growth.model_size``: the
         size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums:
-        ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``elapsed_seconds`` (the run's wall
+        ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``inputs`` (the files it started from,
+        with their sha256: ``teacher``, ``init_from``), ``elapsed_seconds`` (the run's wall
         seconds so far, all processes that trained it: `elapsed_seconds`; files without it count from their
         resume), ``format_version`` (``tkvision.engine.checkpoint.FORMAT_VERSION``). The scheduler is not saved:
         it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
@@ -204,7 +209,7 @@ class TrainState:
                     best=self.best, token_counts=self.size(), config=dict(self.config_record),
                     meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'],
                                seconds=m['seconds'], data_seconds=m['data_seconds']),
-                    elapsed_seconds=self.elapsed_seconds(), format_version=FORMAT_VERSION)
+                    inputs=self.inputs, elapsed_seconds=self.elapsed_seconds(), format_version=FORMAT_VERSION)
 
     def restore(self, checkpoint: dict) -> None:
         """The state's own parts of a ``last.pth`` dict: the scaler, the EMA weights, the counters, the best

@@ -33,7 +33,9 @@ from tqdm import tqdm
 from .. import growth
 from ..config_sections import MaeConfig, TrainConfig
 from ..data import dataset_size
+from ..models import input_shape
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
+from ..utils.files import file_sha256
 from ..utils.seeding import derive_seed
 from .build import check_model_input, default_num_classes
 from .checkpoint import (
@@ -96,6 +98,7 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
             return []
         raise RunError(f'nothing to resume: no checkpoint at {path}')
     ckpt = load_training_checkpoint(path)
+    _check_inputs(ckpt.get('inputs', {}), state.inputs, run.main)
     allowed, forbidden = config_changes(ckpt['config'], dict(state.config_record))
     if forbidden:
         raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
@@ -109,6 +112,36 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
         return []
     with open(metrics) as f:
         return [r for r in csv.DictReader(f) if int(r['epoch']) < state.epochs_done]
+
+
+def run_inputs(config: TrainConfig) -> dict:
+    """``{key: {'path', 'sha256'}}`` of the files a run is started from and reads (``teacher``, ``init_from``): what
+    a resume checks has not changed under the run (`_check_inputs`)."""
+    files = dict(teacher=config.distillation.teacher if config.distillation.distillation == 'teacher' else None,
+                 init_from=config.model.init_from)
+    return {key: dict(path=path, sha256=file_sha256(path)) for key, path in files.items()
+            if path and os.path.isfile(path)}
+
+
+def _check_inputs(saved: Mapping, now: Mapping, main: bool) -> None:
+    """Refuse a resume whose teacher changed since the run started (its predictions are the targets of every
+    step); a changed ``init_from`` only says so, as it is read once, at the start (the weights come from the
+    checkpoint). A checkpoint without the record (before it) is not checked.
+
+    Raises:
+        ConfigError: the teacher's file differs from the one the run started with (named, both digests).
+    """
+    for key, before in saved.items():
+        after = now.get(key)
+        if after is None or after['sha256'] == before['sha256']:
+            continue
+        what = (f"{key}: {after['path']} is not the file this run started from (sha256 {before['sha256'][:12]}... "
+                f"then, {after['sha256'][:12]}... now)")
+        if key == 'teacher':
+            raise ConfigError(f'{what}: its predictions are every step\'s targets, so the run would not continue as '
+                              'it began; put the file back, or start a new run with another --output')
+        if main:
+            print(f'note: {what}; it is read only at the start, so the resumed run is unaffected')
 
 
 def build_state(
@@ -135,7 +168,7 @@ def build_state(
     optimizer = optim.optimizer(model, grown_from)
     return TrainState(model, optimizer, optim.scheduler(optimizer), processes=processes, task=task,
                       ema_decay=ema.model_ema_decay if ema.model_ema else None, config_record=config.to_dict(),
-                      started=started, grown_from=grown_from, init_report=init_report)
+                      started=started, grown_from=grown_from, init_report=init_report, inputs=run_inputs(config))
 
 
 def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
@@ -152,7 +185,8 @@ def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
         run = build_context(config, processes)
         state = build_state(config, run.optim, processes, started)
         if config.run.task != 'mae':
-            run.loss.set_classes(int(getattr(state.model, 'num_classes')))  # every timm classifier has it
+            run.loss.set_classes(int(getattr(state.model, 'num_classes')),  # every timm classifier has it
+                                 input_shape(state.model)[0])
         history = _resume(run, state, resume) if resume else []
         run.clock.checked_update = state.num_updates
     except BaseException:

@@ -11,12 +11,14 @@ final name. Set a stricter umask (``umask 077``) to keep runs private.
 """
 import contextlib
 import errno
+import hashlib
 import os
 import shutil
 import tempfile
 from typing import Callable, Iterator
 
-__all__ = ['atomic_write', 'atomic_folder', 'holds_files', 'umask', 'FILE_MODE', 'FOLDER_MODE', 'safetensors_os_errors']
+__all__ = ['atomic_write', 'atomic_folder', 'holds_files', 'umask', 'FILE_MODE', 'FOLDER_MODE', 'safetensors_os_errors',
+           'file_sha256']
 
 #: The modes of new files and folders before the umask (module docstring).
 FILE_MODE, FOLDER_MODE = 0o666, 0o777
@@ -75,6 +77,19 @@ def safetensors_os_errors(path: str) -> Iterator[None]:
         if type(e).__name__ == 'SafetensorError' and ('code: 28' in str(e) or 'No space left' in str(e)):
             raise OSError(errno.ENOSPC, f'No space left on the device writing {path} (safetensors: {e})') from None
         raise
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of the file at ``path`` (hex), read in 1 MiB chunks.
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    digest = hashlib.sha256()
+    with open(path, 'rb') as f:
+        for chunk in iter(lambda: f.read(1 << 20), b''):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def holds_files(path: str) -> bool:
