@@ -1,4 +1,5 @@
 """The benchmark's arithmetic: FLOPs per image against the analytic count, ratios against the counterpart."""
+import os
 import pytest
 import torch
 
@@ -289,3 +290,16 @@ def test_the_matmul_peak_is_the_rate_of_products_of_the_given_size():
     from tkvision.experiments.benchmark import matmul_peak_tflops
     rate = matmul_peak_tflops(torch.device('cpu'), torch.float32, 256, products=2, repeats=3)
     assert 0 < rate < 2 * 100e9 * 64 / 1e12
+
+
+def test_the_benchmark_says_which_files_it_wrote_and_refuses_a_batch_larger_than_memory(tmp_path, capsys):
+    """``--parts peak`` said it wrote a ``.csv`` and wrote none; ``--batch-size 100000`` was a raw allocator error
+    before the memory check. The message lists the files there are; the batch is refused naming the flag."""
+    from tkvision.cli.experiments import benchmark_main
+    out = str(tmp_path / 'bench')
+    assert benchmark_main(['--parts', 'peak', '--device', 'cpu', '--out', out]) == 0
+    assert f'wrote {out}.md / .json' in capsys.readouterr().out and not os.path.exists(out + '.csv')
+    code = benchmark_main(['--models', 'vit_tiny_patch16_224', '--mode', 'infer', '--parts', 'models', '--device',
+                           'cpu', '--batch-size', '100000', '--no-memory', '--out', out])
+    err = capsys.readouterr().err
+    assert code == 2 and 'Traceback' not in err and 'error: --batch-size 100000: one batch of 3 x 224 x 224' in err

@@ -52,6 +52,16 @@ def test_a_figure_typed_into_a_sentence_is_caught_and_needs_one_row(tmp_path):
         docs.update(f'<!-- value {source} | {{top1_std}} -->x<!-- end -->', 'doc.md')
 
 
+def test_a_json_results_file_of_another_shape_is_a_named_error(tmp_path):
+    """A table reading ``file.json#models`` from a file whose top level is a list: a raw ``TypeError``; now the
+    renderer's error naming the file and the key."""
+    docs = _render_docs()
+    source = tmp_path / 'r.json'
+    source.write_text('[{"model": "vit", "top1": 1.0}]')
+    with pytest.raises(docs.SpecError, match=r"r\.json holds list where the key 'models' needs an object"):
+        docs.update(f'<!-- value {source}#models?model=vit | {{top1}} -->x<!-- end -->', 'doc.md')
+
+
 def test_every_runs_csv_equals_its_metrics_files():
     """docs/*/runs.csv (the source of the README's training tables) is what tools/summarize_runs.py
     derives from the stored metrics.csv files today."""

@@ -309,6 +309,9 @@ def test_an_earlier_points_file_reads_back_as_the_report_wrote_it(tmp_path):
     (tmp_path / 'other.csv').write_text('config,seed\nx,0\n')
     with pytest.raises(Exception, match="lacks the columns"):
         study.read_points(str(tmp_path / 'other.csv'))
+    (tmp_path / 'utf16.csv').write_text((tmp_path / 'points.csv').read_text(), encoding='utf-16')
+    with pytest.raises(Exception, match=r'--keep-points .*utf16\.csv is not UTF-8 text'):  # was UnicodeDecodeError
+        study.read_points(str(tmp_path / 'utf16.csv'))
 
 
 def test_a_per_layer_prefix_the_model_cannot_be_built_with_is_refused_by_name():

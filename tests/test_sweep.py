@@ -25,6 +25,9 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
     _write(tmp_path / 'broken.yaml', {'_base_': '_base_.yaml', 'model_kwargs': {'score_norm': 'cubic'}})
     out = str(tmp_path / 'sweep')
     assert sweep_main([str(tmp_path / '*.yaml'), '--seeds', '0', '1', '--out', out]) == 0
+    printed = capsys.readouterr()
+    assert '[fail] broken seed 0: ConfigError' in printed.out + printed.err
+    assert 'Traceback' not in printed.out + printed.err  # a failed point is its one line (TKVISION_DEBUG=1: more)
     rows = list(csv.DictReader(open(os.path.join(out, 'results.csv'))))
     assert [r['config'] for r in rows] == ['broken', 'l1']  # _base_ is not a point
     broken, l1 = rows

@@ -65,6 +65,9 @@ def load_rows(source: str) -> list:
         if path.endswith('.json'):
             rows = json.load(f)
             for part in filter(None, key.split('.')):
+                if not isinstance(rows, dict):
+                    raise SpecError(f'{source}: {path} holds {type(rows).__name__} where the key {part!r} needs an '
+                                    'object; regenerate the file with the command that wrote it')
                 rows = rows[part]
         else:
             rows = [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]

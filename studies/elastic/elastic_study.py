@@ -450,12 +450,16 @@ def read_points(path: str) -> list:
     """The rows of an earlier ``points.csv`` (``report --keep-points``), numbers parsed.
 
     Raises:
-        UsageError: the file is missing or lacks a column of `POINT_COLUMNS`.
+        UsageError: the file is missing, is not UTF-8, or lacks a column of `POINT_COLUMNS`.
     """
     if not os.path.isfile(path):
         raise UsageError(f'--keep-points {path}: no such file; give an earlier report\'s points.csv')
-    with open(path, encoding='utf-8') as f:
-        rows = list(csv.DictReader(f))
+    try:
+        with open(path, encoding='utf-8') as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError:
+        raise UsageError(f'--keep-points {path} is not UTF-8 text (an earlier report\'s points.csv is): give that '
+                         'file, or save this one as UTF-8') from None
     if rows and set(POINT_COLUMNS) - set(rows[0]):
         raise UsageError(f'--keep-points {path} lacks the columns {sorted(set(POINT_COLUMNS) - set(rows[0]))}')
     number = lambda v: float(v) if any(c in v for c in '.e') else int(v)  # noqa: E731

@@ -178,6 +178,7 @@ class ModelStep:
 
     Raises:
         ValueError: an unknown ``backward_mode``; timm's errors for an unknown model or argument.
+        UsageError: one input batch larger than the memory the device can give.
     """
 
     def __init__(
@@ -201,6 +202,11 @@ class ModelStep:
         self.params = sum(p.numel() for p in self.model.parameters())
         channels, hw = input_shape(self.model)  # the model's own size (pretrained_cfg keeps 224 for img_size=32)
         size = hw or getattr(self.model, 'pretrained_cfg')['input_size'][1:]  # every timm model has one
+        need, have = 4. * batch_size * channels * size[0] * size[1], available_memory_bytes(device)
+        if need > have:  # the input batch alone: refused before the allocator fails on it
+            raise UsageError(f'--batch-size {batch_size}: one batch of {channels} x {size[0]} x {size[1]} images needs '
+                             f'{need / 2 ** 30:,.1f} GiB, and {have / 2 ** 30:,.1f} GiB is available on {device}: '
+                             'lower --batch-size')
         self.x = torch.randn(batch_size, channels, *size, device=device)
         self.y = torch.randint(0, 1000, (batch_size,), device=device)
         self.amp = AMP_DTYPES.get(amp)

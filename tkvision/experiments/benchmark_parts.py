@@ -102,5 +102,5 @@ def run_benchmark(args: Any, command: str, parts: Optional[dict] = None) -> dict
             results[name], lines = part(args)
             md += lines
             _save_results(args.out, md, results, dict(machine=info, date=stamp, command=command))
-    print(f'wrote {args.out}.md / .csv / .json')
+    print(f"wrote {args.out}.md{' / .csv' if 'models' in results else ''} / .json")
     return results

@@ -136,7 +136,8 @@ def run_sweep(
             except Exception as e:  # a failed point is reported, not fatal
                 rec.update(status='failed', error=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
                 log(f'[fail] {name} seed {seed}: {rec["error"]}')
-                traceback.print_exc()
+                if os.environ.get('TKVISION_DEBUG') == '1':  # the traceback, as --debug shows a command's
+                    traceback.print_exc()
             records.append(rec)
     return records
 
