@@ -166,7 +166,8 @@ def _elastic() -> list:
                           'the variants at most elastic\'s compute) at 1/4, 1/2, 3/4 and all of its tokens against 4 '
                           f"trained alone: validation top-1 gap, points (worst prefix; test top-1 gap), "
                           f"{whole['seeds']} seeds",
-                 tokenformer=f"{min(gaps[method]):+.2f} (test {min(test):+.2f})", vit='–', difference=difference, source=path,
+                 tokenformer=f"{min(gaps[method]):+.2f} (test {min(test):+.2f})", vit='–', difference=difference,
+                 source=path,
                  page='elastic')]
 
 

@@ -93,8 +93,8 @@ def check_model_input(
     channels, size = input_shape(net)
     if data.dataset != 'fashion_mnist':
         if channels != 3:
-            raise ConfigError(f'dataset {data.dataset} gives RGB images (3 channels); {model.model} as configured takes '
-                              f'{channels}: set model_kwargs {{in_chans: 3}} (or leave in_chans unset)')
+            raise ConfigError(f'dataset {data.dataset} gives RGB images (3 channels); {model.model} as configured '
+                              f'takes {channels}: set model_kwargs {{in_chans: 3}} (or leave in_chans unset)')
         return
     if channels == 1 and size in (None, (data.img_size,) * 2):
         return

@@ -31,6 +31,10 @@ class _SquarePatchPattention(Pattention):
         score_norm: Θ (`tkvision.layers.pattention.SCORE_NORMS`); other keywords go to `Pattention`.
     """
 
+    key_name = 'weight'
+    if TYPE_CHECKING:  # K_P under this name (set by Pattention); TorchScript reads class annotations
+        weight: nn.Parameter
+
     def __init__(
             self,
             in_chans: int,
@@ -56,10 +60,6 @@ class PatchPattention(_SquarePatchPattention):
     Θ and V_P are the base class's. Arguments: ``in_chans``, ``patch_size`` (p, square patches),
     ``out_features``, ``num_tokens``, ``score_norm`` and Pattention's keywords.
     """
-
-    key_name = 'weight'
-    if TYPE_CHECKING:  # K_P under this name (set by Pattention); TorchScript reads class annotations
-        weight: nn.Parameter
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
@@ -90,10 +90,6 @@ class FlexPatchPattention(_SquarePatchPattention):
     Raises:
         ValueError (in forward): a patch length that is not ``q * q * in_chans`` for an integer ``q``.
     """
-
-    key_name = 'weight'
-    if TYPE_CHECKING:  # K_P under this name (set by Pattention); TorchScript reads class annotations
-        weight: nn.Parameter
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
