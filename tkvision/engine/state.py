@@ -5,7 +5,8 @@ saves the same set together: one object owns the run's state).
 ``last.pth`` format: `TrainState.state_dict` writes it, `TrainState.restore` reads the state's own parts back
 (`tkvision.engine.checkpoint` owns the files). It keeps no config section and builds nothing it is given: the
 optimizer and the schedule are built by `tkvision.engine.optim.RunOptim` over the model of `build_train_model`,
-and rebuilt by it after a growth step and on resume (who owns what: this module imports neither).
+and rebuilt by it after a growth step and on resume (who owns what: `optim.py` imports this module, never the
+reverse; of `tkvision.engine.checkpoint` it reads only the format's version and the ``init_from`` loader).
 """
 import math
 import time
