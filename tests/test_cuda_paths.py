@@ -35,10 +35,10 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from tkvision.data import BatchPreprocessor
 from tkvision.engine import loop as loop_mod
-from tkvision.engine.config import load_config, resolve_lr, resolve_run_config
+from tkvision.engine.config import load_config, resolve_run_config
 from tkvision.engine.distributed import Processes, device_plan
-from tkvision.engine.loss import RunLoss
-from tkvision.engine.optim import RunOptim
+from tkvision.engine.loss import TrainTask
+from tkvision.engine.optim import RunOptim, resolve_lr
 from tkvision.engine.trainer import build_state
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT
@@ -62,7 +62,8 @@ def _config(tmp_path, family: str, **overrides) -> dict:
 
 
 def _state(cfg):
-    optim = RunOptim(cfg.optim, cfg.growth, lr=resolve_lr(cfg.optim, cfg.data.batch_size), updates_per_epoch=10)
+    optim = RunOptim(cfg.optim, cfg.growth, lr=resolve_lr(cfg.optim, cfg.data.batch_size),
+                     updates_per_epoch=10)
     state = build_state(cfg, optim, Processes(0, 1, device_plan('cpu', compile=cfg.model.compile)))
     state.run_optim = optim  # for _onto, which rebuilds the optimizer on the new device
     state.compile_setting = cfg.model.compile  # for _onto, which takes the new device's plan
@@ -87,15 +88,14 @@ def _onto(state, device: str):
     return state
 
 
-def _parts(cfg: dict, device: str):
-    """The data and loss one update reads (no data loader): the preprocessing and the process of a
-    ``tkvision.engine.run_data.RunData``, and a ``tkvision.engine.loss.RunLoss`` of the config."""
-    processes = Processes(0, 1, device_plan(device))
-    data = SimpleNamespace(processes=processes, preprocess=BatchPreprocessor(cfg.data.mean, cfg.data.std, device))
-    loss = RunLoss(cfg.run.task, cfg.optim, cfg.elastic, cfg.distillation, cfg.run.seed, 1, processes.device)
-    if cfg.run.task != 'mae':
-        loss.set_classes(10)
-    return data, loss
+def _parts(cfg: dict, device: str, optim):
+    """The parts one update reads (no data loader): the preprocessing of a ``tkvision.engine.run_data.RunData``,
+    a ``tkvision.engine.loss.TrainTask`` of the config, the run's optimisation and the processes of ``device``
+    with the config's precision."""
+    processes = Processes(0, 1, device_plan(device, cfg.process.amp))
+    data = SimpleNamespace(preprocess=BatchPreprocessor(cfg.data.mean, cfg.data.std, device))
+    task = TrainTask(cfg.loss, cfg.run.task, cfg.run.seed, 10)
+    return loop_mod._Step(data, task, optim, None, processes)
 
 
 class _RecordingScaler:
@@ -131,23 +131,22 @@ def test_a_training_update_on_fake_cuda_stays_on_the_device_without_a_host_sync(
 
 
 def _one_update(cfg: dict, state):
-    data, run_loss = _parts(cfg, 'cuda')
+    parts = _parts(cfg, 'cuda', state.run_optim)
     state.scaler = _RecordingScaler(state.scaler)
     layers = [m for m in state.model.modules() if isinstance(m, Pattention)]
     assert bool(layers) == (cfg.model.model != 'ringformer_vit_small_patch16_224')  # RingFormer: linear layers
     assert all(m._training_backward() == 'closed_form' for m in layers)  # the default, on CUDA as on a CPU
     images = torch.randint(0, 256, (4, 3, 32, 32), dtype=torch.uint8)  # as the loader gives them, on the host
     labels = torch.randint(0, 10, (4,))
-    amp_dtype = torch.bfloat16 if cfg.run.amp == 'bf16' else None
-    loop_mod._forward_backward(state, data, run_loss, images, labels, amp_dtype, scale=1.0, sync_grads=True,
-                               prefixes=[None])
+    assert parts.processes.plan.autocast_dtype == (torch.bfloat16 if cfg.process.amp == 'bf16' else None)
+    loop_mod._forward_backward(state, parts, images, labels, 0, 0, scale=1.0, sync_grads=True)
     (loss,) = state.scaler.losses
     assert loss.device.type == 'cuda' and loss.dtype == torch.float32 and loss.shape == ()
     assert state.meter['loss_sum'].device.type == 'cuda' and state.meter['nonfinite'].device.type == 'cuda'
     for p in state.model.parameters():  # the autograd engine cannot run here: gradients as a backward leaves them
         if p.requires_grad:
             p.grad = torch.zeros_like(p)
-    loop_mod._optimizer_step(state, run_loss.optim)
+    parts.optim.step(state)
     state.ema.update(state.model, step=state.num_updates)
     params = list(state.model.parameters()) + list(state.ema.module.parameters())
     assert all(p.device.type == 'cuda' and p.dtype == torch.float32 for p in params)

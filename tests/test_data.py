@@ -303,3 +303,43 @@ def test_the_trainer_reports_validation_each_epoch_and_the_test_split_once(tmp_p
         rows = list(csv.DictReader(f))
     assert calls == [1] and rows[0]['test_top1'] == '' and float(rows[1]['test_top1']) == res['test_top1']
     assert 0 < res['test_top1'] < 100 and res['top1'] == float(rows[1]['top1'])
+
+
+def test_a_data_source_registered_by_name_trains_from_a_config(tmp_path, monkeypatch):
+    """A new data source is one ``register_data_source`` call (DEVELOPERS.md, "Config ownership"): its name
+    validates in a config, ``build_dataset`` reads its splits (the validation split carved from its training images,
+    stratified), its fixed class count sizes the head, and a run trains on it. A name no source reads is refused
+    naming the registered ones."""
+    import numpy as np
+
+    from tkvision.data import ArrayDataset, build_dataset, build_transform, default_num_classes, registry
+    from tkvision.engine.config import ConfigError, section
+
+    def images(split):
+        rng = np.random.default_rng(0 if split == 'train' else 1)
+        labels = np.arange(40) % 4
+        return (rng.integers(0, 256, (40, 28, 28), dtype=np.uint8), labels)
+
+    def split(data, name, seed, class_to_idx, rank, world_size):
+        return ArrayDataset(*images(name), build_transform(data, name == 'train', seed))
+
+    def carve(data, train, seed, class_to_idx):
+        x, y = images('train')
+        return ArrayDataset(x, y, build_transform(data, train, seed)), y.tolist()
+    monkeypatch.setitem(registry._SOURCES, 'toy', registry.DataSource(split, carve, needs_data_dir=False,
+                                                                       num_classes=4, channels=1))
+    keys = dict(dataset='toy', val_split_fraction=0.25, img_size=28, mean=[0.5], std=[0.25], crop_pct=1.0,
+                interpolation='bilinear', rrc_scale=None, hflip=0.0)
+    data = section(load_config(None, keys), 'data')
+    train, val = build_dataset(data, 'train', 0), build_dataset(data, 'val', 0)
+    # stratified: a quarter of each class's 10 images, rounded down, validates
+    assert (len(train), len(val), default_num_classes(data)) == (32, 8, 4)
+    assert sorted(int(val[i][1]) for i in range(len(val))) == [0, 0, 1, 1, 2, 2, 3, 3]
+    result = train_mod.train(load_config(None, dict(keys, model_kwargs=dict(img_size=28, patch_size=7, in_chans=1,
+                                                                            embed_dim=16, depth=1, num_heads=2,
+                                                                            num_tokens=8),
+                                                    epochs=1, batch_size=10, output=str(tmp_path / 'run'),
+                                                    progress=False, threads=1)))
+    assert result['model'].num_classes == 4 and result['top1'] is not None
+    with pytest.raises(ConfigError, match=r"dataset must be a registered data source .*got 'toys'"):
+        load_config(None, dict(keys, dataset='toys'))

@@ -287,8 +287,7 @@ def test_also_make_shards_refuses_a_max_count_below_one(tmp_path, capsys):
 def test_also_a_class_folder_without_num_classes_gets_a_head_of_its_classes(tmp_path):
     """A 3-class folder trained without ``model_kwargs.num_classes`` got ImageNet's 1000-way head (the
     note); Fashion-MNIST keeps 10, a dataset whose classes cannot be listed keeps timm's 1000."""
-    from tkvision.engine.build import model_for_config
-    from tkvision.engine.config import TrainConfig, load_config
+    from tkvision.engine.config import TrainConfig, load_config, model_for_config
     from .helpers import make_imagenet_folder
     root = make_imagenet_folder(tmp_path / 'imnet', classes=3, train_per_class=2, val_per_class=1, size=32)
     tiny = dict(img_size=32, patch_size=8, embed_dim=16, depth=1, num_heads=2, num_tokens=8)

@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 import torch
 
-from tkvision.config_sections import RunConfig
+from tkvision.engine.distributed import ProcessConfig
 from tkvision.engine import distributed
 from tkvision.engine.config import load_config, resolve_run_config
 from tkvision.engine.distributed import Processes, device_plan, init_distributed
@@ -77,7 +77,7 @@ def test_process_set_up_sets_tf32_on_cuda_only(gpu_machine, monkeypatch, device,
     before = not tf32  # the flags as something else set them
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = before
     try:
-        processes = init_distributed(RunConfig(device=device, tf32=tf32))
+        processes = init_distributed(ProcessConfig(device=device, tf32=tf32))
         flags = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
@@ -93,8 +93,8 @@ def test_init_distributed_hands_timm_the_plans_backend(gpu_machine, monkeypatch)
         return dict(device=device, global_rank=0, local_rank=0, world_size=1, distributed=False)
 
     monkeypatch.setattr(distributed, 'init_distributed_device_so', init)
-    init_distributed(RunConfig(device='cpu'))
-    init_distributed(RunConfig(device='cuda:1', tf32=False))
+    init_distributed(ProcessConfig(device='cpu'))
+    init_distributed(ProcessConfig(device='cuda:1', tf32=False))
     assert seen == [('cpu', 'gloo'), ('cuda:1', 'nccl')]
 
 

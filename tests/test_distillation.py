@@ -1,6 +1,6 @@
 """Distillation and the elastic training choices of ``tkvision/engine/loss.py`` (docs/elastic.md): the loss
-arithmetic on known logits, in-place distillation's gradients against a float64 autograd reference, the
-sandwich rule, the delayed start, nesting by kind, a teacher from a finished run, and the keys' errors."""
+arithmetic on known logits, an elastic step's gradients through the task and the loop against a float64 autograd
+reference, the removed options' errors, nesting by kind, a teacher from a finished run, and the keys' errors."""
 import math
 import re
 import shutil
@@ -13,7 +13,7 @@ from tkvision.engine import loop as loop_mod, trainer as train_mod
 from tkvision.engine.checkpoint import load_training_checkpoint
 from tkvision.engine.config import ConfigError, load_config, section
 from tkvision.engine.distributed import Processes, device_plan
-from tkvision.engine.loss import RunLoss, distillation_loss
+from tkvision.engine.loss import TrainTask, distillation_loss
 from tkvision.growth import elastic
 
 from .helpers import assert_same_training_state, fmnist_cfg, train_crash_resume
@@ -33,12 +33,9 @@ def _kl_by_hand(student, teacher, temperature):
     return temperature ** 2 * total / len(student)
 
 
-def _loss(**distillation):
-    cfg = load_config(None, dict(smoothing=0.0, **distillation))
-    loss = RunLoss('classify', section(cfg, 'optim'), section(cfg, 'elastic'), section(cfg, 'distillation'), 0, 10,
-                   torch.device('cpu'))
-    loss.set_classes(4)
-    return loss
+def _task(**keys):
+    cfg = load_config(None, dict(smoothing=0.0, **keys))
+    return TrainTask(section(cfg, 'loss'), 'classify', 0, 4)
 
 
 @pytest.mark.parametrize('temperature', [1.0, 2.5])
@@ -53,35 +50,34 @@ def test_the_distillation_loss_is_t_squared_kl_of_the_softened_predictions(tempe
     labels = torch.tensor([0, 2])
     ce = -sum(math.log(math.exp(row[y]) / sum(math.exp(v) for v in row))
               for row, y in zip(student.tolist(), labels.tolist())) / 2
-    loss = _loss(distillation_temperature=temperature, distillation_task_weight=0.3)
-    assert loss(student.float(), labels, teacher.float()).item() == pytest.approx(0.3 * ce + 0.7 * expected, rel=1e-5)
-    assert loss(student.float(), labels).item() == pytest.approx(ce, rel=1e-6)  # no soft target: the labels alone
+    task = _task(distillation_temperature=temperature, distillation_task_weight=0.3)
+    assert task.loss(student.float(), labels, teacher.float()).item() == pytest.approx(0.3 * ce + 0.7 * expected,
+                                                                                       rel=1e-5)
+    assert task.loss(student.float(), labels).item() == pytest.approx(ce, rel=1e-6)  # no teacher: the labels alone
 
 
-def test_inplace_distillation_teaches_each_prefix_from_the_whole_models_detached_predictions():
-    """One elastic step with ``distillation: inplace`` (prefixes [whole, 1/2]): the gradients equal those of
-    CE(whole(x), y) + KL(prefix(x) || stop_gradient(whole(x))) computed in float64 with autograd, so the
-    prefix's loss moves no parameter through the teacher's side."""
+def test_an_elastic_step_through_the_task_and_the_loop_sums_each_prefixs_loss():
+    """One elastic step (``elastic_sampling: all``, prefixes [whole, 1/2]) through ``TrainTask.losses`` and the
+    loop's backward: the gradients equal those of CE(whole(x), y) + CE(prefix(x), y) in float64 autograd
+    (MatFormer's joint objective), the meter holds the losses' mean, and the model runs at every token after."""
     torch.manual_seed(0)
     model = timm.create_model('tokenformer_vit_ti16', **KW).double()
     x = torch.randn(6, 1, 28, 28, dtype=torch.float64)
     y = torch.randint(0, 10, (6,))
-    whole = model(x)
+    whole = torch.nn.functional.cross_entropy(model(x), y)
     with elastic.prefix(model, 0.5):
-        half = model(x)
-    reference = torch.nn.functional.cross_entropy(whole, y) + _kl_autograd(half, whole.detach(), 2.0)
-    expected = torch.autograd.grad(reference, list(model.parameters()))
-    cfg = load_config(None, dict(smoothing=0.0, elastic_fractions=[0.5, 1.0], distillation='inplace',
-                                 distillation_temperature=2.0))
-    loss = RunLoss('classify', section(cfg, 'optim'), section(cfg, 'elastic'), section(cfg, 'distillation'), 0, 1,
-                   torch.device('cpu'))
-    loss.set_classes(10)
+        half = torch.nn.functional.cross_entropy(model(x), y)
+    expected = torch.autograd.grad(whole + half, list(model.parameters()))
+    cfg = load_config(None, dict(smoothing=0.0, elastic_fractions=[0.5, 1.0], elastic_sampling='all'))
+    task = TrainTask(section(cfg, 'loss'), 'classify', 0, 10)
     state = _ModelState(model)
-    data = _Data()
-    loop_mod._forward_backward(state, data, loss, x, y, None, scale=1.0, sync_grads=True, prefixes=[None, 0.5])
+    parts = loop_mod._Step(_Data(), task, None, None, Processes(0, 1, device_plan('cpu')))
+    loop_mod._forward_backward(state, parts, x, y, 0, 0, scale=1.0, sync_grads=True)
     for p, g in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, g, rtol=1e-9, atol=1e-12)
-    assert state.meter['loss_sum'].item() == pytest.approx(reference.item() * 6 / 2, rel=1e-9)
+    assert state.meter['loss_sum'].item() == pytest.approx((whole + half).item() * 6 / 2, rel=1e-9)
+    assert state.meter['seen'] == 6 and all(layer.prefix_tokens is None
+                                            for layer in elastic.elastic_layers(model).values())
 
 
 def _kl_autograd(student, teacher, temperature):
@@ -100,36 +96,46 @@ class _ModelState:
 
 
 class _Data:
-    processes = Processes(0, 1, device_plan('cpu'))
-
     @staticmethod
     def preprocess(images, train):
         return images
 
 
-def test_the_sandwich_rule_trains_the_largest_the_smallest_and_one_between():
-    """'sandwich': every step the largest and the smallest fraction, largest first, and one of those between
-    drawn uniformly (counted over 3,000 draws against 1/2 each)."""
-    g = torch.Generator().manual_seed(0)
-    draws = [tuple(elastic.step_fractions([0.25, 0.5, 0.75, 1.0], 'sandwich', g)) for _ in range(3000)]
-    assert {(d[0], d[2]) for d in draws} == {(1.0, 0.25)} and all(len(d) == 3 for d in draws)
-    assert abs(sum(d[1] == 0.5 for d in draws) / 3000 - 0.5) < 0.03
-    assert elastic.step_fractions([0.5, 1.0], 'sandwich', g) == [1.0, 0.5]
+@pytest.mark.parametrize('keys, words', [
+    (dict(distillation='inplace'), "distillation: 'inplace' was removed: in-place distillation was lower"),
+    (dict(elastic_sampling='sandwich'), "elastic_sampling: 'sandwich' was removed"),
+    (dict(elastic_nesting='no_attention'), "elastic_nesting: 'no_attention' was removed"),
+    (dict(backward_mode='compiled'), "backward_mode: 'compiled' was removed: it never beat closed_form"),
+    (dict(elastic_tau='kept'), "elastic_tau was removed: prefixes keep the whole layer's tau"),
+    (dict(elastic_start=0.1), 'elastic_start was removed: the smaller prefixes train from the first step'),
+])
+def test_a_removed_option_is_refused_in_one_line_saying_what_to_use(tmp_path, keys, words):
+    """The options that lost (docs/elastic.md, docs/performance.md) are gone; a file or a command line that names
+    one gets a ConfigError saying so and what to use, before any work."""
+    path = tmp_path / 'old.yaml'
+    path.write_text(''.join(f'{k}: {v}\n' for k, v in keys.items()))
+    for load in (lambda: load_config(str(path)), lambda: load_config(None, [f'--{k}={v}' for k, v in keys.items()])):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            load()
 
 
-def test_the_smaller_prefixes_start_after_elastic_start_of_the_steps():
-    """``elastic_start: 0.5`` over 2 epochs of 10 steps: the first 10 steps train the whole model alone, every
-    later one the whole model and one smaller prefix."""
-    cfg = load_config(None, dict(epochs=2, elastic_fractions=[0.25, 0.5, 1.0], elastic_start=0.5))
-    loss = RunLoss('classify', section(cfg, 'optim'), section(cfg, 'elastic'), section(cfg, 'distillation'), 0, 10,
-                   torch.device('cpu'))
-    steps = [loss.step_prefixes(epoch, batch) for epoch in range(2) for batch in range(10)]
-    assert steps[:10] == [[None]] * 10
-    assert all(s[0] is None and len(s) == 2 and s[1] in (0.25, 0.5) for s in steps[10:])
+def test_an_old_checkpoint_config_with_a_removed_key_reads_and_resumes_only_as_today():
+    """A checkpoint written before the removal holds ``elastic_tau: kept`` and ``elastic_start: 0.0`` (what today's
+    code does): its config reads, and resumes unchanged. One that trained with a delayed start or in-place
+    distillation is refused on resume, naming the key."""
+    from tkvision.engine.config import config_changes, migrate
+    today = load_config(None)
+    old = dict(today, elastic_tau='kept', elastic_start=0.0)
+    assert migrate(old) == today and config_changes(old, today) == ([], [])
+    _, forbidden = config_changes(dict(today, elastic_start=0.1), today)
+    assert forbidden == ["elastic_start 0.1 -> removed (the smaller prefixes train from the first step (a delayed "
+                         "start, with in-place distillation, was lower at every prefix, docs/elastic.md); delete the "
+                         "key)"]
+    _, forbidden = config_changes(dict(today, distillation='inplace'), today)
+    assert len(forbidden) == 1 and forbidden[0].startswith("distillation 'inplace' -> removed (in-place")
 
 
-@pytest.mark.parametrize('nesting, shrunk', [('all', {'patch', 'qkv', 'proj', 'ffn'}), ('ffn', {'ffn'}),
-                                             ('no_attention', {'patch', 'ffn'})])
+@pytest.mark.parametrize('nesting, shrunk', [('all', {'patch', 'qkv', 'proj', 'ffn'}), ('ffn', {'ffn'})])
 def test_nesting_shrinks_only_its_kinds_and_counts_their_parameters(nesting, shrunk):
     """A fraction shrinks the Pattentions of the nesting's kinds and leaves the others whole; the prefix's
     parameters are the extracted copy's, and the copy gives the prefix's logits."""
@@ -160,11 +166,11 @@ def test_a_twin_distilled_from_a_finished_run_learns_from_its_predictions(tmp_pa
     assert_same_training_state(tmp_path / 'student' / 'last.pth', tmp_path / 'crashed' / 'last.pth')
 
 
-def test_inplace_distilled_elastic_training_resumes_bit_identically(tmp_path, monkeypatch):
-    """The sandwich rule with in-place distillation and a delayed start, crashed after a checkpoint and resumed,
-    ends with the uninterrupted run's weights, optimizer and EMA; each prefix is reported."""
-    keys = dict(elastic_fractions=[0.25, 0.5, 1.0], elastic_sampling='sandwich', distillation='inplace',
-                elastic_start=0.25, distillation_temperature=2.0, epochs=2, model_ema=True, checkpoint_every_steps=5)
+def test_elastic_training_with_every_prefix_each_step_resumes_bit_identically(tmp_path, monkeypatch):
+    """Every prefix each step (``elastic_sampling: all``) with an EMA, crashed after a checkpoint and resumed, ends
+    with the uninterrupted run's weights, optimizer and EMA; each prefix is reported."""
+    keys = dict(elastic_fractions=[0.25, 0.5, 1.0], elastic_sampling='all', epochs=2, model_ema=True,
+                checkpoint_every_steps=5)
     full = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'full'), **keys))
     assert {'top1@0.25', 'top1@0.5'} <= set(full['history'][-1])
     train_crash_resume(monkeypatch, fmnist_cfg(tmp_path, output=str(tmp_path / 'crashed'), **keys), saves=2)
@@ -172,12 +178,8 @@ def test_inplace_distilled_elastic_training_resumes_bit_identically(tmp_path, mo
 
 
 @pytest.mark.parametrize('keys, message', [
-    (dict(distillation='inplace'), "distillation 'inplace' teaches an elastic run's smaller prefixes"),
-    (dict(distillation='inplace', elastic_fractions=[0.5, 1.0], elastic_sampling='random'),
-     "needs the whole model, its teacher, in every step"),
     (dict(distillation='teacher'), "distillation 'teacher' and the key teacher go together"),
     (dict(teacher='runs/x/last.safetensors'), "distillation 'teacher' and the key teacher go together"),
-    (dict(elastic_start=0.5), 'elastic_start delays the smaller prefixes of an elastic run'),
     (dict(distillation='teacher', teacher='nowhere/last.safetensors'), 'teacher: no weights file'),
     (dict(distillation_temperature=0), 'distillation_temperature must be a number > 0'),
     (dict(elastic_nesting='mlp', elastic_fractions=[0.5, 1.0]), 'elastic_nesting must be one of'),
@@ -232,9 +234,8 @@ def test_a_resume_whose_teacher_changed_is_refused_naming_the_file(tmp_path, mon
 def test_a_teacher_that_cannot_teach_this_run_is_refused_before_any_work(tmp_path, teacher_kwargs, words):
     """A teacher of 3 classes for a 10-class run, of 3-channel images for 1-channel ones, or an MAE: a raw
     RuntimeError / AttributeError at the first step. Each is one ConfigError naming the mismatch, before a step."""
-    from tkvision.engine.build import model_for_config
     from tkvision.engine.checkpoint import save_weights, save_yaml
-    from tkvision.engine.config import resolve_run_config
+    from tkvision.engine.config import model_for_config, resolve_run_config
 
     from .helpers import TINY_FMNIST
     task = teacher_kwargs.pop('task', 'classify')

@@ -26,20 +26,19 @@ def _reference(x, keys, values, tau):
     return torch.nn.functional.gelu(z) @ values.double()
 
 
-@pytest.mark.parametrize('tau_rule', elastic.PREFIX_TAU)
-def test_a_prefix_is_eq5_over_the_first_k_tokens_in_float64(tau_rule):
-    """A layer at a prefix of k tokens computes Θ(X K[:k]ᵀ) V[:k] with τ = √k (``follow``, Eq. 5's n = k)
-    or the full layer's √n (``kept``), against float64 math; its gradient reaches only the first k rows."""
+def test_a_prefix_is_eq5_over_the_first_k_tokens_in_float64():
+    """A layer at a prefix of k tokens computes Θ(X K[:k]ᵀ) V[:k] with the full layer's τ = √n, against float64
+    math; its gradient reaches only the first k rows."""
     torch.manual_seed(0)
     layer = Pattention(12, 10, 20, key_std=0.5, value_std=0.5).double()
     x = torch.randn(3, 5, 12, dtype=torch.float64)
     model = torch.nn.Sequential(layer)
     layer.kind = 'qkv'
-    with elastic.prefix(model, 0.25, tau_rule) as counts:
+    with elastic.prefix(model, 0.25) as counts:
         assert counts == {'0': 5}
         out = layer(x)
-    tau = layer.tau.item() * (math.sqrt(5 / 20) if tau_rule == 'follow' else 1)  # the stored τ is √20 in float32
-    assert tau == pytest.approx(math.sqrt(5) if tau_rule == 'follow' else math.sqrt(20), rel=1e-7)
+    tau = layer.tau.item()  # the stored τ is √20 in float32
+    assert tau == pytest.approx(math.sqrt(20), rel=1e-7)
     torch.testing.assert_close(out, _reference(x, layer.key_param_tokens[:5], layer.value_param_tokens[:5], tau),
                                rtol=1e-10, atol=1e-12)
     out.sum().backward()
@@ -70,24 +69,23 @@ def test_an_extracted_prefix_is_the_model_timm_builds_with_its_counts_and_gives_
 
 
 def test_growing_an_elastic_model_keeps_every_prefix_function():
-    """New tokens come last and τ is kept: after growth, every prefix of the old sizes (τ following k or
-    kept) gives the outputs it gave before; growth with zero keys keeps the whole model's too."""
+    """New tokens come last and τ is kept: after growth, every prefix of the old sizes gives the outputs it gave
+    before; growth with zero keys keeps the whole model's too."""
     torch.manual_seed(0)
     model = timm.create_model('tokenformer_vit_ti16', **KW).eval()
     x = torch.randn(2, 1, 28, 28)
-    counts = {rule: [elastic.prefix_counts(model, f) for f in (0.25, 0.5, [0.25, 0.5, 1.0])] for rule in elastic.PREFIX_TAU}
+    counts = [elastic.prefix_counts(model, f) for f in (0.25, 0.5, [0.25, 0.5, 1.0])]
     with torch.no_grad():
-        before = {rule: [_at(model, c, rule, x) for c in counts[rule]] for rule in elastic.PREFIX_TAU}
+        before = [_at(model, c, x) for c in counts]
         whole = model(x)
         growth.grow(model, patch=4, qkv=8, proj=8, ffn=16)
-        for rule in elastic.PREFIX_TAU:
-            for c, out in zip(counts[rule], before[rule]):
-                torch.testing.assert_close(_at(model, c, rule, x), out, rtol=1e-5, atol=1e-6)
+        for c, out in zip(counts, before):
+            torch.testing.assert_close(_at(model, c, x), out, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(model(x), whole, rtol=1e-5, atol=1e-6)
 
 
-def _at(model, counts, rule, x):
-    with elastic.prefix(model, counts, rule):
+def _at(model, counts, x):
+    with elastic.prefix(model, counts):
         return model(x)
 
 
@@ -101,7 +99,7 @@ def test_bad_prefixes_are_refused_by_name():
         elastic.set_prefix(model, {'blocks.9.ffn': 3})
     with pytest.raises(ValueError, match='blocks.0.ffn: a prefix of 65 tokens; the layer has 64'):
         elastic.set_prefix(model, {'blocks.0.ffn': 65})
-    with pytest.raises(ValueError, match="unknown prefix tau 'half'"):
+    with pytest.raises(ValueError, match="unknown elastic nesting 'half'"):
         elastic.set_prefix(model, 0.5, 'half')
     with pytest.raises(ValueError, match=r"got the string '0.5': pass float\('0.5'\)"):  # as a command line hands it
         elastic.set_prefix(model, '0.5')

@@ -56,27 +56,26 @@ def test_a_one_epoch_smoke_run_without_a_recipe_warmup_is_accepted(tmp_path, cap
 def test_the_curves_say_which_losses_were_trained(tmp_path):
     """curves.png called the train loss "as trained: smoothing, mixup" with both off."""
     from tkvision.engine.config import section
-    from tkvision.engine.plotting import train_loss_label
     cfg = load_config(None, dict(smoothing=0.0))
-    assert train_loss_label(section(cfg, 'optim')) == 'train loss'
-    assert train_loss_label(section(load_config(None, dict(smoothing=0.1, cutmix=1.0)), 'optim')) == \
+    assert section(cfg, 'loss').train_loss_label() == 'train loss'
+    assert section(load_config(None, dict(smoothing=0.1, cutmix=1.0)), 'loss').train_loss_label() == \
         'train loss (as trained: label smoothing 0.1, cutmix)'
 
 
 def test_the_default_threads_follow_the_cores_this_process_may_use(monkeypatch):
     """The default took the machine's core count; with fewer cores allowed (affinity, several local
     processes) the OpenMP threads oversubscribed them."""
-    from tkvision.config_sections import RunConfig
+    from tkvision.engine.distributed import ProcessConfig
     from tkvision.engine.distributed import available_cores, setup_threads
     before = torch.get_num_threads()
     try:
         monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1, 2, 3})
         monkeypatch.setenv('LOCAL_WORLD_SIZE', '2')
         assert available_cores() == 2
-        setup_threads(RunConfig(threads=None))
+        setup_threads(ProcessConfig(threads=None))
         assert torch.get_num_threads() == 2
         monkeypatch.setenv('LOCAL_WORLD_SIZE', '8')
-        setup_threads(RunConfig(threads=None))
+        setup_threads(ProcessConfig(threads=None))
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)

@@ -137,7 +137,8 @@ def test_staged_schedule_anneals_every_stage_and_rewarms(tmp_path):
     """Against the formula of tkvision.optim per stage: stage 0 warms up for warmup_epochs to lr, each
     later stage for its step's warmup_epochs to lr x lr_scale; every stage ends at min_lr."""
     cfg = fmnist_cfg(tmp_path, epochs=5, warmup_epochs=0.5, lr=1e-2, min_lr=1e-5, warmup_lr=1e-6,
-                     growth=dict(schedule=_steps((2, {'qkv': 24}, 0.25, 0.5), (4, {'qkv': 32}, 0.0, 0.25))))
+                     growth=dict(stage_lr='restart',
+                                 schedule=_steps((2, {'qkv': 24}, 0.25, 0.5), (4, {'qkv': 32}, 0.0, 0.25))))
     model = timm.create_model('tokenformer_vit_ti16', **TINY_FMNIST)
     opt = build_optimizer(model, section(cfg, 'optim'), 1e-2)
     upe = 8
@@ -242,7 +243,8 @@ def test_schedule_reset_optimizer_starts_from_zero_moments(tmp_path, monkeypatch
 
     monkeypatch.setattr(RunOptim, 'grow', spy)
     train_mod.train(_chain_cfg(tmp_path, 'reset', epochs=2, warmup_epochs=0.5,
-                               growth=dict(schedule=_steps((1, {'qkv': 24}, 0.5, 0.5)), optimizer_state='reset')))
+                               growth=dict(schedule=_steps((1, {'qkv': 24}, 0.5, 0.5)), optimizer_state='reset',
+                                           stage_lr='restart')))
     assert seen[1] == (0, pytest.approx(1e-6))  # a fresh optimizer, re-warming from warmup_lr
 
 

@@ -144,8 +144,8 @@ def test_a_typed_config_built_in_python_gets_the_errors_a_yaml_file_gets(tmp_pat
     """``train(TrainConfig(data=OptimConfig()))`` or ``data={'batch_size': 64}``: ``KeyError: 'dataset'``;
     ``train({'lr': 1e-3})``: ``KeyError: 'task'``. A wrong section is named; a partial mapping is read as a YAML
     file of those keys (the defaults fill the rest) and a bad key in it is named."""
-    from tkvision.config_sections import OptimConfig, TrainConfig
-    from tkvision.engine.config import resolve_run_config
+    from tkvision.engine.config import TrainConfig, resolve_run_config
+    from tkvision.engine.optim import OptimConfig
     from tkvision.utils.errors import ConfigError
     for data in (OptimConfig(), {'batch_size': 64}):
         with pytest.raises(ConfigError, match=r'TrainConfig\(data=...\) must be a DataConfig, got a '):

@@ -1,7 +1,6 @@
 """Pattention (paper Eq. 4-5) against a direct float64 implementation, and its invariants."""
 import math
 import re
-import warnings
 
 import pytest
 import timm
@@ -160,7 +159,7 @@ def test_init_std():
     assert abs(layer.value_param_tokens.std().item() - 0.005) < 0.0003
 
 
-HAND_WRITTEN = {mode: dict(backward_mode=mode) for mode in ('lean', 'closed_form', 'compiled')}
+HAND_WRITTEN = {mode: dict(backward_mode=mode) for mode in ('lean', 'closed_form')}
 PLAIN = dict(backward_mode='autograd')
 
 
@@ -197,9 +196,18 @@ def test_the_default_backward_paths():
     assert Pattention(4, 4, 3, backward_mode='autograd')._training_backward() == 'autograd'
     assert Pattention(4, 4, 3, backward_mode='lean')._training_backward() == 'lean'
     with torch.no_grad():  # inference: the plain path, whatever the mode
-        assert Pattention(4, 4, 3, backward_mode='compiled')._training_backward() == 'autograd'
-    with pytest.raises(ValueError, match="unknown backward_mode 'fast'; choose one of closed_form, compiled, lean, autograd"):
+        assert Pattention(4, 4, 3, backward_mode='lean')._training_backward() == 'autograd'
+    with pytest.raises(ValueError, match="unknown backward_mode 'fast'; choose one of closed_form, lean, autograd"):
         Pattention(4, 4, 3, backward_mode='fast')
+
+
+def test_the_removed_compiled_mode_is_refused_saying_what_to_use():
+    """``'compiled'`` lost to ``'closed_form'`` (CHANGELOG.md): a layer or model asked for it says what replaces it."""
+    from tkvision.layers import set_backward_mode
+    with pytest.raises(ValueError, match="'compiled' was removed .*use 'closed_form'.*compile: true"):
+        Pattention(4, 4, 3, backward_mode='compiled')
+    with pytest.raises(ValueError, match="'compiled' was removed"):
+        set_backward_mode(torch.nn.Sequential(Pattention(4, 4, 3)), 'compiled')
 
 
 @pytest.mark.parametrize('path', HAND_WRITTEN)
@@ -220,41 +228,11 @@ def test_hand_written_backward_under_autocast_matches_reference(path):
         torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize('path', ['closed_form', 'compiled'])
-def test_closed_form_backward_with_tau_zero_gives_zero_gradient_not_nan(path):
-    layer = Pattention(6, 5, 4, tau=0.0, **HAND_WRITTEN[path]).double()
+def test_closed_form_backward_with_tau_zero_gives_zero_gradient_not_nan():
+    layer = Pattention(6, 5, 4, tau=0.0, **HAND_WRITTEN['closed_form']).double()
     x = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
     layer(x).sum().backward()
     assert torch.equal(x.grad, torch.zeros_like(x))
-
-
-def test_the_compiled_mode_warns_once_and_runs_the_closed_form_where_it_cannot_compile(monkeypatch):
-    """No C++ compiler (or any other compile failure): one RuntimeWarning, then the same values and
-    gradients as the closed form, uncompiled."""
-    from tkvision.layers import pattention_autograd
-
-    def fail(fn, **options):
-        def compiled(*args):
-            raise RuntimeError('InvalidCxxCompiler: No working C++ compiler found\nmore lines')
-        return compiled
-    monkeypatch.setattr(torch, 'compile', fail)
-    monkeypatch.setattr(pattention_autograd._Compiled, 'forward', None)
-    monkeypatch.setattr(pattention_autograd._Compiled, 'backward', None)
-    monkeypatch.setattr(pattention_autograd._Compiled, 'failed', False)
-    torch.manual_seed(0)
-    ref = Pattention(12, 10, num_tokens=9, **HAND_WRITTEN['closed_form']).double()
-    fast = Pattention(12, 10, num_tokens=9, **HAND_WRITTEN['compiled']).double()
-    fast.load_state_dict(ref.state_dict())
-    x = torch.randn(4, 12, dtype=torch.float64)
-    with pytest.warns(RuntimeWarning, match="torch.compile of Θ failed .*No working C\\+\\+ compiler found\\); running"):
-        fast(x).sum().backward()
-    with warnings.catch_warnings():
-        warnings.simplefilter('error')
-        out = fast(x)
-        out.sum().backward()
-    ref(x).sum().backward()
-    torch.testing.assert_close(out, ref(x))
-    torch.testing.assert_close(fast.key_param_tokens.grad, 2 * ref.key_param_tokens.grad)  # fast ran backward twice
 
 
 def test_the_docstring_table_is_the_registry():
@@ -318,22 +296,3 @@ def test_repr_of_a_model_built_on_the_meta_device():
     with torch.device('meta'):
         layer = Pattention(4, 6, num_tokens=9)
     assert 'tau=meta' in repr(layer) and 'num_tokens=9' in repr(layer)
-
-
-def test_the_compiled_mode_compiles_each_direction_once_for_every_layer(monkeypatch):
-    """A model's Pattentions differ in rows, parameter tokens, layout (the patch embedding's transposed scores)
-    and ε (a folded block's is smaller): the first version recompiled for each and, in a training run, hit
-    Dynamo's recompile limit and ran slower than the closed form. Now one compilation each way serves all."""
-    from tkvision.growth import elastic
-    from tkvision.layers import pattention_autograd, set_backward_mode
-    monkeypatch.setattr(pattention_autograd._Compiled, 'forward', None)
-    monkeypatch.setattr(pattention_autograd._Compiled, 'backward', None)
-    model = timm.create_model('tokenformer_vit_ti16', img_size=28, patch_size=7, in_chans=1, embed_dim=24, depth=2,
-                              num_heads=3, num_tokens=12, num_classes=10)
-    set_backward_mode(model, 'compiled')
-    model(torch.randn(4, 1, 28, 28)).sum().backward()  # compiles both directions
-    with torch._dynamo.config.patch(error_on_recompile=True):
-        for batch in (3, 8):
-            model(torch.randn(batch, 1, 28, 28)).sum().backward()
-        with elastic.prefix(model, 0.5):
-            model(torch.randn(2, 1, 28, 28)).sum().backward()

@@ -118,18 +118,18 @@ def test_list_recipes_names_each_recipe_with_what_it_reproduces_and_its_figures(
 
 def test_more_threads_than_cores_warns_naming_the_core_count(monkeypatch):
     """``--threads 999`` on 2 cores ran about 30x slower without a word."""
-    from tkvision.config_sections import RunConfig
+    from tkvision.engine.distributed import ProcessConfig
     from tkvision.engine.distributed import setup_threads
     before = torch.get_num_threads()
     monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
     monkeypatch.delenv('LOCAL_WORLD_SIZE', raising=False)
     try:
         with pytest.warns(UserWarning, match=r'threads: 999 is more than the 2 cores .*set threads: 2'):
-            setup_threads(RunConfig(threads=999))
+            setup_threads(ProcessConfig(threads=999))
         with warnings.catch_warnings():
             warnings.simplefilter('error')  # within the cores: no warning
-            setup_threads(RunConfig(threads=2))
-            setup_threads(RunConfig(threads=None))
+            setup_threads(ProcessConfig(threads=2))
+            setup_threads(ProcessConfig(threads=None))
     finally:
         torch.set_num_threads(before)
 

@@ -349,16 +349,15 @@ def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkey
                 yield torch.zeros(1), torch.zeros(1), []
 
     monkeypatch.setattr(loop_mod, '_forward_backward', lambda *args, **kwargs: time.sleep(0.01))
-    monkeypatch.setattr(loop_mod, '_optimizer_step', lambda state, optim: None)
     meter = dict(loss_sum=torch.tensor(0.0, dtype=torch.float64), seen=4, skipped=0, seconds=0.0, data_seconds=0.0)
     state = SimpleNamespace(meter=meter, batches_done=0, num_updates=0,
                             optimizer=SimpleNamespace(param_groups=[dict(lr=1.0)]))
     processes = Processes(0, 1, device_plan('cpu'))
-    data = SimpleNamespace(seed=0, batches_per_epoch=4, accum=1, train_loader=SlowLoader(), processes=processes,
-                           loss_scale=lambda images: 1.0)
-    loss = SimpleNamespace(step_prefixes=lambda epoch, batch: [None], optim={})
+    data = SimpleNamespace(seed=0, batches_per_epoch=4, accum=1, train_loader=SlowLoader(), loss_scale=lambda images: 1.0)
+    optim = SimpleNamespace(step=lambda state: None)
     clock = SimpleNamespace(log_interval=1, check=lambda state: False)
-    loop_mod._run_batches(state, data, loss, clock, 0, None, SimpleNamespace(update=lambda n: None, n=0, disable=True))
+    parts = loop_mod._Step(data, None, optim, clock, processes)
+    loop_mod._run_batches(state, parts, 0, SimpleNamespace(update=lambda n: None, n=0, disable=True))
     assert 0.2 <= meter['data_seconds'] <= meter['seconds'] and state.batches_done == 4
     stats = loop_mod._epoch_stats(state, processes)
     assert stats['data_wait'] == pytest.approx(meter['data_seconds'] / meter['seconds']) and stats['data_wait'] > 0.6

@@ -5,8 +5,8 @@
 
 Subpackages (DEVELOPERS.md, "Layout"): ``layers`` (Pattention), ``models`` (the families, MAE), ``growth``
 (growth by parameter tokens, elastic prefixes), ``data`` (datasets, transforms, loaders, shards), ``engine``
-(config, training, evaluation, checkpoints), ``utils`` (errors, seeds, atomic writes); ``config_sections`` (the
-config as typed, frozen sections, read by every layer); ``experiments`` (the
+(config, training, evaluation, checkpoints; each config section declared beside the component that reads it),
+``utils`` (errors, seeds, atomic writes, config fields); ``experiments`` (the
 sweep, the model benchmark) and ``cli`` sit at the edge and nothing in the library imports them. The
 studies behind the results pages live in the repository's ``studies/``, outside the package.
 """

@@ -8,8 +8,8 @@ holds the counts under a ceiling (each builder should receive the section it use
 under ``sys.setprofile`` and prints the counts (``--verbose``: every hand-off).
 
 What counts: a call of a tkvision function one of whose arguments is the config or a section of it (a typed
-section of `tkvision.config_sections`, or a mapping of config keys) or an object that keeps one as an attribute
-(the run's context, data, loss, clock and state; ``self`` included), made from tkvision code; each call site
+section of `tkvision.engine.config.SECTION_CLASSES`, or a mapping of config keys) or an object that keeps one as an
+attribute (the run's context, data, task, clock and state; ``self`` included), made from tkvision code; each call site
 once. A
 *return*: a hand-off into a module that is already among the modules of the calls that hold the config
 on the stack (the way back to a module the config had left).
@@ -28,9 +28,10 @@ def _module(frame) -> str:
 
 
 def _is_config(value, keys) -> bool:
-    """The config or a section of it: a typed section (`tkvision.config_sections`), or a mapping of config keys
-    (at least two keys, all of them known)."""
-    from tkvision.config_sections import SECTION_CLASSES, DecoderConfig, TrainConfig
+    """The config or a section of it: a typed section (`tkvision.engine.config.SECTION_CLASSES`), or a mapping of
+    config keys (at least two keys, all of them known)."""
+    from tkvision.engine.build import DecoderConfig
+    from tkvision.engine.config import SECTION_CLASSES, TrainConfig
     if isinstance(value, (TrainConfig, DecoderConfig, *SECTION_CLASSES.values())):
         return True
     return isinstance(value, Mapping) and len(value) >= 2 and all(isinstance(k, str) for k in value) \

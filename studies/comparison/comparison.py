@@ -49,7 +49,7 @@ import torch
 from studies.growth.growth_experiment import train_flops_per_image
 from tkvision.cli import run_cli
 from tkvision.data import build_dataset
-from tkvision.engine.build import model_for_config
+from tkvision.engine.config import model_for_config
 from tkvision.engine.config import load_config, section
 from tkvision.engine.config import resolve_run_config
 from tkvision.engine.trainer import train

@@ -13,9 +13,9 @@ MatFormer-style ViT, on Fashion-MNIST at the quick recipe; and one at the long r
 
 - ``points.csv``: one row per (method, seed, prefix): parameters of the prefix, its validation top-1 (the
   last epoch's: what a choice is made on) and test top-1 (evaluated once). Methods: ``elastic`` (and its
-  variants ``elastic_tau_follow``, ``elastic_random``, ``elastic_all``: their own configs), ``independent``
-  (``tokenformer_tokens_<n>``, one run per size), ``post_hoc`` (the 72-token independent run's weights
-  evaluated at each prefix, τ following k; ``post_hoc_tau_kept`` with the full layer's τ), ``matformer_vit``,
+  variants ``elastic_random``, ``elastic_all``: their own configs), ``independent``
+  (``tokenformer_tokens_<n>``, one run per size), ``post_hoc_tau_kept`` (the 72-token independent run's weights
+  evaluated at each prefix with the full layer's τ), ``matformer_vit``,
   and ``mix_n_match`` (per-block prefixes of the elastic run chosen by MatFormer's rule of thumb,
   [`tkvision.growth.elastic.mix_n_match`][tkvision.growth.elastic.mix_n_match], under budgets between the uniform
   sizes).
@@ -71,15 +71,12 @@ FRACTIONS = (0.25, 0.5, 0.75, 1.0)
 TWINS = {0.25: 'tokenformer_tokens_18', 0.5: 'tokenformer_tokens_36', 0.75: 'tokenformer_tokens_54',
          1.0: 'tokenformer_tokens_72'}
 #: The twins distilled from the independently trained largest twin of their seed (``distillation: teacher``):
-#: the control for in-place distillation.
+#: what a teacher alone gives a TokenFormer of each size.
 DISTILLED_TWINS = {0.25: 'tokenformer_tokens_18_distilled', 0.5: 'tokenformer_tokens_36_distilled',
                    0.75: 'tokenformer_tokens_54_distilled'}
 #: Elastic training runs: config name -> method name in the tables.
-ELASTIC = {'elastic': 'elastic', 'elastic_tau_follow': 'elastic_tau_follow', 'elastic_random': 'elastic_random',
-           'elastic_all': 'elastic_all', 'elastic_distill': 'elastic_distill',
-           'elastic_distill_mixed': 'elastic_distill_mixed',
-           'elastic_sandwich_distill': 'elastic_sandwich_distill', 'elastic_ffn': 'elastic_ffn',
-           'matformer_vit': 'matformer_vit'}
+ELASTIC = {'elastic': 'elastic', 'elastic_random': 'elastic_random', 'elastic_all': 'elastic_all',
+           'elastic_ffn': 'elastic_ffn', 'matformer_vit': 'matformer_vit'}
 #: Methods whose prefixes have other sizes than the twins' (only the MLPs or FFNs shrink): set against the
 #: others by parameters, not against a twin.
 OTHER_SIZES = ('matformer_vit', 'elastic_ffn')
@@ -187,7 +184,7 @@ def _last_weights(cfg: dict) -> torch.nn.Module:
     return model_for_checkpoint(cfg, os.path.join(cfg['output'], LAST_WEIGHTS))[0]
 
 
-def _evaluate_at(model, cfg: dict, prefix, tau: str) -> tuple:
+def _evaluate_at(model, cfg: dict, prefix) -> tuple:
     """Validation and test top-1 of ``model`` at ``prefix`` on ``cfg``'s data."""
     data = section(cfg, 'data')
     train_ds = build_dataset(data, 'train', cfg['seed'])
@@ -195,15 +192,16 @@ def _evaluate_at(model, cfg: dict, prefix, tau: str) -> tuple:
     for split in ('val', 'test'):
         ds = build_dataset(data, split, cfg['seed'], class_to_idx=dataset_classes(train_ds))
         loader = build_loader(ds, data, train=False, seed=cfg['seed'])
-        with elastic.prefix(model, prefix, tau):
+        with elastic.prefix(model, prefix):
             out.append(evaluate(model, loader, torch.device('cpu'), BatchPreprocessor(cfg['mean'], cfg['std'],
                                                                                       torch.device('cpu')))['top1'])
     return tuple(out)
 
 
 def post_hoc_points(runs: str, seeds) -> list:
-    """The 72-token independent run's weights evaluated at each prefix (post-hoc truncation), τ following k
-    (``post_hoc``) and kept (``post_hoc_tau_kept``)."""
+    """The 72-token independent run's weights evaluated at each prefix (post-hoc truncation) with the whole
+    layer's τ (``post_hoc_tau_kept``; τ following k, ``post_hoc``, was removed with ``elastic_tau``: its rows are in
+    ``docs/elastic/retired.csv``)."""
     rows = []
     for seed in seeds:
         name = TWINS[1.0]
@@ -211,11 +209,10 @@ def post_hoc_points(runs: str, seeds) -> list:
             continue
         cfg = _config(name, seed, runs)
         model = _model(name, seed, runs)
-        for tau, method in (('follow', 'post_hoc'), ('kept', 'post_hoc_tau_kept')):
-            for fraction in FRACTIONS[:-1]:
-                val, test = _evaluate_at(model, cfg, fraction, tau)
-                rows.append(dict(method=method, config=name, seed=seed, prefix=fraction,
-                                 params=elastic.prefix_parameters(model, fraction), top1=val, test_top1=test))
+        for fraction in FRACTIONS[:-1]:
+            val, test = _evaluate_at(model, cfg, fraction)
+            rows.append(dict(method='post_hoc_tau_kept', config=name, seed=seed, prefix=fraction,
+                             params=elastic.prefix_parameters(model, fraction), top1=val, test_top1=test))
     return rows
 
 
@@ -231,7 +228,7 @@ def mix_n_match_points(runs: str, seeds) -> list:
         sizes = [elastic.prefix_parameters(model, f) for f in FRACTIONS]
         for low, high in zip(sizes, sizes[1:]):
             chosen = elastic.mix_n_match(model, FRACTIONS, (low + high) // 2)
-            val, test = _evaluate_at(model, cfg, chosen, cfg['elastic_tau'])
+            val, test = _evaluate_at(model, cfg, chosen)
             rows.append(dict(method='mix_n_match', config='elastic', seed=seed,
                              prefix=' '.join(f'{f:g}' for f in chosen),
                              params=elastic.prefix_parameters(model, chosen), top1=val, test_top1=test))
@@ -240,23 +237,18 @@ def mix_n_match_points(runs: str, seeds) -> list:
 
 def training_compute(cfg: dict, teacher: dict = None) -> float:
     """Training FLOPs of a run of ``cfg`` (a resolved config; counted forward + backward per image, times the
-    training images and epochs), with an elastic run's expected mix of prefixes per step (the whole model alone
-    in its first ``elastic_start`` of the steps) and, for ``distillation: teacher``, the forward of ``teacher``
-    (the teacher's resolved config) on every image. In-place distillation costs nothing more: its teacher is the
-    whole model's forward of the same step."""
+    training images and epochs), with an elastic run's expected mix of prefixes per step and, for
+    ``distillation: teacher``, the forward of ``teacher`` (the teacher's resolved config) on every image."""
     images = dataset_size(build_dataset(section(cfg, 'data'), 'train', cfg['seed'])) * cfg['epochs']
     extra = forward_flops_per_image(teacher) if cfg['distillation'] == 'teacher' else 0.0
     fractions = sorted(set(cfg['elastic_fractions']), reverse=True)
     if not fractions:
         return (train_flops_per_image(cfg) + extra) * images
     flops = {f: train_flops_per_image(cfg, None if f == 1 else f) for f in fractions}
-    between = fractions[1:-1] or fractions[1:]
     per_step = {'all': sum(flops.values()), 'random': statistics.mean(flops.values()),
-                'largest_plus_random': flops[fractions[0]] + statistics.mean(flops[f] for f in fractions[1:]),
-                'sandwich': flops[fractions[0]] + flops[fractions[-1]] * (len(fractions) > 1)
-                + statistics.mean(flops[f] for f in between) * (len(fractions) > 2)}[cfg['elastic_sampling']]
-    start = cfg['elastic_start']
-    return (start * flops[fractions[0]] + (1 - start) * per_step + extra) * images
+                'largest_plus_random': flops[fractions[0]] + statistics.mean(flops[f] for f in fractions[1:])
+                }[cfg['elastic_sampling']]
+    return (per_step + extra) * images
 
 
 def summarize(points: list, compute: dict) -> list:
@@ -362,7 +354,7 @@ def export_speed_rows(seed: int, runs: str, batch_size: int = 256, repeats: int 
     Returns:
         rows ``method, prefix, params, img_per_s, vs_whole_model`` (the ratio to that family's whole model).
     """
-    from tkvision.engine.build import model_for_config
+    from tkvision.engine.config import model_for_config
     from tkvision.experiments.benchmark import time_rounds
     runners, meta = [], {}
     for method, name in SPEED_FAMILIES.items():
@@ -481,7 +473,7 @@ def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = No
         fresh = {(p['config'], p['seed']) for p in points}
         points = [p for p in read_points(keep_points) if (p['config'], p['seed']) not in fresh
                   and p['seed'] in seeds] + points
-    order = {m: i for i, m in enumerate(['independent', 'independent_distilled', *ELASTIC.values(), 'post_hoc',
+    order = {m: i for i, m in enumerate(['independent', 'independent_distilled', *ELASTIC.values(),
                                          'post_hoc_tau_kept', 'mix_n_match'])}
     points.sort(key=lambda p: (order.get(p['method'], len(order)), str(p['prefix']), p['seed']))
     if not points:

@@ -33,11 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from tkvision.cli import run_cli
-from tkvision.engine.build import model_for_config
-from tkvision.engine.config import TrainConfig
 from tkvision.engine.checkpoint import LAST_CHECKPOINT
-from tkvision.engine.config import load_config
-from tkvision.engine.config_rules import validate_config
+from tkvision.engine.config import TrainConfig, load_config, model_for_config, validate_config
 from tkvision.engine.plotting import plt
 from tkvision.engine.trainer import train
 from tkvision.experiments.benchmark import flop_counter

@@ -78,7 +78,7 @@ def _test_loader(cfg: dict, data_dir: str, length: int, model):
                                num_workers=0, naflex_max_seq_len=length, val_subset=None)
     if cfg['naflex_loader']:
         ds = build_dataset(data, 'val', cfg['seed'])
-        loader = build_naflex_loader(ds, data, False, cfg['seed'], naflex_patch_size(section(cfg, 'model'), data))
+        loader = build_naflex_loader(ds, data, False, cfg['seed'], naflex_patch_size(model, data))
         return model, loader, NaFlexPreprocessor('cpu')
     model = at_length(model, length)
     data = dataclasses.replace(data, img_size=model.patch_embed.img_size[0])

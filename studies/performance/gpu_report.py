@@ -77,7 +77,7 @@ TINY_PAIRS = (('tokenformer_vit_ti16' + _TINY + '@num_tokens=16', 'vit_tiny_patc
 TARGETS = dict(train_ratio=1.0, mem_ratio=1.0, peak_share=0.40)
 #: The TokenFormer options timed beside the default one in eager mode (each compiled model costs a
 #: minute or more of compilation, so only the default one is compiled in the pairs' parts).
-VARIANTS = ('', '@block_norm_fold=false', '@backward_mode=compiled', '@backward_mode=lean')
+VARIANTS = ('', '@block_norm_fold=false', '@backward_mode=lean')
 #: Other models timed in a pair's eager part: beside B/16†, the paper's B/16 (its own token counts).
 _PAIR_EXTRAS = {'tokenformer_vit_b16_matched': ('tokenformer_vit_b16',)}
 #: Seconds each part took, or was expected to take, on the H200s of 2026-11-27/28 (compilation included):

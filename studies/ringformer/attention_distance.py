@@ -113,7 +113,7 @@ def dataset_mad(cfg: dict, checkpoint: str, num_images: int, batch_size: int) ->
         FileNotFoundError, WeightsMismatchError: a missing checkpoint, or one of another model (named).
     """
     cfg = resolve_run_config(dict(cfg, val_subset=num_images, batch_size=batch_size)).to_dict()
-    setup_threads(section(cfg, 'run'))
+    setup_threads(section(cfg, 'process'))
     model, _ = model_for_checkpoint(cfg, checkpoint)
     data = section(cfg, 'data')
     ds = build_dataset(data, 'val', cfg['seed'], class_to_idx=train_class_map(data))

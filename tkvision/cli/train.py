@@ -8,7 +8,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch.distributed as dist
 
 from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
-from ..engine.build import check_model_input
+from ..engine.trainer import check_model_input
 from ..engine.checkpoint import (
     BEST_WEIGHTS,
     CURVES_FILE,
@@ -131,8 +131,8 @@ def _validate(argv) -> int:
         raise UsageError(f'{args.checkpoint} is a masked-autoencoder run (task: mae): it has no classifier to '
                          'validate; its validation reconstruction loss is in the run\'s metrics.csv, and '
                          'tkvision-mae-visualize draws its reconstructions')
-    setup_threads(config.run)
-    processes = init_distributed(config.run)
+    setup_threads(config.process)
+    processes = init_distributed(config.process)
     rank, world, device, data, seed = processes.rank, processes.world, processes.device, config.data, config.run.seed
     ds = build_dataset(data, args.split, seed, rank, world, class_to_idx=train_class_map(data))
     # a run that grew during training: its config builds the model it started from, grown to the file's size
@@ -142,7 +142,7 @@ def _validate(argv) -> int:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
     loader = build_loader(ds, data, train=False, seed=seed, rank=rank, world_size=world,
                           pin_memory=processes.plan.pin_memory)
-    res = evaluate(model.to(device), loader, device, BatchPreprocessor(*data.mean_std(), device), config.run.amp)
+    res = evaluate(model.to(device), loader, device, BatchPreprocessor(*data.mean_std(), device), config.process.amp)
     if rank:
         return 0
     print(f"{config.model.model} on {res['count']} {args.split} images: top-1 {res['top1']:.2f}%  "

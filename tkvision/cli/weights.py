@@ -97,7 +97,7 @@ def _mae_visualize(argv) -> int:
     if cfg['task'] != 'mae':
         ap.error(f"{args.checkpoint} is not an MAE run (task {cfg['task']!r})")
     config = resolve_run_config(cfg)
-    setup_threads(config.run)
+    setup_threads(config.process)
     model, _ = model_for_checkpoint(config.to_dict(), args.checkpoint)  # the EMA weights of a last.pth that has them
     data, mask_ratio = config.data, config.mae.mask_ratio
     dataset = build_dataset(data, 'val', config.run.seed)

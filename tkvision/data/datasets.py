@@ -1,6 +1,7 @@
-"""Datasets of a config's data section: Fashion-MNIST in memory, the formats timm's ``create_dataset``
-knows (``folder`` = ``imagenet``, ``tar``, ``hfds/<name>``) through timm's readers, and WebDataset
-shards (``wds/<name>``, `shards`).
+"""Datasets of a config's data section, each kind read by the data source registered under its name
+(``tkvision.data.registry``; a new source is one ``register_data_source`` call): Fashion-MNIST in memory, the
+formats timm's ``create_dataset`` knows (``folder`` = ``imagenet``, ``tar``, ``hfds/<name>``) through timm's
+readers, and WebDataset shards (``wds/<name>``, `shards`).
 
 - ``folder`` / ``imagenet``: ``<data_dir>/train/<class>/*``, ``<data_dir>/val/<class>/*`` (timm's
   ``ReaderImageFolder``); ``tar``: ``<data_dir>/train.tar`` / ``val.tar`` holding ``<class>/<image>``
@@ -21,16 +22,19 @@ from typing import Dict, Optional, Sequence, Tuple
 import numpy as np
 from torch.utils.data import Dataset, Subset
 
-from ..config_sections import DataConfig
+from .config import DataConfig
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
 from .fashion_mnist import ArrayDataset, load_fashion_mnist
 from .loader import SeededDataset
+from .registry import DataSource, data_source, data_source_names, register_data_source
 from .readers import ReaderDataset, check_same_classes, create_split_reader, data_root
 from .shards import ShardStream, read_info
 from .transforms import build_transform
 
-__all__ = ['build_dataset', 'holdout_indices', 'has_test_split', 'train_class_map', 'dataset_size', 'dataset_classes']
+__all__ = ['build_dataset', 'holdout_indices', 'has_test_split', 'train_class_map', 'default_num_classes',
+           'data_source_channels',
+           'dataset_size', 'dataset_classes']
 
 SPLITS = ('train', 'val', 'test')
 
@@ -84,42 +88,80 @@ def _reader_labels(reader) -> list:
     return list(reader.dataset[reader.label_key])  # Hugging Face: one column read
 
 
+def _fashion_mnist_split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):
+    train = split == 'train'
+    images, labels = load_fashion_mnist('train' if train else 'test', data.data_dir, data.download)
+    return ArrayDataset(images, labels, build_transform(data, train, seed, resize=data.img_size != images.shape[1]))
+
+
+def _fashion_mnist_carve(data: DataConfig, train: bool, seed: int, class_to_idx):
+    images, labels = load_fashion_mnist('train', data.data_dir, data.download)
+    ds = ArrayDataset(images, labels, build_transform(data, train, seed, resize=data.img_size != images.shape[1]))
+    return ds, labels.tolist()
+
+
+def _reader_split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):
+    return ReaderDataset(create_split_reader(data, split, class_to_idx), build_transform(data, split == 'train', seed))
+
+
+def _reader_carve(data: DataConfig, train: bool, seed: int, class_to_idx):
+    reader = create_split_reader(data, 'train', class_to_idx if not train else None)
+    return ReaderDataset(reader, build_transform(data, train, seed)), _reader_labels(reader)
+
+
+def _folder_classes(data: DataConfig) -> Optional[Dict[str, int]]:
+    root = data.data_dir
+    if root and os.path.isdir(os.path.join(root, 'train')):
+        names = sorted(e.name for e in os.scandir(os.path.join(root, 'train')) if e.is_dir())
+        return {c: i for i, c in enumerate(names)}
+    return None
+
+
+def _shard_split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):
+    train = split == 'train'
+    ds = ShardStream(data_root(data), split, build_transform(data, train, seed), train=train,
+                     batch_size=data.batch_size, num_workers=data.num_workers, rank=rank,
+                     world=world_size, seed=seed, limit=data.train_subset if train else data.val_subset)
+    if class_to_idx is not None and ds.classes:
+        counts = read_info(data_root(data))['splits']
+        check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data_root(data))
+    return ds
+
+
+def _shard_classes(data: DataConfig) -> Optional[Dict[str, int]]:
+    listed = read_info(data_root(data)).get('classes')
+    return {c: i for i, c in enumerate(listed)} if listed else None
+
+
+#: The built-in sources (``tkvision.data.registry``): Fashion-MNIST in memory, timm's readers, WebDataset shards.
+register_data_source('fashion_mnist', DataSource(_fashion_mnist_split, _fashion_mnist_carve, needs_data_dir=False,
+                                                 num_classes=10, channels=1))
+for _name in ('folder', 'imagenet'):
+    register_data_source(_name, DataSource(_reader_split, _reader_carve, class_map=_folder_classes))
+register_data_source('tar', DataSource(_reader_split, _reader_carve))
+register_data_source('hfds', DataSource(_reader_split, _reader_carve, needs_data_dir=False, prefix=True))
+register_data_source('wds', DataSource(_shard_split, None, class_map=_shard_classes, prefix=True))
+
+
+def _source(data: DataConfig) -> DataSource:
+    source = data_source(data.dataset)
+    if source is None:
+        raise ConfigError(f"dataset {data.dataset!r}: no data source reads it; registered: "
+                          f"{', '.join(data_source_names())} (tkvision.data.registry)")
+    return source
+
+
 def _carve(data: DataConfig, split: str, seed: int, class_to_idx):
     """The ``split`` of a dataset whose validation split is carved from its training images."""
-    fraction, name = data.val_split_fraction or 0.0, data.dataset
+    source = _source(data)
+    if source.carve is None:
+        raise ConfigError(f'val_split_fraction: shards ({data.dataset}) are streamed and cannot be split here; write a '
+                          'val split into the shards (tools/make_shards.py from a folder with train/ and val/), or '
+                          'set 0')
     train = split == 'train'
-    if name.startswith('wds/'):
-        raise ConfigError(f'val_split_fraction: shards ({name}) are streamed and cannot be split here; write a val '
-                          'split into the shards (tools/make_shards.py from a folder with train/ and val/), or set 0')
-    if name == 'fashion_mnist':
-        images, labels = load_fashion_mnist('train', data.data_dir, data.download)
-        ds: Dataset = ArrayDataset(images, labels, build_transform(data, train, seed,
-                                                                   resize=data.img_size != images.shape[1]))
-        classes: Sequence[int] = labels.tolist()
-    else:
-        reader = create_split_reader(data, 'train', class_to_idx if not train else None)
-        classes = _reader_labels(reader)
-        ds = ReaderDataset(reader, build_transform(data, train, seed))
-    train_idx, val_idx = holdout_indices(classes, fraction)
+    ds, classes = source.carve(data, train, seed, class_to_idx)
+    train_idx, val_idx = holdout_indices(classes, data.val_split_fraction or 0.0)
     return Subset(ds, (train_idx if train else val_idx).tolist())
-
-
-def _evaluation_split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):
-    """The dataset's own training or evaluation split, with the evaluation transform for the latter."""
-    train, name = split == 'train', data.dataset
-    if name == 'fashion_mnist':
-        images, labels = load_fashion_mnist('train' if train else 'test', data.data_dir, data.download)
-        return ArrayDataset(images, labels, build_transform(data, train, seed,
-                                                            resize=data.img_size != images.shape[1]))
-    if name.startswith('wds/'):
-        ds = ShardStream(data_root(data), split, build_transform(data, train, seed), train=train,
-                         batch_size=data.batch_size, num_workers=data.num_workers, rank=rank,
-                         world=world_size, seed=seed, limit=data.train_subset if train else data.val_subset)
-        if class_to_idx is not None and ds.classes:
-            counts = read_info(data_root(data))['splits']
-            check_same_classes(counts['train']['class_counts'], counts[split]['class_counts'], data_root(data))
-        return ds
-    return ReaderDataset(create_split_reader(data, split, class_to_idx), build_transform(data, train, seed))
 
 
 def build_dataset(
@@ -147,15 +189,15 @@ def build_dataset(
     """
     if split not in SPLITS:
         raise ConfigError(f'split must be one of {SPLITS}, got {split!r}')
-    name = data.dataset
-    if not data.data_dir and name != 'fashion_mnist' and not name.startswith('hfds/'):
+    name, source = data.dataset, _source(data)
+    if not data.data_dir and source.needs_data_dir:
         raise FileNotFoundError(f'dataset {name} needs data_dir (--data-dir /path/to/data with train and val)')
     if split == 'test' and not has_test_split(data):
         raise ConfigError(f'{name} has no test split with val_split_fraction 0: its own evaluation split validates')
     if has_test_split(data) and split != 'test':
         ds = _carve(data, split, seed, class_to_idx)
     else:
-        ds = _evaluation_split(data, 'train' if split == 'train' else 'val', seed, class_to_idx, rank, world_size)
+        ds = source.split(data, 'train' if split == 'train' else 'val', seed, class_to_idx, rank, world_size)
     if isinstance(ds, ShardStream):
         return ds
     limit = {'train': data.train_subset, 'val': data.val_subset, 'test': None}[split]
@@ -164,16 +206,27 @@ def build_dataset(
 
 def train_class_map(data: DataConfig) -> Optional[Dict[str, int]]:
     """For the data section ``data``, the training split's ``{class: index}`` without reading it whole (for
-    evaluation alone): the sorted class folders of ``<data_dir>/train``, or a shard manifest's class list; None
-    otherwise."""
-    root = data.data_dir
-    if data.dataset in ('folder', 'imagenet') and root and os.path.isdir(os.path.join(root, 'train')):
-        names = sorted(e.name for e in os.scandir(os.path.join(root, 'train')) if e.is_dir())
-        return {c: i for i, c in enumerate(names)}
-    if data.dataset.startswith('wds/'):
-        listed = read_info(data_root(data)).get('classes')
-        return {c: i for i, c in enumerate(listed)} if listed else None
-    return None
+    evaluation alone): the sorted class folders of ``<data_dir>/train``, or a shard manifest's class list (the
+    source's ``class_map``); None otherwise."""
+    return _source(data).class_map(data)
+
+
+def data_source_channels(data: DataConfig) -> int:
+    """The channels of the images the data section's source gives (``DataSource.channels``: 1 for Fashion-MNIST, 3
+    for every decoded image)."""
+    return _source(data).channels
+
+
+def default_num_classes(data: DataConfig) -> int:
+    """Classes of the data section's dataset when ``model_kwargs`` does not say: the source's fixed count (10 for
+    Fashion-MNIST); for a class-folder dataset (``folder``, ``imagenet``) or shards with a class list, the classes
+    of its training split (`train_class_map`: a 3-class folder gets a 3-way head, not ImageNet's); else 1000
+    (ImageNet-1K, the timm default)."""
+    source = _source(data)
+    if source.num_classes is not None:
+        return source.num_classes
+    classes = train_class_map(data)
+    return len(classes) if classes else 1000
 
 
 def dataset_size(dataset: Dataset) -> int:

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, Subset
 from torch.utils.data.distributed import DistributedSampler
 
-from ..config_sections import DataConfig
+from .config import DataConfig
 from ..utils.seeding import derive_seed
 from .readers import collate_skip_bad
 

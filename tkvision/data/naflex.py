@@ -30,7 +30,7 @@ from timm.data.readers.shared_count import SharedCount
 from timm.layers import to_2tuple
 from torch.utils.data import DataLoader, Dataset, Subset
 
-from ..config_sections import DataConfig
+from .config import DataConfig
 from ..utils.seeding import derive_seed
 
 __all__ = ['NaFlexImages', 'ResumableNaFlexDataset', 'NaFlexPreprocessor', 'build_naflex_loader']

@@ -16,7 +16,7 @@ from timm.data.readers import create_reader
 from timm.data.readers.reader import Reader
 from torch.utils.data import Dataset, default_collate
 
-from ..config_sections import DataConfig
+from .config import DataConfig
 from ..utils.errors import UsageError
 
 __all__ = ['BAD_IMAGE', 'decode_image', 'ReaderDataset', 'data_root', 'collate_skip_bad', 'create_split_reader',

@@ -24,7 +24,8 @@ from PIL import Image
 from timm.data.auto_augment import rand_augment_transform
 from timm.data.random_erasing import RandomErasing
 
-from ..config_sections import DataConfig, frozen_value
+from ..utils.config_fields import frozen_value
+from .config import DataConfig, ImageSettings
 from .fashion_mnist import FASHION_MNIST_STATS, FASHION_MNIST_VAL_FRACTION
 
 if TYPE_CHECKING:  # imported where a pipeline is built (module docstring)
@@ -33,7 +34,7 @@ if TYPE_CHECKING:  # imported where a pipeline is built (module docstring)
 __all__ = ['DATA_CFG_KEYS', 'RAND_AUGMENT_MAGNITUDE_MAX', 'build_transform', 'BatchPreprocessor', 'resolve_data_cfg']
 
 #: Data keys resolved from the model's pretrained_cfg (or FASHION_MNIST_STATS) when null.
-DATA_CFG_KEYS = ('img_size', 'mean', 'std', 'crop_pct', 'interpolation')
+DATA_CFG_KEYS = ImageSettings._fields
 
 
 class _PILOp:

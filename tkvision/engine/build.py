@@ -1,19 +1,79 @@
-"""Building the model a config describes, from its ``model`` section (and ``mae`` section for
-``task: mae``)."""
+"""Building the model a config describes: the ``model`` section (``ModelConfig``) and, for ``task: mae``, the
+``mae`` section (``MaeConfig``, with its ``DecoderConfig``), the ``Config`` of this module
+(`tkvision.utils.config_fields`)."""
 import contextlib
+import dataclasses
 import json
 import os
-from typing import Any, Optional
+from types import MappingProxyType
+from typing import Any, Mapping, Optional, Union
 
 import timm
 import torch
 
-from ..config_sections import DataConfig, MaeConfig, ModelConfig, TrainConfig
-from ..data import train_class_map
-from ..models import create_mae, input_shape
+from ..layers import BACKWARD_MODES
+from ..models import create_mae
+from ..utils.config_fields import boolean, choice, integer, key, mapping, number, string
 from ..utils.errors import ConfigError
 
-__all__ = ['build_model', 'create_model', 'model_for_config', 'check_model_input', 'default_num_classes']
+__all__ = ['ModelConfig', 'DecoderConfig', 'MaeConfig', 'build_model', 'create_model']
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """The network: its registry name, its arguments, and how it runs (the ``model`` section)."""
+
+    model: str = key('tokenformer_vit_ti16', allowed=string())
+    """A name ``timm.create_model`` knows (``tokenformer_vit_b16``, timm's ``vit_base_patch16_224``, ...)."""
+    model_kwargs: Mapping[str, Any] = key(allowed=mapping(), default_factory=lambda: MappingProxyType({}))
+    """Passed to ``timm.create_model`` (``img_size``, ``patch_size``, ``num_tokens``, ``num_classes``, ...)."""
+    drop_path_rate: float = key(0.0, allowed=number(0, 1, hi_open=True))
+    """Stochastic depth: the drop rate of the last block (timm's linear rule over the blocks)."""
+    init_from: Optional[str] = key(None, allowed=string(null=True), resume=True)
+    """A weights file to start from (``.safetensors`` / ``.pth``; an MAE checkpoint gives its encoder); a
+    smaller TokenFormer's tokens are grown to fit."""
+    freeze_loaded_tokens: bool = key(False, allowed=boolean())
+    """With ``init_from``: train only the tokens appended to the loaded ones (and the head)."""
+    grad_checkpointing: bool = key(False, allowed=boolean(), resume=True)
+    """Recompute each block's activations in the backward pass (less memory, more time)."""
+    compile: Union[bool, str] = key('auto', allowed=choice(True, False, 'auto'), resume=True)
+    """``torch.compile`` the model: true, false, or ``'auto'`` (on for CUDA, where a TokenFormer trains at
+    0.85x ViT-B compiled against 0.37x eager; off on a CPU, where compiling costs what it saves over the quick
+    recipe: docs/performance.md)."""
+    backward_mode: str = key('closed_form', allowed=choice(*BACKWARD_MODES), resume=True)
+    """Pattention's Θ (``tkvision.layers.BACKWARD_MODES``): ``'closed_form'``, ``'lean'`` (least activation
+    memory), ``'autograd'`` (reference)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """MAE's decoder (the ``decoder`` key of the ``mae`` section): 512 wide, 8 blocks, 16 heads by default."""
+
+    embed_dim: int = key(512, allowed=integer(1))
+    """Width of the decoder's tokens."""
+    depth: int = key(8, allowed=integer(1))
+    """Decoder blocks."""
+    num_heads: int = key(16, allowed=integer(1))
+    """Attention heads per decoder block (``embed_dim`` must divide by it)."""
+    num_tokens: Optional[int] = key(None, allowed=integer(1, null=True))
+    """A TokenFormer decoder's parameter tokens per Pattention; null: ``embed_dim``."""
+    kind: Optional[str] = key(None, allowed=choice(None, 'tokenformer', 'vit'))
+    """``'tokenformer'`` or ``'vit'``; null: a TokenFormer decoder for a TokenFormer encoder, else a ViT's."""
+
+
+@dataclasses.dataclass(frozen=True)
+class MaeConfig:
+    """Masked-autoencoder pretraining (``task: mae``; `tkvision.models.mae`) (the ``mae`` section)."""
+
+    mask_ratio: float = key(0.75, allowed=number(0, 1, lo_open=True, hi_open=True))
+    """Fraction of each image's patches masked."""
+    norm_pix_loss: bool = key(True, allowed=boolean())
+    """Regress each patch's pixels normalised by their own mean and variance (MAE's default)."""
+    decoder: DecoderConfig = dataclasses.field(default_factory=DecoderConfig)
+    """The decoder's shape."""
+    recon_images: int = key(8, allowed=integer(0), resume=True)
+    """Validation images in the ``reconstruction.png`` written at the end; 0: none."""
+
 
 
 def build_model(
@@ -73,54 +133,3 @@ def _refusals_as_config_errors(where: str, config_json: str = 'config.json'):
         raise ConfigError(f'{where}: {config_json} is not valid JSON ({e}): export the model again') from None
     except (TypeError, ValueError) as e:  # the model's own words follow the key
         raise ConfigError(f'{where}: {e}') from e
-
-
-
-def check_model_input(
-        model: ModelConfig,
-        data: DataConfig,
-) -> None:
-    """Refuse, before any work, a model (the model section) that cannot take the data section's images:
-    Fashion-MNIST's are ``img_size`` px with one channel, every other dataset's decode to three (RGB,
-    ``tkvision.data.decode_image``), and another input would only fail at the first batch (the model is built
-    on the meta device: no memory).
-
-    Raises:
-        ConfigError: naming both shapes and the model_kwargs that fit.
-    """
-    with torch.device('meta'):
-        net = create_model(model.model, **{k: v for k, v in model.model_kwargs.items() if k != 'num_classes'})
-    channels, size = input_shape(net)
-    if data.dataset != 'fashion_mnist':
-        if channels != 3:
-            raise ConfigError(f'dataset {data.dataset} gives RGB images (3 channels); {model.model} as configured '
-                              f'takes {channels}: set model_kwargs {{in_chans: 3}} (or leave in_chans unset)')
-        return
-    if channels == 1 and size in (None, (data.img_size,) * 2):
-        return
-    shown = f'{size[0]} x {size[1]} px' if size else 'any size'
-    raise ConfigError(f"Fashion-MNIST images are {data.img_size} x {data.img_size} px, 1 channel; "
-                      f"{model.model} "
-                      f"as configured takes {shown}, {channels} channels: set model_kwargs "
-                      "{img_size: 28, patch_size: 7, in_chans: 1} (as configs/fashion_mnist/quick.yaml does)")
-
-
-def default_num_classes(data: DataConfig) -> int:
-    """Classes of the data section's dataset when ``model_kwargs`` does not say: 10 for Fashion-MNIST; for a
-    class-folder dataset (``folder``, ``imagenet``) or shards with a class list, the classes of its training split
-    (`train_class_map`: a 3-class folder gets a 3-way head, not ImageNet's); else
-    1000 (ImageNet-1K, the timm default)."""
-    if data.dataset == 'fashion_mnist':
-        return 10
-    classes = train_class_map(data)
-    return len(classes) if classes else 1000
-
-
-def model_for_config(
-        config: TrainConfig,
-        num_classes: Optional[int] = None,
-) -> torch.nn.Module:
-    """`build_model` of a whole config: its model section, its MAE section when ``task`` is
-    ``mae``, and ``num_classes`` (default: `default_num_classes`)."""
-    mae = config.mae if config.run.task == 'mae' else None
-    return build_model(config.model, mae, num_classes or default_num_classes(config.data))

@@ -31,18 +31,18 @@ import torch
 import yaml
 from safetensors.torch import save_file
 
-from ..config_sections import TrainConfig
 from ..growth import grow, grow_to_checkpoint, load_grown_state_dict, token_counts
 from ..models import adapt_state_dict, check_fit, encoder_weights, is_mae_state_dict, load_state_dict_file
-from ..utils.errors import UsageError, refused_pickle
+from ..utils.errors import ConfigError, UsageError, refused_pickle
 from ..utils.files import atomic_write, safetensors_os_errors
-from .build import model_for_config
-from .config import migrate
+from .config import load_config, migrate, model_for_config
+from .state import FORMAT_VERSION
 
 __all__ = ['CONFIG_FILE', 'LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'METRICS_FILE', 'CURVES_FILE',
            'RECONSTRUCTION_FILE', 'FORMAT_VERSION', 'save_training_checkpoint',
            'load_training_checkpoint', 'checkpoint_config', 'save_weights', 'save_yaml', 'save_rows', 'keep_best',
-           'read_weights', 'load_fitting_weights', 'model_for_checkpoint', 'load_init_weights', 'grow_weights_file']
+           'read_weights', 'load_fitting_weights', 'model_for_checkpoint', 'load_teacher', 'load_init_weights',
+           'grow_weights_file']
 
 CONFIG_FILE = 'config.yaml'
 LAST_CHECKPOINT = 'last.pth'
@@ -51,11 +51,6 @@ BEST_WEIGHTS = 'best.safetensors'
 METRICS_FILE = 'metrics.csv'
 CURVES_FILE = 'curves.png'
 RECONSTRUCTION_FILE = 'reconstruction.png'
-
-#: Version of the ``last.pth`` format (``tkvision.engine.state.TrainState.state_dict``; files without the key
-#: are version 1).
-FORMAT_VERSION = 1
-
 
 def save_training_checkpoint(checkpoint: Mapping[str, Any], path: str) -> None:
     """Write a ``last.pth`` dict (``tkvision.engine.state.TrainState.state_dict``: the format) to ``path``
@@ -238,8 +233,36 @@ def model_for_checkpoint(
     """
     weights = read_weights(path, use_ema)
     head = weights.get('head.weight')
-    model = model_for_config(TrainConfig.from_dict(migrate(cfg)), None if head is None else head.shape[0])
+    model = model_for_config(cfg, None if head is None else head.shape[0])
     return model, load_fitting_weights(model, weights, path)
+
+
+def load_teacher(
+        path: str,
+        device: torch.device,
+) -> torch.nn.Module:
+    """The trained model of the weights file ``path`` (a finished run's ``last.safetensors`` or
+    ``best.safetensors``), built by the ``config.yaml`` beside it, in eval mode without gradients, on ``device``:
+    the teacher of ``distillation: teacher`` (``tkvision.engine.loss``).
+
+    Raises:
+        ConfigError: no such file, no ``config.yaml`` beside it, or a masked autoencoder's (the key ``teacher``
+            named).
+        WeightsMismatchError: weights the folder's config does not build.
+    """
+    config_file = os.path.join(os.path.dirname(os.path.abspath(path)), CONFIG_FILE)
+    if not os.path.isfile(path):
+        raise ConfigError(f'teacher: no weights file {path}; give a finished run\'s last.safetensors')
+    if not os.path.isfile(config_file):
+        raise ConfigError(f'teacher: {path} has no {CONFIG_FILE} beside it to build its model; give the weights of '
+                          'a run folder written by tkvision-train')
+    config = load_config(config_file)
+    if config['task'] == 'mae':
+        raise ConfigError(f"teacher: {path} is a masked autoencoder's (task: mae in {config_file}): it predicts "
+                          'pixels, not classes; give a finished classifier run\'s weights')
+    model, _ = model_for_checkpoint(config, path, use_ema=False)
+    model.requires_grad_(False)
+    return model.eval().to(device)
 
 
 def load_init_weights(model: torch.nn.Module, path: str, task: str) -> Tuple[dict, str]:

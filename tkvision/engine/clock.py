@@ -2,8 +2,8 @@
 
 `RunClock` is the part of a run that decides *when*: a stop signal from SLURM or torchrun (the run
 saves and stops at its next check), a checkpoint every ``checkpoint_every_steps`` updates or
-``checkpoint_every_minutes`` minutes, and the host synchronisation that finds a NaN / inf loss. It reads the
-run section's timing keys and nothing else of the config.
+``checkpoint_every_minutes`` minutes, and the host synchronisation that finds a NaN / inf loss. It is given the run
+section's timing values, not the section.
 """
 import os
 import signal
@@ -13,7 +13,6 @@ from typing import Optional
 import torch
 import torch.distributed as dist
 
-from ..config_sections import RunConfig
 from ..utils.errors import NonFiniteLossError
 from .checkpoint import save_training_checkpoint
 from .distributed import Processes
@@ -29,10 +28,11 @@ class RunClock:
     """When a run checks, saves and stops.
 
     Args:
-        run: the config's run section (``tkvision.config_sections.RunConfig``); read: ``log_interval``,
-            ``checkpoint_every_steps``, ``checkpoint_every_minutes``.
         processes: this process among the job's (``tkvision.engine.distributed.Processes``).
         checkpoint_path: the run's ``last.pth``.
+        log_interval: updates between checks (``log_interval``).
+        every_steps: ``checkpoint_every_steps`` (None: off).
+        every_minutes: ``checkpoint_every_minutes`` (None: off).
 
     Attributes:
         stop_signal: the name of the stop signal received (``'SIGTERM'``), or None.
@@ -42,12 +42,14 @@ class RunClock:
 
     def __init__(
             self,
-            run: RunConfig,
             processes: Processes,
             checkpoint_path: str,
+            *,
+            log_interval: int = 50,
+            every_steps: Optional[int] = None,
+            every_minutes: Optional[float] = None,
     ):
-        self.log_interval = run.log_interval
-        self.every_steps, self.every_minutes = run.checkpoint_every_steps, run.checkpoint_every_minutes
+        self.log_interval, self.every_steps, self.every_minutes = log_interval, every_steps, every_minutes
         self.processes, self.checkpoint_path = processes, checkpoint_path
         self.stop_signal: Optional[str] = None
         self.last_save = time.monotonic()

@@ -1,64 +1,197 @@
-"""Training configs: YAML files with one inheritance mechanism (``_base_``), CLI overrides, and the
-sections each builder receives.
+"""Training configs: the sections that assemble a run's config (`TrainConfig`), YAML files with one inheritance
+mechanism (``_base_``), command-line overrides, and old checkpoints' configs.
 
-A config file is a YAML mapping of flat keys (``lr: 1e-3``, ``model_kwargs: {...}``). Its optional
-``_base_`` key names another YAML file (relative to the file that names it); the file's keys are
-merged over the base's, recursively for mappings. Every key must exist in `DEFAULTS`; an
-unknown key is an error that names it and the file. Command-line overrides ``--key value``
-(``--growth.every_epochs 2`` for nested keys) are parsed with YAML rules (``1e-3`` is a float,
-``[0.9, 0.95]`` a list, ``null`` None). Keys renamed since an earlier release (`RENAMED`) are
-read under their new name, in files, on the command line and in checkpoints.
+**Sections.** Each section is the ``Config`` of the one component that reads it and is declared in that component's
+module (torchtitan's rule): ``run`` (`RunConfig`, the trainer's own keys: task, seed, output, evaluation, saving,
+checkpoint timing, logging; here, with the assembly, because checkpoints below the trainer read configs too),
+``process`` (``tkvision.engine.distributed.ProcessConfig``), ``model`` and ``mae``
+(``tkvision.engine.build``), ``data`` (``tkvision.data.config.DataConfig``), ``optim`` and ``growth``
+(``tkvision.engine.optim``), ``loss`` (``tkvision.engine.loss.LossConfig``). Each field says its type, default,
+meaning, allowed values and whether a resumed run may change it (`tkvision.utils.config_fields`); `DEFAULTS`,
+`RULES` and `RESUME_MUTABLE` are read from the fields, and ``docs/reference/config.md`` is rendered from them
+(``tools/render_reference.py``). A validated config becomes typed, frozen sections once, at the edge of training
+(`resolve_run_config`); only the trainer sees the whole, and each part receives its section.
 
-**Sections.** The keys are grouped as a reader meets them (`SECTIONS`: ``run``, ``model``,
-``mae``, ``data``, ``optim``, ``elastic``, ``distillation``, ``growth``). A validated config becomes typed,
-frozen sections once, at the edge of training (`TrainConfig`, `section`: `tkvision.config_sections`,
-where each key's type, default and meaning are); each builder receives only its section: ``build_dataset``
-a ``DataConfig``, ``build_optimizer`` an ``OptimConfig``, and so on. Files stay flat, so every config of
-earlier releases reads unchanged.
-
-What each key allows is in `tkvision.engine.config_rules` (``tests/test_config.py`` holds the
-rules and the defaults to the same keys). Recipe values in ``configs/imagenet/`` come from the MAE
-paper, Appendix A.2 (table in ``docs/reference/background.md``, "Recipes").
+**Files.** A config file is a YAML mapping of flat keys (``lr: 1e-3``, ``model_kwargs: {...}``): each key maps to
+one field, whatever its section, so every file of earlier releases reads unchanged. Its optional ``_base_`` key
+names another YAML file (relative to the file that names it); the file's keys are merged over the base's,
+recursively for mappings. Every key must exist in `DEFAULTS`; an unknown key is an error that names it and the
+file. Command-line overrides ``--key value`` (``--growth.every_epochs 2`` for nested keys) are parsed with YAML
+rules (``1e-3`` is a float, ``[0.9, 0.95]`` a list, ``null`` None). Keys renamed since an earlier release
+(`RENAMED`) are read under their new name; keys and values removed (`RETIRED_KEYS`, `RETIRED_VALUES`) are refused
+in files and on the command line with what to use, and dropped from old checkpoints' configs where they hold what
+today's code does. The checks that join keys are in `tkvision.engine.config_rules`. Recipe values in
+``configs/imagenet/`` come from the MAE paper, Appendix A.2 (table in ``docs/reference/background.md``,
+"Recipes").
 """
 import copy
 import dataclasses
 import os
 import re
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, cast
 
+import torch
 import yaml
 
-from ..data import resolve_data_cfg
+from ..data import DataConfig, default_num_classes, resolve_data_cfg
+from ..utils.config_fields import (boolean, choice, field_rules, integer, key, number, plain_value, resume_mutable,
+                                   section_defaults, section_from_mapping, string)
 from ..utils.errors import ConfigError
-from .config_rules import INTERPOLATIONS, SCHEDULERS, resolve_accum_steps, validate_config
-from ..config_sections import SECTION_CLASSES, OptimConfig, TrainConfig, section, section_defaults
+from .build import MaeConfig, ModelConfig, build_model
+from .config_rules import check_joined_keys
+from .distributed import ProcessConfig
+from .loss import LossConfig
+from .optim import GrowthConfig, OptimConfig
 from .recipes import config_path
 
-__all__ = ['TrainConfig', 'SECTIONS', 'DEFAULTS', 'RENAMED', 'SCHEDULERS', 'INTERPOLATIONS', 'RESUME_MUTABLE',
-           'section', 'load_config', 'resolve_run_config', 'parse_overrides', 'merge', 'migrate', 'config_changes',
-           'resolve_lr', 'resolve_accum_steps', 'ConfigError']
+__all__ = ['RunConfig', 'TrainConfig', 'SECTION_CLASSES', 'SECTIONS', 'DEFAULTS', 'RULES', 'RESUME_MUTABLE',
+           'RENAMED', 'RETIRED_KEYS', 'RETIRED_VALUES', 'section', 'load_config', 'validate_config',
+           'resolve_run_config', 'model_for_config', 'parse_overrides', 'merge', 'migrate', 'config_changes',
+           'ConfigError']
 
-#: Every config key with its default, by section: ``{section: {key: default}}``, read from the typed sections
-#: (`tkvision.config_sections`, where each key's type and meaning are); the growth section is the one
-#: key ``growth``, a mapping.
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What a run trains, where it writes, and when it evaluates, saves and reports (the ``run`` section): the
+    trainer's own keys (``tkvision.engine.trainer``)."""
+
+    task: str = key('classify', allowed=choice('classify', 'mae', 'linprobe'))
+    """``'classify'`` (supervised), ``'mae'`` (masked-autoencoder pretraining, no labels read) or ``'linprobe'``
+    (the ``init_from`` encoder frozen, BatchNorm + linear head: MAE's linear probing)."""
+    seed: int = key(0, allowed=integer(0))
+    """The run's seed: initial weights, data order, augmentation and every random draw derive from it."""
+    output: str = key('runs/default', allowed=string(), resume=True)
+    """The run's folder (checkpoints, weights, metrics.csv, config.yaml); a run never writes into another's."""
+    eval_every: int = key(1, allowed=integer(1), resume=True)
+    """Epochs between evaluations on the validation split (the last epoch always evaluates)."""
+    save_every: int = key(1, allowed=integer(1), resume=True)
+    """Epochs between checkpoints (``last.pth``; the last epoch always saves)."""
+    checkpoint_every_steps: Optional[int] = key(None, allowed=integer(1, null=True), resume=True)
+    """Also write ``last.pth`` every N optimizer updates (mid-epoch); null: off."""
+    checkpoint_every_minutes: Optional[float] = key(None, allowed=number(0, lo_open=True, null=True), resume=True)
+    """Also write ``last.pth`` when this many minutes passed since the last one; null: off."""
+    tensorboard: bool = key(False, allowed=boolean(), resume=True)
+    """Write TensorBoard scalars to ``<output>/tb`` (needs the ``tensorboard`` extra)."""
+    log_interval: int = key(50, allowed=integer(1), resume=True)
+    """Optimizer updates between progress updates, loss checks and signal checks."""
+    progress: bool = key(True, allowed=boolean(), resume=True)
+    """Show a progress bar per epoch (rank 0)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """A whole training config as typed, frozen sections, built from a validated flat config by `from_dict`;
+    `to_dict` gives the flat form back (what ``config.yaml`` and every ``last.pth`` hold)."""
+
+    run: RunConfig = RunConfig()
+    """What runs, where it writes; when it evaluates, saves and reports (the trainer's)."""
+    process: ProcessConfig = ProcessConfig()
+    """Where the processes run (``tkvision.engine.distributed``)."""
+    model: ModelConfig = ModelConfig()
+    """The network (``tkvision.engine.build``)."""
+    mae: MaeConfig = MaeConfig()
+    """MAE pretraining, read with ``task: mae`` (``tkvision.engine.build``)."""
+    data: DataConfig = DataConfig()
+    """The images and their batches (``tkvision.data``)."""
+    optim: OptimConfig = OptimConfig()
+    """The optimizer, its schedule, clipping and EMA (``tkvision.engine.optim``)."""
+    loss: LossConfig = LossConfig()
+    """What a step learns from: targets, elastic prefixes, distillation (``tkvision.engine.loss``)."""
+    growth: GrowthConfig = GrowthConfig()
+    """Growth during training (``tkvision.engine.optim``)."""
+
+    @classmethod
+    def from_dict(cls, cfg: Mapping[str, Any]) -> 'TrainConfig':
+        """The sections of the flat config ``cfg``, which must be validated already (`validate_config`;
+        `load_config` returns one).
+
+        Raises:
+            KeyError: a key of a section missing from ``cfg``.
+        """
+        return cls(**{name: section(cfg, name) for name in SECTION_CLASSES})
+
+    def to_dict(self) -> Dict[str, Any]:
+        """The flat config: every key of every section at the top (the ``growth`` mapping under ``growth``),
+        lists and dicts as a YAML file writes them."""
+        flat: Dict[str, Any] = {}
+        for name in SECTION_CLASSES:
+            values = plain_value(getattr(self, name))
+            flat.update({'growth': values} if name == 'growth' else values)
+        return flat
+
+
+#: The sections in the order a reader meets them: ``{name: class}``.
+SECTION_CLASSES: Dict[str, type] = {f.name: cast(type, f.type) for f in dataclasses.fields(TrainConfig)}
+
+
+def section(
+        cfg: Mapping[str, Any],
+        name: str,
+) -> Any:
+    """Section ``name`` of the flat config ``cfg`` (a validated config: `load_config`), as its frozen class of
+    `SECTION_CLASSES` (``'growth'``: a ``GrowthConfig`` of the ``growth`` mapping).
+
+    Raises:
+        KeyError: an unknown section name, or a key of the section missing from ``cfg``.
+    """
+    return section_from_mapping(SECTION_CLASSES[name], cfg['growth'] if name == 'growth' else cfg)
+
+
+def _keyed(name: str, table: Mapping[str, Any]) -> Dict[str, Any]:
+    return {('growth.' if name == 'growth' else '') + k: v for k, v in table.items()}
+
+
+#: Every config key with its default, by section: ``{section: {key: default}}``, read from the fields; the growth
+#: section is the one key ``growth``, a mapping.
 SECTIONS = {name: ({'growth': section_defaults(cls)} if name == 'growth' else section_defaults(cls))
             for name, cls in SECTION_CLASSES.items()}
 
 #: Every key with its default (the sections merged; files and checkpoints hold this flat form).
-DEFAULTS = {key: value for keys in SECTIONS.values() for key, value in keys.items()}
+DEFAULTS = {k: value for keys in SECTIONS.values() for k, value in keys.items()}
+
+#: What each key allows (``growth.*``, ``decoder.*`` dotted), read from the fields: ``{key: Rule}``.
+RULES = {k: r for name, cls in SECTION_CLASSES.items() for k, r in _keyed(name, field_rules(cls)).items()}
+
+#: Keys a resumed run may change (the schedule is rebuilt at the current update), read from the fields; every
+#: other key must equal the checkpoint's, since it fixes the model, the data or the order of the samples.
+RESUME_MUTABLE = frozenset(k for name, cls in SECTION_CLASSES.items() for k in _keyed(name, dict.fromkeys(
+    resume_mutable(cls))))
 
 #: Keys renamed since an earlier release: ``{old name: new name}``; the old name still reads.
 RENAMED = {'freeze_old_tokens': 'freeze_loaded_tokens'}  # one name per concept: growth.freeze_old_tokens differs
 
-#: Keys a resumed run may change (the schedule is rebuilt at the current update); every other key
-#: must equal the checkpoint's, since it fixes the model, the data or the order of the samples.
-RESUME_MUTABLE = frozenset({
-    'epochs', 'lr', 'blr', 'min_lr', 'sched', 'warmup_epochs', 'warmup_lr', 'decay_epochs', 'decay_milestones',
-    'decay_rate', 'clip_grad', 'clip_mode', 'eval_every', 'save_every', 'checkpoint_every_steps',
-    'checkpoint_every_minutes', 'log_interval', 'progress', 'tensorboard', 'num_workers', 'threads', 'device',
-    'dist_timeout_minutes',
-    'data_dir', 'download', 'val_subset', 'output', 'compile', 'grad_checkpointing', 'tf32', 'init_from',
-    'recon_images', 'backward_mode'})
+#: Keys removed since an earlier release: ``{key: (the value that did what today's code does, what to do)}``. A
+#: file or the command line naming one is refused; an old checkpoint's config drops it when it holds that value.
+RETIRED_KEYS = {
+    'elastic_tau': ('kept', "prefixes keep the whole layer's tau ('follow' was lower at every prefix, docs/elastic.md);"
+                            ' delete the key'),
+    'elastic_start': (0.0, 'the smaller prefixes train from the first step (a delayed start, with in-place '
+                           'distillation, was lower at every prefix, docs/elastic.md); delete the key'),
+}
+
+#: Values removed since an earlier release: ``{(key, value): what to use}``.
+RETIRED_VALUES = {
+    ('distillation', 'inplace'): 'in-place distillation was lower than plain elastic training at every prefix '
+                                 '(docs/elastic.md); use distillation: none, or teacher with a trained model',
+    ('backward_mode', 'compiled'): "it never beat closed_form (docs/performance.md); use closed_form, and compile: "
+                                   'true to compile the whole model',
+    ('elastic_sampling', 'sandwich'): 'it was never trained and cost the most per step; use largest_plus_random '
+                                      '(the default), all or random',
+    ('elastic_nesting', 'no_attention'): 'it was never trained; use all (the default) or ffn',
+}
+
+
+def model_for_config(
+        config: Union[TrainConfig, Mapping[str, Any]],
+        num_classes: Optional[int] = None,
+) -> torch.nn.Module:
+    """``tkvision.engine.build.build_model`` of a whole config (a `TrainConfig`, or a flat config such as a
+    checkpoint's, `migrate`d first): its model section, its MAE section when ``task`` is ``mae``, and
+    ``num_classes`` (default: ``tkvision.data.default_num_classes`` of its data section)."""
+    if not isinstance(config, TrainConfig):
+        config = TrainConfig.from_dict(migrate(config))
+    mae = config.mae if config.run.task == 'mae' else None
+    return build_model(config.model, mae, num_classes or default_num_classes(config.data))
 
 
 _SCI = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+')
@@ -85,17 +218,19 @@ def merge(
         ConfigError: a key of ``over`` not in ``schema``, naming it and ``where``.
     """
     out = copy.deepcopy(base)
-    for key, value in over.items():
-        if schema is DEFAULTS and key in RENAMED:  # a key of an older release: its new name
-            key = RENAMED[key]
-        if key not in schema:
-            raise ConfigError(f'unknown config key {key!r} in {where}; known keys: {", ".join(sorted(schema))}')
-        if isinstance(schema[key], dict) and isinstance(value, dict):
+    for name, value in over.items():
+        if schema is DEFAULTS and name in RENAMED:  # a key of an older release: its new name
+            name = RENAMED[name]
+        if schema is DEFAULTS and name in RETIRED_KEYS:
+            raise ConfigError(f'{name} was removed: {RETIRED_KEYS[name][1]} (in {where})')
+        if name not in schema:
+            raise ConfigError(f'unknown config key {name!r} in {where}; known keys: {", ".join(sorted(schema))}')
+        if isinstance(schema[name], dict) and isinstance(value, dict):
             # a free mapping (empty in the schema) merges key by key without checks
-            sub_schema = schema[key] or {**(out.get(key) or {}), **value}
-            out[key] = merge(out.get(key) or {}, value, f'{where}:{key}', sub_schema)
+            sub_schema = schema[name] or {**(out.get(name) or {}), **value}
+            out[name] = merge(out.get(name) or {}, value, f'{where}:{name}', sub_schema)
         else:
-            out[key] = copy.deepcopy(_coerce(value))
+            out[name] = copy.deepcopy(_coerce(value))
     return out
 
 
@@ -196,6 +331,29 @@ def load_config(
     return validate_config(cfg)
 
 
+def validate_config(cfg: dict) -> dict:
+    """Check every key of the flat config ``cfg`` against its field's rule (`RULES`), refuse a removed value
+    (`RETIRED_VALUES`), then the rules that join keys (``tkvision.engine.config_rules.check_joined_keys``).
+    Integral floats (``300.0``) of integer keys become ints. Returns ``cfg``.
+
+    Raises:
+        ConfigError: the first bad value, naming the key, the value and what is allowed (or what replaced it).
+    """
+    for (name, value), why in RETIRED_VALUES.items():
+        if cfg.get(name) == value:
+            raise ConfigError(f'{name}: {value!r} was removed: {why}')
+    for name, (check, allowed) in RULES.items():
+        parent, _, leaf = name.rpartition('.')
+        node = cfg[parent] if parent else cfg
+        value = node[leaf]
+        if not check(value):
+            raise ConfigError(f'{name} must be {allowed}, got {value!r}')
+        if allowed.startswith('an integer') and value is not None:
+            node[leaf] = int(value)
+    check_joined_keys(cfg, section(cfg, 'optim'))
+    return cfg
+
+
 def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfig:
     """The edge of a run: the flat config ``cfg`` (or the flat form of a `TrainConfig`) validated once and turned
     into typed, frozen sections, with the data section's null keys filled from the model
@@ -212,7 +370,7 @@ def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfi
             part = getattr(cfg, name)
             if not isinstance(part, cls):
                 raise ConfigError(f'TrainConfig({name}=...) must be a {cls.__name__}, got a {type(part).__name__}: '
-                                  f'build it as {cls.__name__}(...) (tkvision.config_sections)')
+                                  f'build it as {cls.__name__}(...) ({cls.__module__})')
         flat = validate_config(copy.deepcopy(cfg.to_dict()))
     else:
         flat = validate_config(merge(DEFAULTS, copy.deepcopy(dict(cfg)), 'the config mapping'))
@@ -221,23 +379,13 @@ def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfi
                                                              config.model.model_kwargs))
 
 
-def resolve_lr(
-        optim: OptimConfig,
-        batch_size: int,
-        world_size: int = 1,
-) -> float:
-    """Peak lr of the optim section ``optim``: ``lr`` if set, else ``blr * global_batch / 256`` (MAE's linear
-    scaling rule), the global batch being ``batch_size`` x accumulation steps x ``world_size`` processes."""
-    if optim.lr is not None:
-        return float(optim.lr)
-    return optim.blr * batch_size * resolve_accum_steps(optim, batch_size, world_size) * world_size / 256
-
-
 def migrate(cfg: Mapping[str, Any]) -> dict:
     """A config saved by an earlier release (a checkpoint's) with today's key names (`RENAMED`)
     and today's defaults for keys it did not have; ``val_split_fraction`` 0 where it is absent (earlier
-    releases validated on the dataset's own evaluation split)."""
-    return merge(DEFAULTS, {'val_split_fraction': 0.0, **cfg}, 'checkpoint config')
+    releases validated on the dataset's own evaluation split); keys removed since (`RETIRED_KEYS`) dropped (a
+    resume refuses one that did other than today's code: `config_changes`)."""
+    kept = {name: value for name, value in cfg.items() if name not in RETIRED_KEYS}
+    return merge(DEFAULTS, {'val_split_fraction': 0.0, **kept}, 'checkpoint config')
 
 
 def config_changes(old: dict, new: dict) -> Tuple[List[str], List[str]]:
@@ -251,13 +399,16 @@ def config_changes(old: dict, new: dict) -> Tuple[List[str], List[str]]:
         any other head before loading), as a run written when the default head was another needs.
     """
     allowed: List[str] = []
-    forbidden: List[str] = []
+    forbidden = [f'{name} {old[name]!r} -> removed ({why})' for name, (today, why) in RETIRED_KEYS.items()
+                 if name in old and old[name] != today]
+    forbidden += [f'{name} {value!r} -> removed ({why})' for (name, value), why in RETIRED_VALUES.items()
+                  if old.get(name) == value]
     old = migrate(old)
-    for key in sorted(set(old) | set(new)):
-        a, b = old.get(key), new.get(key)
-        if a != b:
-            mutable = key in RESUME_MUTABLE or (key == 'model_kwargs' and _only_num_classes_added(a, b))
-            (allowed if mutable else forbidden).append(f'{key} {a!r} -> {b!r}')
+    for name in sorted(set(old) | set(new)):
+        a, b = old.get(name), new.get(name)
+        if a != b and not any(item.startswith(f'{name} ') for item in forbidden):
+            mutable = name in RESUME_MUTABLE or (name == 'model_kwargs' and _only_num_classes_added(a, b))
+            (allowed if mutable else forbidden).append(f'{name} {a!r} -> {b!r}')
     return allowed, forbidden
 
 

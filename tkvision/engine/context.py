@@ -1,24 +1,23 @@
 """The context of a run: what it uses but does not save, by concern.
 
 [`RunContext`][tkvision.engine.context.RunContext] holds a run's processes, its data
-(``tkvision.engine.run_data.RunData``), its loss (``tkvision.engine.loss.RunLoss``) and its clock
-(``tkvision.engine.clock.RunClock``), each built from the config sections it reads by
-[`build_context`][tkvision.engine.context.build_context]; ``tkvision.engine.state.TrainState`` holds what is saved.
+(``tkvision.engine.run_data.RunData``), its task (``tkvision.engine.loss.TrainTask``), its clock
+(``tkvision.engine.clock.RunClock``), its optimisation (``tkvision.engine.optim.RunOptim``) and its evaluation
+(``tkvision.engine.run_eval.RunEvaluator``), each built by the trainer from the config sections it reads
+(``tkvision.engine.trainer``); ``tkvision.engine.state.TrainState`` holds what is saved. Only the trainer takes the
+context: every stage it calls receives the parts it uses.
 """
 import dataclasses
-import os
 from typing import Optional, Protocol
 
-from ..config_sections import TrainConfig
-from .checkpoint import LAST_CHECKPOINT
 from .clock import RunClock
-from .config import resolve_accum_steps, resolve_lr
 from .distributed import Processes
-from .loss import RunLoss
+from .loss import TrainTask
 from .optim import RunOptim
 from .run_data import RunData
+from .run_eval import RunEvaluator
 
-__all__ = ['RunContext', 'ScalarWriter', 'build_context']
+__all__ = ['RunContext', 'ScalarWriter']
 
 
 class ScalarWriter(Protocol):
@@ -34,23 +33,21 @@ class ScalarWriter(Protocol):
 
 @dataclasses.dataclass
 class RunContext:
-    """What a run uses but does not save, by concern: its processes, data, loss and clock, and the few values of
-    the run section the trainer itself reads (kept as values: the context hands on no config section). Each stage
-    receives the parts it reads (the epoch loop: data, loss, clock; ``tkvision.engine.run_eval``: the context);
-    ``tkvision.engine.state.TrainState`` holds what is saved.
+    """What a run uses but does not save, by concern, and the few values of the run section the trainer itself
+    reads (kept as values: the context hands on no config section).
 
     Attributes:
         processes: this process among the job's.
         data: datasets, loaders, preprocessing.
-        loss: the step's targets and prefixes.
+        task: each step's forward passes and losses (its targets, prefixes and teacher).
         clock: checks, checkpoints, stop signals.
         optim: the optimizer and schedule, rebuilt after growth and on resume; the growth steps.
+        evaluator: the evaluation after an epoch.
         model_name: the model's registry name.
         epochs: the run's epochs.
-        task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
+        warmup_epochs: the schedule's warmup (the start-up note of a warmup longer than the run).
         out: the run's output folder (``output``).
-        seed: the run's seed (growth's new tokens, MAE's evaluation masks).
-        amp: ``None``, ``'bf16'`` or ``'fp16'``.
+        seed: the run's seed (growth's new tokens).
         eval_every: epochs between evaluations.
         save_every: epochs between checkpoints.
         progress: whether each epoch shows a progress bar.
@@ -59,15 +56,15 @@ class RunContext:
     """
     processes: Processes
     data: RunData
-    loss: RunLoss
+    task: TrainTask
     clock: RunClock
     optim: RunOptim
+    evaluator: RunEvaluator
     model_name: str
     epochs: int
-    task: str
+    warmup_epochs: float
     out: str
     seed: int
-    amp: Optional[str]
     eval_every: int
     save_every: int
     progress: bool
@@ -78,30 +75,3 @@ class RunContext:
     def main(self) -> bool:
         """Whether this process is rank 0 (it prints and writes the run's files)."""
         return self.processes.main
-
-
-def build_context(
-        config: TrainConfig,
-        processes: Processes,
-) -> RunContext:
-    """The run's data, loss, clock and optimisation, each built from the sections it reads.
-
-    Args:
-        config: a resolved config (``tkvision.engine.trainer.resolve_run_config``).
-        processes: this process among the job's.
-
-    Raises:
-        ConfigError: as ``RunData`` and ``RunLoss`` (a batch larger than the data, a teacher that cannot load).
-    """
-    run, optim = config.run, config.optim
-    accum = resolve_accum_steps(optim, config.data.batch_size, processes.world)
-    data = RunData(config.data, config.model, accum, run.seed, processes)
-    loss = RunLoss(run.task, optim, config.elastic, config.distillation, run.seed, data.batches_per_epoch,
-                   processes.device)
-    clock = RunClock(run, processes, os.path.join(run.output, LAST_CHECKPOINT))
-    run_optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, config.data.batch_size, processes.world),
-                         updates_per_epoch=data.updates_per_epoch,
-                         freeze_loaded_tokens=config.model.freeze_loaded_tokens)
-    return RunContext(processes, data, loss, clock, run_optim, config.model.model, optim.epochs, task=run.task,
-                      out=run.output, seed=run.seed, amp=run.amp, eval_every=run.eval_every,
-                      save_every=run.save_every, progress=run.progress, tensorboard=run.tensorboard)

@@ -24,13 +24,31 @@ import torch
 import torch.distributed as dist
 from timm.utils.distributed import init_distributed_device_so
 
-from ..config_sections import RunConfig
+from ..utils.config_fields import boolean, choice, integer, key, number, string
 from ..utils.errors import ConfigError
 from ..utils.memory import available_memory_bytes
 from ..utils.precision import AMP_DTYPES
 
-__all__ = ['DevicePlan', 'device_plan', 'Processes', 'init_distributed', 'setup_threads',
+__all__ = ['ProcessConfig', 'DevicePlan', 'device_plan', 'Processes', 'init_distributed', 'setup_threads',
            'available_cores', 'all_ranks_agree', 'is_peer_failure']
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessConfig:
+    """Where and how the processes run (the ``process`` section): the ``Config`` of this module, read by
+    `setup_threads`, `init_distributed` and `device_plan`."""
+
+    device: Optional[str] = key(None, allowed=string(null=True), resume=True)
+    """Where the model runs (``'cpu'``, ``'cuda'``, ``'cuda:1'``); null: CUDA if available, else the CPU."""
+    threads: Optional[int] = key(None, allowed=integer(1, null=True), resume=True)
+    """``torch.set_num_threads``; null: the cores this process may use (its affinity, shared among a node's
+    processes)."""
+    amp: Optional[str] = key(None, allowed=choice(None, 'bf16', 'fp16'))
+    """Mixed precision: null (float32), ``'bf16'`` or ``'fp16'`` (with a gradient scaler)."""
+    tf32: bool = key(True, allowed=boolean(), resume=True)
+    """CUDA: TF32 matmuls and convolutions for float32 work."""
+    dist_timeout_minutes: float = key(10, allowed=number(0.1, 10080), resume=True)  # 6 s to a week: collectives take ms
+    """Minutes a collective waits for another process before the job fails (a process that died)."""
 
 @dataclasses.dataclass(frozen=True)
 class DevicePlan:
@@ -139,15 +157,15 @@ def available_cores() -> int:
     return max(1, cores // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', 1))))
 
 
-def setup_threads(run: RunConfig) -> None:
-    """``torch.set_num_threads`` for the config's run section: ``threads`` when set, else
+def setup_threads(process: ProcessConfig) -> None:
+    """``torch.set_num_threads`` for the config's process section: ``threads`` when set, else
     ``available_cores``, so OpenMP threads never outnumber the cores (OpenMP threads that spin
     waiting for a busy core slow every update many times over).
 
     Warns (UserWarning) when ``threads`` exceeds `available_cores`: the run goes on as asked,
     many times slower, so the warning names the core count and the value to set instead."""
     cores = available_cores()
-    threads = int(run.threads) if run.threads else cores
+    threads = int(process.threads) if process.threads else cores
     if threads > cores:
         warnings.warn(f'threads: {threads} is more than the {cores} cores this process may use: threads '
                       f'that outnumber the cores run many times slower; set threads: {cores}, or leave it '
@@ -155,15 +173,15 @@ def setup_threads(run: RunConfig) -> None:
     torch.set_num_threads(threads)
 
 
-def init_distributed(run: RunConfig, compile: Union[bool, str] = 'auto') -> Processes:
+def init_distributed(process: ProcessConfig, compile: Union[bool, str] = 'auto') -> Processes:
     """Start ``torch.distributed`` when launched by torchrun or SLURM, pick the device, take its plan, set TF32.
 
-    ``run``: the config's run section; ``compile``: the model section's ``compile`` key. The device is
-    ``run.device``, else ``cuda:<local rank>`` when CUDA is available, else CPU (the one choice the machine
+    ``process``: the config's process section; ``compile``: the model section's ``compile`` key. The device is
+    ``process.device``, else ``cuda:<local rank>`` when CUDA is available, else CPU (the one choice the machine
     makes); every other choice follows the device (`device_plan`). On CUDA, TF32 matmuls and cuDNN convolutions
-    follow ``run.tf32`` (on by default: float32 work on Ampere and later GPUs runs on the tensor cores at ~10
+    follow ``process.tf32`` (on by default: float32 work on Ampere and later GPUs runs on the tensor cores at ~10
     mantissa bits).
-    A collective that waits longer than ``run.dist_timeout_minutes`` for another rank fails
+    A collective that waits longer than ``process.dist_timeout_minutes`` for another rank fails
     (``torch.distributed.set_timeout``), so a rank whose peer died ends instead of waiting for ever; within one
     torchrun the agent ends the job sooner, as soon as it sees a worker die (``docs/reliability.md``).
 
@@ -173,12 +191,12 @@ def init_distributed(run: RunConfig, compile: Union[bool, str] = 'auto') -> Proc
     Raises:
         ConfigError: as `device_plan` (checked before the process group starts).
     """
-    device = run.device or ('cuda' if torch.cuda.is_available() else 'cpu')
-    backend = device_plan(device, run.amp, run.tf32, compile).backend
+    device = process.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    backend = device_plan(device, process.amp, process.tf32, compile).backend
     info = init_distributed_device_so(device=device, dist_backend=backend)
     if dist.is_available() and dist.is_initialized():
-        dist.set_timeout(timedelta(minutes=run.dist_timeout_minutes))
-    plan = device_plan(info['device'], run.amp, run.tf32, compile)  # with the index torchrun's local rank gave
+        dist.set_timeout(timedelta(minutes=process.dist_timeout_minutes))
+    plan = device_plan(info['device'], process.amp, process.tf32, compile)  # with the index torchrun's local rank gave
     plan.set_tf32()
     return Processes(info['global_rank'], info['world_size'], plan)
 

@@ -2,10 +2,11 @@
 run checks its loss, agrees on a stop signal and writes its checkpoint.
 
 `train_one_epoch` receives each part of a run it reads: the state it trains and saves
-(``tkvision.engine.state.TrainState``), the data (``tkvision.engine.run_data.RunData``), the loss
-(``tkvision.engine.loss.RunLoss``) and the clock (``tkvision.engine.clock.RunClock``), MAE's
-``engine_pretrain.train_one_epoch`` shape: the epoch function gets what it uses and returns a dict of
-averaged stats.
+(``tkvision.engine.state.TrainState``), the data (``tkvision.engine.run_data.RunData``), the task that owns each
+step's forward passes and losses (``tkvision.engine.loss.TrainTask``: the loop knows no task names, prefixes or
+distillation), the optimizer's update (``tkvision.engine.optim.RunOptim.step``), the clock
+(``tkvision.engine.clock.RunClock``) and the processes, MAE's ``engine_pretrain.train_one_epoch`` shape: the epoch
+function gets what it uses and returns a dict of averaged stats.
 
 Mixed precision is branch-free (nanoGPT's form): ``torch.autocast(enabled=dtype is not None)`` and a
 ``GradScaler`` that is a no-op unless fp16, both as the device's plan says
@@ -14,22 +15,22 @@ Mixed precision is branch-free (nanoGPT's form): ``torch.autocast(enabled=dtype 
 import contextlib
 import itertools
 import time
-from typing import List, Optional
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
-from timm.utils import dispatch_clip_grad, random_seed
+from timm.utils import random_seed
 from torch.nn.parallel import DistributedDataParallel as DDP
 from tqdm import tqdm
 
-from ..config_sections import OptimConfig
 from ..data import set_loader_epoch
-from ..growth import elastic
 from ..utils.errors import ConfigError, NonFiniteLossError, Preempted
 from ..utils.memory import is_out_of_memory
 from ..utils.seeding import derive_seed
 from .clock import RunClock
-from .loss import RunLoss
+from .distributed import Processes
+from .loss import TrainTask
+from .optim import RunOptim
 from .run_data import RunData
 from .state import TrainState
 
@@ -56,8 +57,10 @@ def _window(i: int, n: int, accum: int) -> int:
 def train_one_epoch(
         state: TrainState,
         data: RunData,
-        loss: RunLoss,
+        task: TrainTask,
+        optim: RunOptim,
         clock: RunClock,
+        processes: Processes,
         epoch: int,
         *,
         epochs: int,
@@ -72,8 +75,10 @@ def train_one_epoch(
     Args:
         state: what is trained and saved.
         data: the loaders and preprocessing.
-        loss: the step's targets and prefixes.
+        task: each step's forward passes and losses.
+        optim: the optimizer's update (clipping, schedule, EMA).
         clock: checks, checkpoints and stop signals.
+        processes: this process among the job's (its device and its precision plan).
         epoch: the epoch, counted from 0.
         epochs: the run's epochs (for the progress bar).
         progress: show a progress bar (rank 0 only).
@@ -92,17 +97,27 @@ def train_one_epoch(
     state.optimizer.zero_grad(set_to_none=True)
     state.net.train()
     bar = tqdm(total=data.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{epochs}",
-               leave=False, disable=not (data.processes.main and progress), dynamic_ncols=True)
+               leave=False, disable=not (processes.main and progress), dynamic_ncols=True)
     try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
-        _run_batches(state, data, loss, clock, epoch, data.processes.plan.autocast_dtype, bar)
+        _run_batches(state, _Step(data, task, optim, clock, processes), epoch, bar)
     finally:
         bar.close()
     clock.check(state, force=True)
-    return _epoch_stats(state, data.processes)
+    return _epoch_stats(state, processes)
 
 
-def _run_batches(state: TrainState, data: RunData, loss: RunLoss, clock: RunClock, epoch: int, amp_dtype, bar):
+class _Step(NamedTuple):
+    """The parts one micro-batch uses (`train_one_epoch`'s arguments)."""
+    data: RunData
+    task: TrainTask
+    optim: RunOptim
+    clock: RunClock
+    processes: Processes
+
+
+def _run_batches(state: TrainState, parts: _Step, epoch: int, bar):
     """The micro-batches of ``epoch`` from ``state.batches_done``: forward, backward, updates, checks."""
+    data, clock, processes = parts.data, parts.clock, parts.processes
     n, accum, meter = data.batches_per_epoch, data.accum, state.meter
     t0 = time.perf_counter() - meter['seconds']
     batches = iter(data.train_loader)
@@ -113,22 +128,21 @@ def _run_batches(state: TrainState, data: RunData, loss: RunLoss, clock: RunCloc
         if batch is None:
             break
         images, labels, bad = batch
-        seed_step(data.seed, epoch, i, data.processes.rank)
+        seed_step(data.seed, epoch, i, processes.rank)
         meter['skipped'] += len(bad)
         update = (i + 1) % accum == 0 or i + 1 == n
         if images is not None:
             try:
-                _forward_backward(state, data, loss, images, labels, amp_dtype,
-                                  scale=1.0 / _window(i, n, accum) * data.loss_scale(len(labels)),
-                                  sync_grads=update, prefixes=loss.step_prefixes(epoch, i))
+                _forward_backward(state, parts, images, labels, epoch, i, sync_grads=update,
+                                  scale=1.0 / _window(i, n, accum) * data.loss_scale(len(labels)))
             except Exception as error:  # an allocation failure is the config's: say which key, in one line
                 if not is_out_of_memory(error):
                     raise
-                raise _out_of_memory(data, loss, error) from None
+                raise _out_of_memory(data, parts.optim, processes, error) from None
         bar.update(1)
         if not update:
             continue
-        _optimizer_step(state, loss.optim)
+        parts.optim.step(state)
         state.batches_done = i + 1
         meter['seconds'] = time.perf_counter() - t0
         if clock.check(state):
@@ -137,20 +151,20 @@ def _run_batches(state: TrainState, data: RunData, loss: RunLoss, clock: RunCloc
         if bar.n and state.num_updates % clock.log_interval == 0 and not bar.disable:
             bar.set_postfix(loss=f"{meter['loss_sum'].item() / max(meter['seen'], 1):.3f}",
                             lr=f"{state.optimizer.param_groups[0]['lr']:.2e}",
-                            img_s=f"{meter['seen'] * data.processes.world / max(meter['seconds'], 1e-9):.0f}")
+                            img_s=f"{meter['seen'] * processes.world / max(meter['seconds'], 1e-9):.0f}")
 
 
-def _out_of_memory(data: RunData, loss: RunLoss, error: BaseException) -> ConfigError:
+def _out_of_memory(data: RunData, optim: RunOptim, processes: Processes, error: BaseException) -> ConfigError:
     """The one-line error for a training step that could not allocate its memory: the keys that set it."""
-    keys = 'batch_size' + (', naflex_train_seq_lens' if data.data.naflex_loader else '')
+    keys = 'batch_size' + (', naflex_train_seq_lens' if data.naflex_patch_size else '')
     accum = ('; keep the global batch with global_batch_size (the steps accumulate)'
-             if not loss.optim.global_batch_size else '')
+             if not optim.sets_global_batch else '')
     reason = str(error).splitlines()[0][:160] if str(error) else type(error).__name__
-    return ConfigError(f"a training step of batch_size {data.data.batch_size} ran out of memory on "
-                       f'{data.processes.device} ({reason}): lower {keys}{accum}, or set grad_checkpointing: true')
+    return ConfigError(f"a training step of batch_size {data.batch_size} ran out of memory on "
+                       f'{processes.device} ({reason}): lower {keys}{accum}, or set grad_checkpointing: true')
 
 
-def _epoch_stats(state: TrainState, processes) -> dict:
+def _epoch_stats(state: TrainState, processes: Processes) -> dict:
     """The epoch's averages over every rank (one all-reduce)."""
     meter = state.meter
     stats = torch.tensor([meter['loss_sum'].item(), meter['seen'], meter['skipped'], meter['data_seconds']],
@@ -164,48 +178,24 @@ def _epoch_stats(state: TrainState, processes) -> dict:
                 lr=state.optimizer.param_groups[0]['lr'], skipped=int(skipped))
 
 
-def _forward_backward(state: TrainState, data: RunData, loss: RunLoss, images, labels, amp_dtype, scale: float,
-                      sync_grads: bool, prefixes: List[Optional[float]]):
-    """Forward and backward of one micro-batch at each of ``prefixes`` (``[None]``: the whole model; an
-    elastic run's step fractions, largest first), their losses summed (MatFormer's joint objective); each
-    forward's targets are the labels or, with distillation, soft predictions (``RunLoss.soft_target``: the
-    whole model's logits of this step are the smaller prefixes' teacher). The meter records the losses' mean.
-    Gradients are all-reduced once, after the last backward of an update."""
-    device = data.processes.device
-    images = data.preprocess(images, train=True)
-    if loss.task != 'mae':
-        images, labels = loss.targets(images, labels.to(device, non_blocking=True))
-    with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-        teacher, whole = loss.teacher_logits(images), None
-    for j, fraction in enumerate(prefixes):
-        if loss.elastic_step:
-            loss.set_prefix(state.model, fraction)
-        with torch.autocast(device.type, dtype=amp_dtype, enabled=amp_dtype is not None):
-            output = state.net(images)  # an MAE draws its masks from the micro-batch's seed (exact resume)
-            value = loss(output, labels, loss.soft_target(fraction, whole, teacher))
-        if fraction is None and loss.task != 'mae':
-            whole = output.detach()
-        state.meter['nonfinite'] |= ~torch.isfinite(value.detach())
-        state.meter['loss_sum'] += value.detach().double() * len(labels) / len(prefixes)
-        last = j + 1 == len(prefixes)
-        net = state.net
-        with net.no_sync() if isinstance(net, DDP) and not (sync_grads and last) else contextlib.nullcontext():
-            state.scaler.scale(value * scale).backward()
-    if loss.elastic_step:  # every token and the layers' own τ, as evaluation and checkpoints expect
-        elastic.set_prefix(state.model, None)
-    state.meter['seen'] += len(labels)
+def _forward_backward(state: TrainState, parts: _Step, images, labels, epoch: int, batch: int, *, scale: float,
+                      sync_grads: bool):
+    """Forward and backward of one micro-batch: the task yields each forward's loss (one per prefix of an elastic
+    step, MatFormer's joint objective), each back-propagated as it comes, scaled by ``scale``; the meter records
+    their mean. Gradients are all-reduced once, after the last backward of an update."""
+    device, dtype = parts.processes.device, parts.processes.plan.autocast_dtype
+    images = parts.data.preprocess(images, train=True)
+    labels = labels.to(device, non_blocking=True)
 
-
-def _optimizer_step(state: TrainState, optim: OptimConfig):
-    """One optimizer update of ``state`` with the optimisation section's gradient clipping; then the schedule
-    and the EMA follow."""
-    if optim.clip_grad:
-        state.scaler.unscale_(state.optimizer)
-        dispatch_clip_grad(state.model.parameters(), optim.clip_grad, mode=optim.clip_mode)
-    state.scaler.step(state.optimizer)
-    state.scaler.update()
-    state.optimizer.zero_grad(set_to_none=True)
-    state.num_updates += 1
-    state.scheduler.step_update(state.num_updates)
-    if state.ema is not None:
-        state.ema.update(state.model, step=state.num_updates)
+    def autocast():
+        return torch.autocast(device.type, dtype=dtype, enabled=dtype is not None)
+    net = state.net
+    with contextlib.closing(parts.task.losses(net, state.model, images, labels, autocast, epoch, batch)) as losses:
+        for loss in losses:
+            state.meter['nonfinite'] |= ~torch.isfinite(loss.value.detach())
+            state.meter['loss_sum'] += loss.value.detach().double() * loss.images / loss.forwards
+            synced = sync_grads and loss.last
+            with net.no_sync() if isinstance(net, DDP) and not synced else contextlib.nullcontext():
+                state.scaler.scale(loss.value * scale).backward()
+            if loss.last:
+                state.meter['seen'] += loss.images

@@ -1,39 +1,80 @@
-"""The loss of a run: what a training step learns from, and at which prefixes of an elastic model.
+"""The training task: what a step learns from, at which prefixes of an elastic model, and from which teacher.
 
-`RunLoss` owns the targets of a step: timm's Mixup / CutMix, the criterion (soft-target
-cross-entropy, label smoothing or plain cross-entropy), the prefixes an elastic step trains
-(``tkvision.growth.elastic.step_fractions``, drawn from a stream of their own so a resumed run draws the
-same), and distillation from soft predictions:
+`TrainTask` is a task in timm's sense (``timm.task``: the object that owns a step's forward passes and returns their
+losses): the loop hands it the preprocessed images and labels and back-propagates what it yields, knowing nothing
+of task names, prefixes or distillation. It owns the ``loss`` section, `LossConfig`, declared here:
 
-- ``'inplace'``: in an elastic step the whole model learns from the labels and every smaller prefix from the
-  whole model's detached predictions of the same images (in-place distillation: Yu and Huang, "Universally
-  Slimmable Networks", ICCV 2019, §3.3, https://arxiv.org/abs/1903.05134; Yu et al., "BigNAS", ECCV 2020,
-  https://arxiv.org/abs/2003.11142);
-- ``'teacher'``: the model learns from a trained model's predictions (``teacher``: a finished run's
-  weights): the control that separates what the teacher gives from what nesting gives.
-
-A distilled loss is timm's logit distillation (``timm.task.LogitDistillationTask``, complementary weights):
-``w · CE(s, y) + (1 - w) · T² · KL(softmax(t / T) || softmax(s / T))`` averaged over the batch, with ``w`` =
-``distillation_task_weight`` (0: the soft targets alone) and ``T`` = ``distillation_temperature`` (Hinton et
-al., "Distilling the Knowledge in a Neural Network", 2015, §2: the T² keeps the gradients' scale).
+- the targets: timm's Mixup / CutMix and the criterion (soft-target cross-entropy, label smoothing or plain
+  cross-entropy) of a classifier; an MAE's loss is its own reconstruction error;
+- the prefixes an elastic step trains (``tkvision.growth.elastic.step_fractions``, drawn from a stream of their own
+  so a resumed run draws the same) and the ones evaluation reports;
+- distillation from a trained teacher (``distillation: teacher``: a finished run's weights, the control that
+  separates what a teacher gives from what nesting gives). A distilled loss is timm's logit distillation
+  (``timm.task.LogitDistillationTask``, complementary weights): ``w · CE(s, y) + (1 - w) · T² · KL(softmax(t / T) ||
+  softmax(s / T))`` averaged over the batch, with ``w`` = ``distillation_task_weight`` (0: the soft targets alone)
+  and ``T`` = ``distillation_temperature`` (Hinton et al., "Distilling the Knowledge in a Neural Network", 2015, §2:
+  the T² keeps the gradients' scale).
 """
-import os
-from typing import List, Optional, Tuple
+import dataclasses
+from typing import Callable, ContextManager, Generator, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from timm.data import Mixup
 from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
-from ..config_sections import DistillationConfig, ElasticConfig, OptimConfig
 from ..growth import elastic
 from ..models import input_shape
+from ..utils.config_fields import choice, is_number, key, number, rule, string
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
-from .checkpoint import CONFIG_FILE, model_for_checkpoint
-from .config import load_config
 
-__all__ = ['RunLoss', 'distillation_loss', 'load_teacher']
+__all__ = ['LossConfig', 'TrainTask', 'StepLoss', 'distillation_loss', 'check_teacher']
+
+
+def _is_fractions(value) -> bool:
+    return isinstance(value, (list, tuple)) and all(is_number(f) and 0 < f <= 1 for f in value)
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+    """What a step learns from (the ``loss`` section): the targets' regularisers, the elastic prefixes and
+    distillation (module docstring; ``docs/elastic.md``)."""
+
+    smoothing: float = key(0.1, allowed=number(0, 1, hi_open=True))
+    """Label smoothing of the cross-entropy."""
+    mixup: float = key(0.0, allowed=number(0))
+    """Mixup's alpha (timm's ``Mixup``); 0: off."""
+    cutmix: float = key(0.0, allowed=number(0))
+    """CutMix's alpha; 0: off."""
+    mixup_prob: float = key(1.0, allowed=number(0, 1))
+    """Probability that a batch is mixed."""
+    mixup_switch_prob: float = key(0.5, allowed=number(0, 1))
+    """Probability that a mixed batch uses CutMix rather than Mixup when both are on."""
+    elastic_fractions: Tuple[float, ...] = key((), allowed=rule(_is_fractions, 'a list of fractions in (0, 1] (empty: '
+                                                                               'off)'))
+    """Fractions of every Pattention's tokens a step may train, e.g. ``[0.25, 0.5, 0.75, 1.0]``; empty: off.
+    Evaluation reports each (``top1@0.25``, ...)."""
+    elastic_sampling: str = key('largest_plus_random', allowed=choice(*elastic.SAMPLING))
+    """Which prefixes a step trains: ``'all'``, ``'random'`` or ``'largest_plus_random'``."""
+    elastic_nesting: str = key('all', allowed=choice(*elastic.NESTING))
+    """The Pattentions a prefix shrinks: ``'all'`` or ``'ffn'`` (MatFormer's choice)."""
+    distillation: str = key('none', allowed=choice('none', 'teacher'))
+    """``'none'``, or ``'teacher'``: the model learns from the predictions of the trained model in ``teacher``."""
+    distillation_temperature: float = key(1.0, allowed=number(0, lo_open=True))
+    """Softmax temperature T of both sides; the KL term is scaled by T²."""
+    distillation_task_weight: float = key(0.0, allowed=number(0, 1))
+    """A distilled loss = w x label loss + (1 - w) x KL (timm's ``LogitDistillationTask``, complementary
+    weights)."""
+    teacher: Optional[str] = key(None, allowed=string(null=True))
+    """``distillation: teacher``: a finished run's weights file (its folder's ``config.yaml`` builds the
+    model)."""
+
+    def train_loss_label(self) -> str:
+        """The legend of the training loss: what made it differ from the plain cross-entropy, if anything."""
+        parts = ([f'label smoothing {self.smoothing:g}'] if self.smoothing else []) + \
+            [name for name in ('mixup', 'cutmix') if getattr(self, name)]
+        return 'train loss' + (f" (as trained: {', '.join(parts)})" if parts else '')
 
 
 def distillation_loss(
@@ -58,35 +99,17 @@ def distillation_loss(
     return F.kl_div(student, teacher, reduction='batchmean', log_target=True) * temperature ** 2
 
 
-def load_teacher(
-        path: str,
-        device: torch.device,
-) -> torch.nn.Module:
-    """The trained model of the weights file ``path`` (a finished run's ``last.safetensors`` or
-    ``best.safetensors``), built by the ``config.yaml`` beside it, in eval mode without gradients, on ``device``.
+def check_teacher(
+        teacher: torch.nn.Module,
+        num_classes: int,
+        in_chans: Optional[int],
+) -> None:
+    """Refuse a teacher whose logits or input are not the student's (before any work: they would fail at the first
+    step with a shape error).
 
     Raises:
-        ConfigError: no such file, or no ``config.yaml`` beside it (the key ``teacher`` named).
-        WeightsMismatchError: weights the folder's config does not build.
+        ConfigError: other classes than ``num_classes``, or other input channels than ``in_chans`` (when given).
     """
-    config_file = os.path.join(os.path.dirname(os.path.abspath(path)), CONFIG_FILE)
-    if not os.path.isfile(path):
-        raise ConfigError(f'teacher: no weights file {path}; give a finished run\'s last.safetensors')
-    if not os.path.isfile(config_file):
-        raise ConfigError(f'teacher: {path} has no {CONFIG_FILE} beside it to build its model; give the weights of '
-                          'a run folder written by tkvision-train')
-    config = load_config(config_file)
-    if config['task'] == 'mae':
-        raise ConfigError(f"teacher: {path} is a masked autoencoder's (task: mae in {config_file}): it predicts "
-                          'pixels, not classes; give a finished classifier run\'s weights')
-    model, _ = model_for_checkpoint(config, path, use_ema=False)
-    model.requires_grad_(False)
-    return model.eval().to(device)
-
-
-def _check_teacher(teacher: torch.nn.Module, num_classes: int, in_chans: Optional[int]) -> None:
-    """Refuse a teacher whose logits or input are not the student's (before any work: they would fail at the first
-    step with a shape error)."""
     classes = getattr(teacher, 'num_classes', None)
     if classes is not None and classes != num_classes:
         raise ConfigError(f'teacher: its model predicts {classes} classes and this run\'s {num_classes}: distil '
@@ -97,69 +120,118 @@ def _check_teacher(teacher: torch.nn.Module, num_classes: int, in_chans: Optiona
                           'a run of the same images')
 
 
-class RunLoss:
-    """What a training step learns from (module docstring).
+class StepLoss(NamedTuple):
+    """One forward's loss of a step (`TrainTask.losses`): ``value`` (a scalar tensor to back-propagate),
+    ``images`` it saw, ``forwards`` in the step (the meter averages over them) and whether it is the ``last``."""
+    value: torch.Tensor
+    images: int
+    forwards: int
+    last: bool
+
+
+class TrainTask:
+    """The training task of a run (module docstring).
 
     Args:
+        loss: the config's loss section.
         task: ``'classify'``, ``'mae'`` or ``'linprobe'`` (MAE's loss is the model's own).
-        optim: the config's optimisation section (``smoothing``, ``mixup``, ``cutmix``, ...).
-        elastic: the elastic section (``elastic_fractions``, ``elastic_sampling``, ``elastic_tau``,
-            ``elastic_nesting``, ``elastic_start``).
-        distillation: the distillation section.
         seed: the run's seed (the elastic draws' stream).
-        steps_per_epoch: micro-batches of one epoch (``elastic_start`` counts them).
-        device: where the teacher runs.
+        num_classes: the classifier's outputs (ignored for ``'mae'``).
+        teacher: the trained model to distil from (``distillation: teacher``; in eval mode, no gradients), or None.
 
     Raises:
-        ConfigError, WeightsMismatchError: a ``teacher`` that cannot be loaded (`load_teacher`).
+        ConfigError: ``distillation: teacher`` without a teacher, or a teacher of other classes.
     """
 
     def __init__(
             self,
+            loss: LossConfig,
             task: str,
-            optim: OptimConfig,
-            elastic: ElasticConfig,
-            distillation: DistillationConfig,
             seed: int,
-            steps_per_epoch: int,
-            device: torch.device,
+            num_classes: int,
+            teacher: Optional[torch.nn.Module] = None,
     ):
-        self.task, self.optim, self.elastic, self.seed = task, optim, elastic, seed
-        self.mode = distillation.distillation
-        self.temperature = distillation.distillation_temperature
-        self.task_weight = distillation.distillation_task_weight
-        self.steps_per_epoch = steps_per_epoch
-        self.elastic_step = bool(self.elastic.elastic_fractions)
-        self.teacher = None
-        if self.mode == 'teacher':
-            if not distillation.teacher:
-                raise ConfigError('distillation: teacher needs teacher: the path of the teacher\'s weights or run')
-            self.teacher = load_teacher(distillation.teacher, device)
-        # set by set_classes once the model (and its num_classes) exists
+        self.name, self.seed, self.teacher = task, seed, teacher
+        self.fractions, self.sampling = loss.elastic_fractions, loss.elastic_sampling
+        self.nesting = loss.elastic_nesting
+        self.temperature, self.task_weight = loss.distillation_temperature, loss.distillation_task_weight
+        self.train_loss_label = loss.train_loss_label()
+        if (loss.distillation == 'teacher') != (teacher is not None):
+            raise ConfigError("distillation: teacher needs the teacher's model (key teacher: a finished run's weights)")
         self.mixup: Optional[Mixup] = None
-        self.criterion: Optional[torch.nn.Module] = None
-
-    def set_classes(self, num_classes: int, in_chans: Optional[int] = None) -> None:
-        """``mixup`` and ``criterion`` of a classifier with ``num_classes`` outputs taking ``in_chans``-channel
-        images: timm's Mixup/CutMix with soft-target cross-entropy, label smoothing, or plain cross-entropy.
-
-        Raises:
-            ConfigError: a ``teacher`` that cannot teach this classifier (other classes, other input channels).
-        """
-        if self.teacher is not None:
-            _check_teacher(self.teacher, num_classes, in_chans)
-        optim = self.optim
-        if optim.mixup > 0 or optim.cutmix > 0:
-            self.mixup = Mixup(mixup_alpha=optim.mixup, cutmix_alpha=optim.cutmix, prob=optim.mixup_prob,
-                               switch_prob=optim.mixup_switch_prob, label_smoothing=optim.smoothing,
+        if task != 'mae' and (loss.mixup > 0 or loss.cutmix > 0):
+            self.mixup = Mixup(mixup_alpha=loss.mixup, cutmix_alpha=loss.cutmix, prob=loss.mixup_prob,
+                               switch_prob=loss.mixup_switch_prob, label_smoothing=loss.smoothing,
                                num_classes=num_classes)
-            self.criterion = SoftTargetCrossEntropy()
-        elif optim.smoothing > 0:
-            self.criterion = LabelSmoothingCrossEntropy(optim.smoothing)
+            self.criterion: torch.nn.Module = SoftTargetCrossEntropy()
+        elif loss.smoothing > 0:
+            self.criterion = LabelSmoothingCrossEntropy(loss.smoothing)
         else:
             self.criterion = torch.nn.CrossEntropyLoss()
 
-    def targets(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    @property
+    def eval_fractions(self) -> List[float]:
+        """The prefixes below the whole model that evaluation reports (``top1@0.25``, ...), smallest first."""
+        return [f for f in sorted(set(self.fractions)) if f < 1]
+
+    def prefix(self, model: torch.nn.Module, fraction: Optional[float]) -> ContextManager:
+        """``with task.prefix(model, 0.5):`` runs ``model`` at that prefix with the run's nesting
+        (``tkvision.growth.elastic.prefix``)."""
+        return elastic.prefix(model, fraction, self.nesting)
+
+    def step_prefixes(self, epoch: int, batch: int) -> List[Optional[float]]:
+        """The prefixes micro-batch ``batch`` of ``epoch`` trains, largest first: ``[None]`` (the whole model),
+        or an elastic run's fractions (``tkvision.growth.elastic.step_fractions``; 1 written None), drawn from a
+        stream of their own (``derive_seed('elastic', seed, epoch, batch)``), so a resumed run draws the same."""
+        if not self.fractions:
+            return [None]
+        generator = torch.Generator().manual_seed(derive_seed('elastic', self.seed, epoch, batch))
+        chosen = elastic.step_fractions(self.fractions, self.sampling, generator)
+        return [None if f == 1 else f for f in chosen]
+
+    def losses(
+            self,
+            net: torch.nn.Module,
+            model: torch.nn.Module,
+            images: torch.Tensor,
+            labels: torch.Tensor,
+            autocast: Callable[[], ContextManager],
+            epoch: int,
+            batch: int,
+    ) -> Generator[StepLoss, None, None]:
+        """The losses of one micro-batch's forward passes, one per prefix the step trains (MatFormer's joint
+        objective: the caller back-propagates each as it comes), largest first.
+
+        Args:
+            net: what runs the forward (the model, or its DDP / compiled wrapper).
+            model: the model itself (its prefixes are set on it).
+            images: preprocessed images ``[B, C, H, W]`` (or a NaFlex patch dictionary) on the device.
+            labels: class indices ``[B]`` on the device.
+            autocast: a new ``torch.autocast`` context of the run's precision per call.
+            epoch: the epoch, counted from 0 (the prefixes' draw).
+            batch: the micro-batch within it.
+
+        Yields:
+            `StepLoss`; the model runs at every token again once the last is yielded (or the caller stops).
+        """
+        if self.name != 'mae':
+            images, labels = self._targets(images, labels)
+        with autocast():
+            teacher = self._teacher_logits(images)
+        prefixes = self.step_prefixes(epoch, batch)
+        try:
+            for j, fraction in enumerate(prefixes):
+                if self.fractions:
+                    elastic.set_prefix(model, fraction, self.nesting)
+                with autocast():
+                    output = net(images)  # an MAE draws its masks from the micro-batch's seed (exact resume)
+                    value = output[0] if self.name == 'mae' else self.loss(output, labels, teacher)
+                yield StepLoss(value, len(labels), len(prefixes), j + 1 == len(prefixes))
+        finally:
+            if self.fractions:  # every token, as evaluation and checkpoints expect
+                elastic.set_prefix(model, None)
+
+    def _targets(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(images, labels)`` of a classifier's step: mixed by timm's Mixup / CutMix when the recipe says
         (which needs an even batch: an odd one, after a skipped image, loses its last image)."""
         if self.mixup is None:
@@ -168,66 +240,25 @@ class RunLoss:
             images, labels = images[:-1], labels[:-1]
         return self.mixup(images, labels)
 
-    def step_prefixes(self, epoch: int, batch: int) -> List[Optional[float]]:
-        """The prefixes micro-batch ``batch`` of ``epoch`` trains, largest first: ``[None]`` (the whole model),
-        or an elastic run's fractions (``tkvision.growth.elastic.step_fractions``; 1 written None), drawn from a
-        stream of their own (``derive_seed('elastic', seed, epoch, batch)``), so a resumed run draws the same.
-        Within the first ``elastic_start`` of the training steps only the whole model trains."""
-        fractions = self.elastic.elastic_fractions
-        if not fractions:
-            return [None]
-        epochs = self.optim.epochs
-        if epoch * self.steps_per_epoch + batch < self.elastic.elastic_start * epochs * self.steps_per_epoch:
-            return [None]
-        generator = torch.Generator().manual_seed(derive_seed('elastic', self.seed, epoch, batch))
-        chosen = elastic.step_fractions(fractions, self.elastic.elastic_sampling, generator)
-        return [None if f == 1 else f for f in chosen]
-
-    def set_prefix(self, model: torch.nn.Module, fraction: Optional[float]) -> None:
-        """Run ``model`` at ``fraction`` of an elastic step (None: every token) with the run's τ and nesting."""
-        elastic.set_prefix(model, fraction, self.elastic.elastic_tau, self.elastic.elastic_nesting)
-
-    def teacher_logits(self, images: torch.Tensor) -> Optional[torch.Tensor]:
-        """The teacher's logits of ``images`` (``distillation: teacher``), else None."""
+    def _teacher_logits(self, images: torch.Tensor) -> Optional[torch.Tensor]:
         if self.teacher is None:
             return None
         with torch.no_grad():
             return self.teacher(images)
 
-    def __call__(
+    def loss(
             self,
-            output,
-            labels: Optional[torch.Tensor],
-            soft_target: Optional[torch.Tensor] = None,
+            output: torch.Tensor,
+            labels: torch.Tensor,
+            teacher: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """The loss of a forward's ``output``.
-
-        Args:
-            output: the model's logits ``[B, classes]``, or for ``task: mae`` its ``(loss, ...)`` tuple.
-            labels: the targets of `targets` (class indices ``[B]`` or mixed soft labels ``[B, classes]``).
-            soft_target: teacher logits ``[B, classes]`` to distil from (detached), or None: the labels alone.
-        """
-        if self.task == 'mae':
-            return output[0]
-        if self.criterion is None:
-            raise RuntimeError('RunLoss.set_classes(num_classes) comes before the first loss of a classifier')
-        if soft_target is None:
+        """The loss of a classifier's ``output`` logits ``[B, classes]`` against ``labels`` (class indices ``[B]`` or
+        mixed soft labels ``[B, classes]``): the criterion, or with ``teacher`` logits ``[B, classes]`` the distilled
+        loss (module docstring)."""
+        if teacher is None:
             return self.criterion(output, labels)
-        soft = distillation_loss(output, soft_target, self.temperature)
+        soft = distillation_loss(output, teacher, self.temperature)
         if self.task_weight == 0:
             return soft
         return self.task_weight * self.criterion(output, labels) + (1 - self.task_weight) * soft
 
-    def soft_target(
-            self,
-            fraction: Optional[float],
-            whole_logits: Optional[torch.Tensor],
-            teacher_logits: Optional[torch.Tensor],
-    ) -> Optional[torch.Tensor]:
-        """What the forward at ``fraction`` distils from: the teacher's logits (``'teacher'``), the whole model's
-        detached logits of this step for a smaller prefix (``'inplace'``), else None (the labels)."""
-        if self.mode == 'teacher':
-            return teacher_logits
-        if self.mode == 'inplace' and fraction is not None:
-            return whole_logits
-        return None

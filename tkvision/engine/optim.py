@@ -1,5 +1,6 @@
-"""How a run optimises: the optimizer and learning-rate schedule of the optim section (timm's
-``create_optimizer_v2`` and ``create_scheduler_v2``), and the growth section's steps.
+"""How a run optimises: the optimizer, its learning-rate schedule and its update step (timm's
+``create_optimizer_v2``, ``create_scheduler_v2``, ``dispatch_clip_grad``, ``ModelEmaV3``), and the growth steps; the
+two sections it reads, `OptimConfig` (``optim``) and `GrowthConfig` (``growth``), are declared here.
 
 [`RunOptim`][tkvision.engine.optim.RunOptim] builds the optimizer and the schedule over a
 ``tkvision.engine.state.TrainState``'s model, rebuilds them after a growth step and on resume, and applies the
@@ -22,32 +23,167 @@ the last update the end of the cosine, where the first version of this trainer s
 updates before it.)
 
 With a growth schedule (``growth.schedule``, `tkvision.growth`), the run is cut into stages at
-the steps' ``at_epoch``. ``growth.stage_lr: restart`` (default): each stage gets the schedule above
-over its own updates, so every stage ends at ``min_lr`` (an annealed model of that size, as each
-model of the paper's Fig. 3 chain); stage 0 warms up for ``warmup_epochs`` to ``lr``, the stage after
-a step re-warms for the step's ``warmup_epochs`` to ``lr x lr_scale``. ``growth.stage_lr: continue``:
-one schedule over the whole run, as without growth; after a step the scheduled lr is multiplied by
-``lr_scale x (t + 1) / (W + 1)`` for the stage's first ``W = warmup_epochs x updates_per_epoch``
-updates (``t = 0 .. W - 1``, a short linear re-warm) and by ``lr_scale`` after them.
+the steps' ``at_epoch``. ``growth.stage_lr: continue`` (default): one schedule over the whole run, as without
+growth; after a step the scheduled lr is multiplied by ``lr_scale x (t + 1) / (W + 1)`` for the stage's first
+``W = warmup_epochs x updates_per_epoch`` updates (``t = 0 .. W - 1``, a short linear re-warm) and by ``lr_scale``
+after them. ``growth.stage_lr: restart``: each stage gets the schedule above over its own updates, so every stage
+ends at ``min_lr`` (an annealed model of that size, as each model of the paper's Fig. 3 chain); stage 0 warms up for
+``warmup_epochs`` to ``lr``, the stage after a step re-warms for the step's ``warmup_epochs`` to ``lr x lr_scale``.
 """
+import dataclasses
 import math
-from typing import List, Mapping, Optional, Sequence, Tuple
+from types import MappingProxyType
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
 from timm.scheduler.scheduler import Scheduler
+from timm.utils import dispatch_clip_grad
 from torch.utils.hooks import RemovableHandle
 
 from .. import growth
-from ..config_sections import GrowthConfig, OptimConfig
 from ..growth import elastic
 from ..layers import Pattention
+from ..utils.config_fields import boolean, choice, integer, key, mapping, number, numbers, rule, string
 from ..utils.errors import ConfigError, RunError
 from .state import TrainState, UpdateSchedule
 
-__all__ = ['RunOptim', 'build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler',
+__all__ = ['OptimConfig', 'GrowthConfig', 'SCHEDULERS', 'SCHEDULE_STEP', 'resolve_lr', 'resolve_accum_steps',
+           'RunOptim', 'build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler',
            'RewarmScheduler', 'growth_stages']
+
+#: timm schedulers usable per optimizer update (``timm.scheduler.create_scheduler_v2``; 'plateau'
+#: steps per epoch on a metric and is not offered).
+SCHEDULERS = ('cosine', 'tanh', 'poly', 'step', 'multistep', 'wsd', 'rsqrt', 'constant')
+#: Keys of one ``growth.schedule`` step and their defaults (None: required).
+SCHEDULE_STEP = {'at_epoch': None, 'to': None, 'warmup_epochs': 0.0, 'lr_scale': 1.0}
+#: ``growth.schedule`` is a list; each step's keys are checked with the run's epochs (``tkvision.engine.config_rules``).
+SCHEDULE_RULE = rule(lambda v: isinstance(v, (list, tuple)),
+                     'a list of steps {at_epoch, to[, warmup_epochs, lr_scale]}')
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+    """The optimizer, its schedule, gradient clipping and the EMA (the ``optim`` section), a ``Config`` of this
+    module. Epochs are passes over the training set; learning rates are per update of the global batch."""
+
+    epochs: int = key(10, allowed=integer(1), resume=True)
+    """Passes over the training set."""
+    accum_steps: int = key(1, allowed=integer(1))
+    """Gradient accumulation: global batch = ``batch_size`` x ``accum_steps`` x processes."""
+    global_batch_size: Optional[int] = key(None, allowed=integer(1, null=True))
+    """If set, ``accum_steps`` = ``global_batch_size`` / (``batch_size`` x processes)."""
+    opt: str = key('adamw', allowed=string())
+    """A timm optimizer name (``timm.optim.create_optimizer_v2``)."""
+    opt_betas: Tuple[float, ...] = key((0.9, 0.999), allowed=numbers(0, 1, hi_open=True))
+    """The optimizer's betas."""
+    opt_eps: float = key(1.0e-8, allowed=number(0, lo_open=True))
+    """The optimizer's epsilon."""
+    lr: Optional[float] = key(None, allowed=number(0, lo_open=True, null=True), resume=True)
+    """The peak learning rate; null: ``blr`` x global batch / 256 (MAE's linear scaling rule)."""
+    blr: float = key(1.0e-3, allowed=number(0, lo_open=True), resume=True)
+    """Base learning rate per 256 images of the global batch (used when ``lr`` is null)."""
+    sched: str = key('cosine', allowed=choice(*SCHEDULERS), resume=True)
+    """A timm scheduler name (``SCHEDULERS``), stepped per optimizer update."""
+    min_lr: float = key(1.0e-6, allowed=number(0), resume=True)
+    """The learning rate of the last update (cosine, tanh, poly)."""
+    warmup_epochs: float = key(1.0, allowed=number(0), resume=True)
+    """Linear warmup from ``warmup_lr`` to the peak, then the schedule."""
+    warmup_lr: float = key(1.0e-6, allowed=number(0), resume=True)
+    """The learning rate the warmup starts from."""
+    decay_epochs: float = key(90, allowed=number(0, lo_open=True), resume=True)
+    """``step``: epochs between decays; ``wsd`` / ``rsqrt``: the decay's length (a fraction of the run if < 1)."""
+    decay_milestones: Tuple[float, ...] = key((90, 180, 270), allowed=numbers(0), resume=True)
+    """``multistep``: the epochs at which the learning rate decays."""
+    decay_rate: float = key(0.1, allowed=number(0, lo_open=True), resume=True)
+    """``step`` / ``multistep``: the factor of each decay; ``poly``: the power."""
+    weight_decay: float = key(0.05, allowed=number(0))
+    """Decoupled weight decay (AdamW's); biases and norms get none (timm)."""
+    layer_decay: Optional[float] = key(None, allowed=number(0, 1, lo_open=True, null=True))
+    """Layer-wise learning-rate decay for fine-tuning, e.g. 0.65; null: off."""
+    parameter_token_weight_decay: Optional[float] = key(None, allowed=number(0, null=True))
+    """Weight decay of Pattention's key and value parameter tokens; null: ``weight_decay``."""
+    parameter_token_lr_scale: float = key(1.0, allowed=number(0, lo_open=True))
+    """Learning-rate multiplier of Pattention's key and value parameter tokens."""
+    clip_grad: Optional[float] = key(None, allowed=number(0, lo_open=True, null=True), resume=True)
+    """Clip gradients at this value (``clip_mode``); null: off."""
+    clip_mode: str = key('norm', allowed=choice('norm', 'value', 'agc'), resume=True)
+    """timm's ``dispatch_clip_grad``: ``'norm'``, ``'value'`` or ``'agc'``."""
+    model_ema: bool = key(False, allowed=boolean())
+    """Keep an exponential moving average of the weights (timm's ``ModelEmaV3``), evaluated beside the model."""
+    model_ema_decay: float = key(0.9999, allowed=number(0, 1, hi_open=True))
+    """The EMA's decay per update."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GrowthConfig:
+    """Growth during training (`tkvision.growth`; the ``growth`` mapping, written ``growth: {...}`` in a file
+    and ``--growth.every_epochs 2`` on the command line), a ``Config`` of this module: `RunOptim` applies its
+    steps and rebuilds the optimizer and schedule around them."""
+
+    every_epochs: Optional[int] = key(None, allowed=integer(1, null=True))
+    """Grow at the end of every k-th epoch by ``add_tokens``; null: off."""
+    add_tokens: Mapping[str, int] = key(allowed=mapping(), default_factory=lambda: MappingProxyType({}))
+    """Tokens appended per kind at each such step: ``{patch, qkv, proj, ffn}``."""
+    until_epoch: Optional[int] = key(None, allowed=integer(1, null=True))
+    """No ``every_epochs`` growth at or after this epoch; null: until the end."""
+    key_init: str = key('zeros', allowed=choice('zeros', 'normal'))
+    """Initial key tokens of a growth step: ``'zeros'`` (function-preserving) or ``'normal'``."""
+    value_init: str = key('normal', allowed=choice('zeros', 'normal'))
+    """Initial value tokens of a growth step: ``'zeros'`` or ``'normal'``."""
+    schedule: Tuple[Mapping[str, Any], ...] = key((), allowed=SCHEDULE_RULE)
+    """A progressive recipe: grow to ``to`` before epoch ``at_epoch`` (a registered variant, or ``{kind:
+    tokens}``; ``{mlp_hidden: N}`` widens a timm ViT by Net2Net), each stage with its own schedule: re-warm for
+    ``warmup_epochs`` to lr x ``lr_scale``, decay to ``min_lr`` at the stage's end (`tkvision.engine.optim`).
+    E.g. ``[{at_epoch: 100, to: tokenformer_vit_b16, warmup_epochs: 5}]``."""
+    stage_lr: str = key('continue', allowed=choice('restart', 'continue'))
+    """``'continue'``: one schedule over the run, re-warmed briefly after each step (the default: the higher
+    validation top-1 of the two, ``docs/growth.md``); ``'restart'``: every stage its own warmup and decay to
+    ``min_lr``."""
+    optimizer_state: str = key('keep', allowed=choice('keep', 'reset'))
+    """At a schedule step: ``'keep'`` the old rows' moments or ``'reset'`` the optimizer."""
+    freeze_old_tokens: bool = key(False, allowed=boolean())
+    """After a schedule step: train only the new tokens (and the head), the paper's §5."""
+    tau: str = key('keep', allowed=choice('keep', 'recompute'))
+    """``'keep'``: grown layers keep their τ (function-preserving); ``'recompute'``: τ of a layer built at the
+    new size (√n), as a model from scratch."""
+    eval_after_step: bool = key(False, allowed=boolean())
+    """Evaluate right after each growth step: the loss jump (``metrics.csv``'s ``val_loss_after_growth``,
+    ``top1_after_growth``)."""
+
+
+def resolve_accum_steps(
+        optim: OptimConfig,
+        batch_size: int,
+        world_size: int = 1,
+) -> int:
+    """Gradient-accumulation steps of the optim section ``optim``: ``global_batch_size / (batch_size *
+    world_size)`` when ``global_batch_size`` is set, else ``accum_steps``.
+
+    Raises:
+        ConfigError: ``global_batch_size`` not a multiple of ``batch_size * world_size``.
+    """
+    if not optim.global_batch_size:
+        return int(optim.accum_steps)
+    per_step = batch_size * world_size
+    if optim.global_batch_size % per_step:
+        raise ConfigError(f'global_batch_size {optim.global_batch_size} is not a multiple of batch_size x processes '
+                          f'= {batch_size} x {world_size}')
+    return optim.global_batch_size // per_step
+
+
+def resolve_lr(
+        optim: OptimConfig,
+        batch_size: int,
+        world_size: int = 1,
+) -> float:
+    """Peak lr of the optim section ``optim``: ``lr`` if set, else ``blr * global_batch / 256`` (MAE's linear
+    scaling rule), the global batch being ``batch_size`` x accumulation steps x ``world_size`` processes."""
+    if optim.lr is not None:
+        return float(optim.lr)
+    return optim.blr * batch_size * resolve_accum_steps(optim, batch_size, world_size) * world_size / 256
+
 
 
 def build_optimizer(
@@ -225,12 +361,14 @@ class RunOptim:
     Args:
         optim: the config's optim section.
         growth: its growth section.
-        lr: the peak learning rate (`tkvision.engine.config.resolve_lr`).
+        lr: the peak learning rate (`resolve_lr`).
         updates_per_epoch: optimizer updates per epoch (the schedule's unit).
         freeze_loaded_tokens: train only the tokens appended to the ``init_from`` weights (and the head).
 
     Attributes:
         freeze_handles: the hooks that freeze the rows of the stage before (``growth.freeze_old_tokens``).
+        sets_global_batch: whether the optim section fixes the global batch (``global_batch_size``).
+        eval_after_step: whether the run evaluates right after each growth step (``growth.eval_after_step``).
     """
 
     def __init__(
@@ -242,8 +380,10 @@ class RunOptim:
             updates_per_epoch: int,
             freeze_loaded_tokens: bool = False,
     ):
-        self.optim, self.growth, self.lr, self.updates_per_epoch = optim, growth, lr, updates_per_epoch
+        self._optim, self._growth, self.lr, self.updates_per_epoch = optim, growth, lr, updates_per_epoch
         self.freeze_loaded_tokens = freeze_loaded_tokens
+        self.sets_global_batch = optim.global_batch_size is not None
+        self.eval_after_step = growth.eval_after_step
         self.freeze_handles: List[RemovableHandle] = []
 
     def check(
@@ -261,19 +401,19 @@ class RunOptim:
         """
         if elastic_fractions and not elastic.elastic_layers(model):
             raise ConfigError(f'elastic_fractions needs a model with parameter tokens (a TokenFormer); {name} has none')
-        if self.growth.freeze_old_tokens and not growth.pattention_layers(model):
+        if self._growth.freeze_old_tokens and not growth.pattention_layers(model):
             raise ConfigError(f'growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); {name} '
                               'has none')
         try:  # every growth target checked before any work
-            growth.check_reachable(growth.model_size(model), self.growth.schedule,
-                                   self.growth.add_tokens if self.growth.every_epochs else None)
+            growth.check_reachable(growth.model_size(model), self._growth.schedule,
+                                   self._growth.add_tokens if self._growth.every_epochs else None)
         except ValueError as e:
             raise ConfigError(str(e)) from None
 
     def optimizer(self, model: torch.nn.Module, grown_from: Mapping[str, Tuple[int, int]]) -> torch.optim.Optimizer:
         """The optimizer of the optim section over ``model``; with ``freeze_loaded_tokens``, the rows loaded by
         ``init_from`` (``grown_from``: ``{tensor: (old rows, new rows)}``; everything but the head) frozen."""
-        opt = build_optimizer(model, self.optim, self.lr)
+        opt = build_optimizer(model, self._optim, self.lr)
         if self.freeze_loaded_tokens:
             layers = growth.pattention_layers(model)
             frozen = {layers[k.rsplit('.', 1)[0]][0]: old for k, (old, _) in grown_from.items()}
@@ -282,9 +422,24 @@ class RunOptim:
 
     def scheduler(self, optimizer: torch.optim.Optimizer, num_updates: int = 0) -> UpdateSchedule:
         """The lr schedule of ``optimizer``, set for update ``num_updates``."""
-        scheduler = build_scheduler(optimizer, self.optim, self.growth, self.lr, self.updates_per_epoch)
+        scheduler = build_scheduler(optimizer, self._optim, self._growth, self.lr, self.updates_per_epoch)
         scheduler.step_update(num_updates)
         return scheduler
+
+    def step(self, state: TrainState) -> None:
+        """One optimizer update of ``state``: gradients unscaled and clipped as the optim section says
+        (``clip_grad``, ``clip_mode``: timm's ``dispatch_clip_grad``), the scaler's step, then the schedule and the
+        EMA follow."""
+        if self._optim.clip_grad:
+            state.scaler.unscale_(state.optimizer)
+            dispatch_clip_grad(state.model.parameters(), self._optim.clip_grad, mode=self._optim.clip_mode)
+        state.scaler.step(state.optimizer)
+        state.scaler.update()
+        state.optimizer.zero_grad(set_to_none=True)
+        state.num_updates += 1
+        state.scheduler.step_update(state.num_updates)
+        if state.ema is not None:
+            state.ema.update(state.model, step=state.num_updates)
 
     def due(
             self,
@@ -293,7 +448,7 @@ class RunOptim:
     ) -> Mapping:
         """What grows after ``epoch`` (of ``epochs``): the ``schedule`` step at ``epoch + 1``, ``{'add': ...}``
         of ``every_epochs``, or ``{}``."""
-        g = self.growth
+        g = self._growth
         for step in g.schedule:
             if step['at_epoch'] == epoch + 1:
                 return step
@@ -321,7 +476,7 @@ class RunOptim:
             the model's `tkvision.growth.model_size` after the step.
         """
         torch.manual_seed(seed)
-        g = self.growth
+        g = self._growth
         before = state.size()
         counts = growth.grow_training_state(state.model, state.optimizer, state.ema.module if state.ema else None,
                                             key_init=g.key_init, value_init=g.value_init, to=due.get('to'),
@@ -351,7 +506,7 @@ class RunOptim:
                 explains it; its classifier has another number of classes than the model (`_check_head`).
         """
         _check_head(state.model, checkpoint['model'], path)
-        counts, g = state.size(), self.growth
+        counts, g = state.size(), self._growth
         if counts != checkpoint['token_counts']:
             if not (g.every_epochs or g.schedule):
                 raise RunError(f"checkpoint token counts {checkpoint['token_counts']} differ from the model's "
@@ -378,7 +533,7 @@ class RunOptim:
 
     def _freeze_stage(self, state: TrainState, old_size: Mapping[str, int]):
         """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
-        if not self.growth.freeze_old_tokens:
+        if not self._growth.freeze_old_tokens:
             return
         self._unfreeze_stage()
         self.freeze_handles = growth.freeze_old_tokens(state.model, old_size, state.optimizer)

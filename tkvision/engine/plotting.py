@@ -4,17 +4,7 @@ import matplotlib
 matplotlib.use('Agg')
 import matplotlib.pyplot as plt  # noqa: E402
 
-from ..config_sections import OptimConfig  # noqa: E402
-
-__all__ = ['plot_curves', 'train_loss_label', 'plt']
-
-
-def train_loss_label(optim: OptimConfig) -> str:
-    """The legend of the training loss: what made it differ from the plain cross-entropy, if anything (read
-    from the optim section ``optim``)."""
-    parts = ([f"label smoothing {optim.smoothing:g}"] if optim.smoothing else []) + \
-        [name for name in ('mixup', 'cutmix') if getattr(optim, name)]
-    return 'train loss' + (f" (as trained: {', '.join(parts)})" if parts else '')
+__all__ = ['plot_curves', 'plt']
 
 
 def plot_curves(
@@ -29,7 +19,7 @@ def plot_curves(
     Args:
         history: list of per-epoch dicts (``metrics.csv`` rows) with ``epoch``, ``train_loss`` and,
             where evaluated, ``val_loss``, ``top1``, ``ema_top1``; values may be strings.
-        train_label: the training loss's legend (`train_loss_label`).
+        train_label: the training loss's legend (``tkvision.engine.loss.LossConfig.train_loss_label``).
     """
     def series(key):
         pts = [(int(r['epoch']) + 1, float(r[key])) for r in history if r.get(key) not in (None, '')]

@@ -14,11 +14,10 @@ import cv2
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..config_sections import DataConfig, ModelConfig
-from ..data import BatchPreprocessor, batches_per_epoch, build_dataset, build_loader, dataset_classes, dataset_size
+from ..data import (BatchPreprocessor, DataConfig, batches_per_epoch, build_dataset, build_loader, dataset_classes,
+                    dataset_size, has_test_split)
 from ..data.naflex import NaFlexPreprocessor, build_naflex_loader
 from ..utils.errors import ConfigError
-from .build import build_model
 from .clock import STOP_SIGNALS
 from .distributed import DevicePlan, Processes, device_plan
 
@@ -38,11 +37,11 @@ class RunData:
     """A run's datasets, loaders and preprocessing.
 
     Args:
-        data: the config's data section (``tkvision.config_sections.DataConfig``).
-        model: the model section, read only for a NaFlex model's patch size (``naflex_loader``).
+        data: the config's data section (``tkvision.data.DataConfig``).
         accum: micro-batches per optimizer update (``tkvision.engine.config.resolve_accum_steps``).
         seed: the run's seed (sample order and augmentation draws).
         processes: this process among the job's (``tkvision.engine.distributed.Processes``).
+        model: the model the batches feed, read only with ``naflex_loader`` (its patch size and shape).
 
     Attributes:
         train_ds: the training split.
@@ -53,6 +52,9 @@ class RunData:
         batches_per_epoch: micro-batches of one epoch per process.
         updates_per_epoch: optimizer updates of one epoch.
         global_batch: images per optimizer update over every process.
+        batch_size: images per process and micro-batch (``batch_size``).
+        has_test_split: whether the dataset has a test split (``tkvision.data.has_test_split``).
+        mean_std: ``(mean, std)`` the images are normalised with.
 
     Raises:
         ConfigError: a training set smaller than one global batch, or an epoch without a full batch.
@@ -62,13 +64,18 @@ class RunData:
     def __init__(
             self,
             data: DataConfig,
-            model: ModelConfig,
             accum: int,
             seed: int,
             processes: Processes,
+            model: Optional[torch.nn.Module] = None,
     ):
-        self.data, self.accum, self.seed, self.processes = data, accum, seed, processes
-        self.naflex_patch_size = naflex_patch_size(model, data, processes.plan) if data.naflex_loader else None
+        self._data, self.accum, self.seed, self.processes = data, accum, seed, processes
+        self.batch_size, self.has_test_split, self.mean_std = data.batch_size, has_test_split(data), data.mean_std()
+        self.naflex_patch_size = None
+        if data.naflex_loader:
+            if model is None:
+                raise ValueError('RunData with naflex_loader needs the model it feeds (model=)')
+            self.naflex_patch_size = naflex_patch_size(model, data, processes.plan)
         self.preprocess = (NaFlexPreprocessor(processes.device) if data.naflex_loader else
                            BatchPreprocessor(*data.mean_std(), processes.device, reprob=data.reprob))
         self._test_loader: Optional[DataLoader] = None  # built by test_loader(), at the end of a run
@@ -92,7 +99,7 @@ class RunData:
     def test_loader(self) -> Iterable:
         """A loader of the test split (``tkvision.data.build_dataset`` ``'test'``), built when asked for: the
         trainer asks once, at the end of a run (kept for `close`)."""
-        ds = build_dataset(self.data, 'test', self.seed, self.processes.rank, self.processes.world,
+        ds = build_dataset(self._data, 'test', self.seed, self.processes.rank, self.processes.world,
                            class_to_idx=dataset_classes(self.train_ds))
         loader = self._loader(ds, train=False)
         self._test_loader = loader
@@ -104,17 +111,17 @@ class RunData:
         rank, world = self.processes.rank, self.processes.world
         pin = self.processes.plan.pin_memory
         if self.naflex_patch_size:
-            return build_naflex_loader(dataset, self.data, train, self.seed, self.naflex_patch_size, rank, world,
+            return build_naflex_loader(dataset, self._data, train, self.seed, self.naflex_patch_size, rank, world,
                                        pin_memory=pin)
-        return build_loader(dataset, self.data, train=train, seed=self.seed, rank=rank, world_size=world,
+        return build_loader(dataset, self._data, train=train, seed=self.seed, rank=rank, world_size=world,
                             pin_memory=pin)
 
     def loss_scale(self, images: int) -> float:
         """The weight of a training batch of ``images`` images: 1, or for a NaFlex batch (whose images vary in
         number with its sequence length) `naflex_loss_scale` of ``naflex_loss_scale``."""
-        if not self.data.naflex_loader:
+        if not self._data.naflex_loader:
             return 1.0
-        return naflex_loss_scale(self.data.naflex_loss_scale, images, self.data.batch_size)
+        return naflex_loss_scale(self._data.naflex_loss_scale, images, self._data.batch_size)
 
     def close(self) -> None:
         """Stop the loaders' worker processes, on every way out of a run (an error included).
@@ -133,23 +140,22 @@ class RunData:
 
 
 def naflex_patch_size(
-        model: ModelConfig,
+        net: torch.nn.Module,
         data: DataConfig,
         plan: Optional[DevicePlan] = None,
 ) -> int:
-    """The patch size of the model section's model (built on the meta device), which NaFlex evaluation batches
-    use; the data section's sequence lengths checked against the memory of the plan's device (`check_naflex_memory`;
-    default: the CPU's).
+    """The patch size of ``net`` (a NaFlex ViT, on any device, the meta device included), which NaFlex evaluation
+    batches use; the data section's sequence lengths checked against the memory of the plan's device
+    (`check_naflex_memory`; default: the CPU's).
 
     Raises:
         ConfigError: ``naflex_loader`` with a model that takes no NaFlex patch dictionaries, or lengths that
             cannot fit.
     """
-    with torch.device('meta'):
-        net = build_model(model)
     patch = getattr(getattr(net, 'embeds', None), 'patch_size', None)
     if patch is None:
-        raise ConfigError(f"naflex_loader: {model.model} takes no NaFlex patch dictionaries; use a NaFlex model "
+        name = getattr(net, 'pretrained_cfg', {}).get('architecture', type(net).__name__)
+        raise ConfigError(f"naflex_loader: {name} takes no NaFlex patch dictionaries; use a NaFlex model "
                           '(naflexvit_tokenformer_ti16, timm naflexvit_*) or set naflex_loader: false')
     check_naflex_memory(data, net, plan or device_plan('cpu'))
     return patch[0]

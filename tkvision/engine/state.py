@@ -4,29 +4,23 @@ saves the same set together: one object owns the run's state).
 `TrainState` holds the model, optimizer, scheduler, scaler, EMA, counters and the best evaluation, and owns the
 ``last.pth`` format: `TrainState.state_dict` writes it, `TrainState.restore` reads the state's own parts back
 (`tkvision.engine.checkpoint` owns the files). It keeps no config section and builds nothing it is given: the
-optimizer and the schedule are built by `tkvision.engine.optim.RunOptim` over the model of `build_train_model`,
-and rebuilt by it after a growth step and on resume (who owns what: `optim.py` imports this module, never the
-reverse; of `tkvision.engine.checkpoint` it reads only the format's version and the ``init_from`` loader).
+optimizer and the schedule are built by `tkvision.engine.optim.RunOptim` over the model of
+``tkvision.engine.trainer.build_train_model``, and rebuilt by it after a growth step and on resume (who owns what:
+`optim.py` and `tkvision.engine.checkpoint` import this module, never the reverse).
 """
 import math
 import time
 from types import MappingProxyType
-from typing import Dict, Mapping, Optional, Protocol, Tuple, TypedDict, cast
+from typing import Mapping, Optional, Protocol, TypedDict, cast
 
 import torch
 from timm.utils import ModelEmaV3
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import growth
-from ..config_sections import MaeConfig, ModelConfig
-from ..layers import set_backward_mode
-from ..models.mae import linear_probe
-from ..utils.errors import ConfigError
-from .build import build_model
-from .checkpoint import FORMAT_VERSION, load_init_weights
 from .distributed import Processes
 
-__all__ = ['TrainState', 'UpdateSchedule', 'EpochMeter', 'build_train_model']
+__all__ = ['TrainState', 'UpdateSchedule', 'EpochMeter', 'FORMAT_VERSION']
 
 
 class EpochMeter(TypedDict):
@@ -56,48 +50,15 @@ class UpdateSchedule(Protocol):
         """Set every param group's lr for optimizer update ``num_updates`` (counted from the run's start)."""
 
 
-def build_train_model(
-        model: ModelConfig,
-        mae: Optional[MaeConfig],
-        num_classes: int,
-        task: str,
-        device: torch.device,
-) -> Tuple[torch.nn.Module, dict, str]:
-    """The model a run trains, on ``device``: the model section's (around an MAE for ``task: mae``), started from
-    ``init_from`` (grown to fit), linear-probe ready for ``task: linprobe``, with ``grad_checkpointing`` and
-    Pattention's ``backward_mode`` set.
-
-    Returns:
-        ``(model, grown_from, init_report)``: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit,
-        and a line saying what ``init_from`` loaded and dropped (empty without one).
-
-    Raises:
-        ConfigError: a model that refuses its kwargs (`build_model`); ``grad_checkpointing`` for a model without
-            timm's ``set_grad_checkpointing``.
-        FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
-    """
-    net = build_model(model, mae, num_classes).to(device)
-    grown_from: Dict[str, Tuple[int, int]] = {}
-    init_report = ''
-    if model.init_from:
-        grown_from, init_report = load_init_weights(net, model.init_from, task)
-    if task == 'linprobe':
-        linear_probe(net)
-    if model.grad_checkpointing:
-        set_grad_checkpointing = getattr(net, 'set_grad_checkpointing', None)
-        if not callable(set_grad_checkpointing):
-            raise ConfigError(f'grad_checkpointing: {model.model} has no set_grad_checkpointing (timm\'s API for '
-                              'it); set grad_checkpointing: false')
-        set_grad_checkpointing(True)
-    set_backward_mode(net, model.backward_mode)
-    return net, grown_from, init_report
+#: Version of the ``last.pth`` format (`TrainState.state_dict`; files without the key are version 1).
+FORMAT_VERSION = 1
 
 
 class TrainState:
     """Everything a run needs to continue exactly, with `state_dict` (and `RunOptim.resume` to load it).
 
     Args:
-        model: the model being trained (`build_train_model`), on ``processes.device``.
+        model: the model being trained (``tkvision.engine.trainer.build_train_model``), on ``processes.device``.
         optimizer: its optimizer (`tkvision.engine.optim.RunOptim.optimizer`).
         scheduler: the lr schedule of that optimizer (`tkvision.engine.optim.RunOptim.scheduler`).
         processes: this process among the job's (``tkvision.engine.distributed.Processes``): where the model
@@ -107,7 +68,8 @@ class TrainState:
         config_record: the whole config, read-only, written into every ``last.pth`` (a resumed run compares
             its own with it); nothing here reads settings from it.
         started: ``time.monotonic()`` when this process began the run (its set-up counts; default: now).
-        grown_from: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit (`build_train_model`).
+        grown_from: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit
+            (``tkvision.engine.trainer.build_train_model``).
         init_report: what ``init_from`` loaded and dropped.
         inputs: ``{key: {'path', 'sha256'}}`` of the files the run started from (``teacher``, ``init_from``), written
             into every checkpoint so a resume can tell whether they changed (``tkvision.engine.trainer.run_inputs``).
@@ -200,7 +162,7 @@ class TrainState:
         ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``inputs`` (the files it started from,
         with their sha256: ``teacher``, ``init_from``), ``elapsed_seconds`` (the run's wall
         seconds so far, all processes that trained it: `elapsed_seconds`; files without it count from their
-        resume), ``format_version`` (``tkvision.engine.checkpoint.FORMAT_VERSION``). The scheduler is not saved:
+        resume), ``format_version`` (`FORMAT_VERSION`). The scheduler is not saved:
         it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
         """
         m = self.meter

@@ -14,7 +14,7 @@ Glue over timm and PyTorch: ``timm.create_model``, ``create_optimizer_v2`` and `
 under ``torchrun`` or SLURM, tqdm and TensorBoard.
 
 [`train`][tkvision.engine.trainer.train] strings together three pieces around one state object:
-``tkvision.engine.loop.train_one_epoch``, ``tkvision.engine.run_eval.evaluate_epoch`` and
+``tkvision.engine.loop.train_one_epoch``, ``tkvision.engine.run_eval.RunEvaluator.epoch`` and
 `log_epoch`; `TrainState` holds everything that is saved. What a pre-empted or killed run does, and which
 files it writes, is decided by `checkpoint`: ``--resume`` continues at the exact update with the same data
 order and random draws, so the result is bit-identical to an uninterrupted run for any ``num_workers``.
@@ -25,44 +25,53 @@ import signal
 import time
 from typing import Any, Mapping, Union
 
+from typing import Dict, Optional, Tuple
+
 import torch
 import torch.distributed as dist
 from timm.utils import random_seed
 from tqdm import tqdm
 
 from .. import growth
-from ..config_sections import MaeConfig, TrainConfig
-from ..data import dataset_size
+from ..data import DataConfig, data_source_channels, dataset_size, default_num_classes
+from ..layers import set_backward_mode
 from ..models import input_shape
+from ..models.mae import linear_probe
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.files import file_sha256
 from ..utils.seeding import derive_seed
-from .build import check_model_input, default_num_classes
+from .build import MaeConfig, ModelConfig, build_model, create_model
 from .checkpoint import (
+    BEST_WEIGHTS,
     CONFIG_FILE,
     CURVES_FILE,
     LAST_CHECKPOINT,
     LAST_WEIGHTS,
     METRICS_FILE,
     RECONSTRUCTION_FILE,
+    load_init_weights,
+    load_teacher,
     load_training_checkpoint,
     save_rows,
     save_weights,
     save_yaml,
 )
-from .clock import STOP_SIGNALS
-from .config import config_changes, resolve_run_config
-from .context import RunContext, build_context
+from .clock import STOP_SIGNALS, RunClock
+from .config import TrainConfig, config_changes, resolve_run_config
+from .context import RunContext
 from .distributed import Processes, init_distributed, is_peer_failure, setup_threads
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
-from .optim import RunOptim
-from .plotting import plot_curves, train_loss_label
+from .loss import TrainTask, check_teacher
+from .optim import RunOptim, resolve_accum_steps, resolve_lr
+from .plotting import plot_curves
 from .reconstruction import save_reconstructions
-from .run_eval import evaluate_epoch, evaluate_net
+from .run_data import RunData
+from .run_eval import RunEvaluator
 from .rundir import claim_output, run_files
-from .state import TrainState, build_train_model
+from .state import TrainState
 
-__all__ = ['train', 'log_epoch', 'TrainState', 'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
+__all__ = ['train', 'log_epoch', 'build_train_model', 'check_model_input', 'TrainState', 'NonFiniteLossError',
+           'Preempted', 'EXIT_PREEMPTED']
 
 
 def log_epoch(run: RunContext, history: list, row: dict) -> None:
@@ -117,7 +126,7 @@ def _resume(run: RunContext, state: TrainState, resume) -> list:
 def run_inputs(config: TrainConfig) -> dict:
     """``{key: {'path', 'sha256'}}`` of the files a run is started from and reads (``teacher``, ``init_from``): what
     a resume checks has not changed under the run (`_check_inputs`)."""
-    files = dict(teacher=config.distillation.teacher if config.distillation.distillation == 'teacher' else None,
+    files = dict(teacher=config.loss.teacher if config.loss.distillation == 'teacher' else None,
                  init_from=config.model.init_from)
     return {key: dict(path=path, sha256=file_sha256(path)) for key, path in files.items()
             if path and os.path.isfile(path)}
@@ -144,6 +153,75 @@ def _check_inputs(saved: Mapping, now: Mapping, main: bool) -> None:
             print(f'note: {what}; it is read only at the start, so the resumed run is unaffected')
 
 
+def build_train_model(
+        model: ModelConfig,
+        mae: Optional[MaeConfig],
+        num_classes: int,
+        task: str,
+        device: torch.device,
+) -> Tuple[torch.nn.Module, dict, str]:
+    """The model a run trains, on ``device``: the model section's (around an MAE for ``task: mae``), started from
+    ``init_from`` (grown to fit), linear-probe ready for ``task: linprobe``, with ``grad_checkpointing`` and
+    Pattention's ``backward_mode`` set.
+
+    Returns:
+        ``(model, grown_from, init_report)``: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit,
+        and a line saying what ``init_from`` loaded and dropped (empty without one).
+
+    Raises:
+        ConfigError: a model that refuses its kwargs (`build_model`); ``grad_checkpointing`` for a model without
+            timm's ``set_grad_checkpointing``.
+        FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
+    """
+    net = build_model(model, mae, num_classes).to(device)
+    grown_from: Dict[str, Tuple[int, int]] = {}
+    init_report = ''
+    if model.init_from:
+        grown_from, init_report = load_init_weights(net, model.init_from, task)
+    if task == 'linprobe':
+        linear_probe(net)
+    if model.grad_checkpointing:
+        set_grad_checkpointing = getattr(net, 'set_grad_checkpointing', None)
+        if not callable(set_grad_checkpointing):
+            raise ConfigError(f'grad_checkpointing: {model.model} has no set_grad_checkpointing (timm\'s API for '
+                              'it); set grad_checkpointing: false')
+        set_grad_checkpointing(True)
+    set_backward_mode(net, model.backward_mode)
+    return net, grown_from, init_report
+
+
+def check_model_input(
+        model: ModelConfig,
+        data: DataConfig,
+) -> None:
+    """Refuse, before any work, a model (the model section) that cannot take the data section's images:
+    Fashion-MNIST's are ``img_size`` px with one channel, every other dataset's decode to three (RGB,
+    ``tkvision.data.decode_image``), and another input would only fail at the first batch (the model is built
+    on the meta device: no memory).
+
+    Raises:
+        ConfigError: naming both shapes and the model_kwargs that fit.
+    """
+    with torch.device('meta'):
+        net = create_model(model.model, **{k: v for k, v in model.model_kwargs.items() if k != 'num_classes'})
+    channels, size = input_shape(net)
+    if data.dataset != 'fashion_mnist':
+        want = data_source_channels(data)
+        if channels != want:
+            images = 'RGB images (3 channels)' if want == 3 else f'{want}-channel images'
+            raise ConfigError(f'dataset {data.dataset} gives {images}; {model.model} as configured '
+                              f'takes {channels}: set model_kwargs {{in_chans: {want}}}'
+                              + (' (or leave in_chans unset)' if want == 3 else ''))
+        return
+    if channels == 1 and size in (None, (data.img_size,) * 2):
+        return
+    shown = f'{size[0]} x {size[1]} px' if size else 'any size'
+    raise ConfigError(f"Fashion-MNIST images are {data.img_size} x {data.img_size} px, 1 channel; "
+                      f"{model.model} "
+                      f"as configured takes {shown}, {channels} channels: set model_kwargs "
+                      "{img_size: 28, patch_size: 7, in_chans: 1} (as configs/fashion_mnist/quick.yaml does)")
+
+
 def build_state(
         config: TrainConfig,
         optim: RunOptim,
@@ -152,7 +230,7 @@ def build_state(
 ) -> TrainState:
     """The ``TrainState`` (model, optimizer, schedule, EMA, scaler) of a resolved run config
     (``resolve_run_config``): the model from its model section (`build_train_model`), checked against what the
-    optim and growth sections need of it, then the optimizer and schedule from ``optim``.
+    optim, growth and loss sections need of it, then the optimizer and schedule from ``optim``.
 
     Args:
         config: a config as ``resolve_run_config`` returns it.
@@ -164,29 +242,58 @@ def build_state(
     task, ema = config.run.task, config.optim
     model, grown_from, init_report = build_train_model(config.model, config.mae if task == 'mae' else None,
                                                        default_num_classes(config.data), task, processes.device)
-    optim.check(model, config.model.model, config.elastic.elastic_fractions)
+    optim.check(model, config.model.model, config.loss.elastic_fractions)
     optimizer = optim.optimizer(model, grown_from)
     return TrainState(model, optimizer, optim.scheduler(optimizer), processes=processes, task=task,
                       ema_decay=ema.model_ema_decay if ema.model_ema else None, config_record=config.to_dict(),
                       started=started, grown_from=grown_from, init_report=init_report, inputs=run_inputs(config))
 
 
+def _build(config: TrainConfig, processes: Processes, started: float) -> Tuple[RunContext, TrainState]:
+    """The run's parts, each from the sections it reads, in the order that fixes the random draws: data, teacher,
+    clock, optimisation, the state (the model's initial weights), the task and the evaluation.
+
+    Raises:
+        ConfigError: as ``RunData`` (a batch larger than the data), a teacher that cannot load or teach this model.
+    """
+    run, optim, out = config.run, config.optim, config.run.output
+    accum = resolve_accum_steps(optim, config.data.batch_size, processes.world)
+    naflex_model = None
+    if config.data.naflex_loader:  # its patch size and shape, on the meta device: no memory
+        with torch.device('meta'):
+            naflex_model = build_model(config.model)
+    data = RunData(config.data, accum, run.seed, processes, model=naflex_model)
+    teacher = load_teacher(config.loss.teacher, processes.device) if config.loss.teacher is not None else None
+    clock = RunClock(processes, os.path.join(out, LAST_CHECKPOINT), log_interval=run.log_interval,
+                     every_steps=run.checkpoint_every_steps, every_minutes=run.checkpoint_every_minutes)
+    run_optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, config.data.batch_size, processes.world),
+                         updates_per_epoch=data.updates_per_epoch,
+                         freeze_loaded_tokens=config.model.freeze_loaded_tokens)
+    state = build_state(config, run_optim, processes, started)
+    num_classes = int(getattr(state.model, 'num_classes', 0))  # every timm classifier has it; an MAE has none
+    if teacher is not None:
+        check_teacher(teacher, num_classes, input_shape(state.model)[0])
+    task = TrainTask(config.loss, run.task, run.seed, num_classes, teacher)
+    evaluator = RunEvaluator(data, task, processes.device, config.process.amp, run.seed, config.model.model,
+                             os.path.join(out, BEST_WEIGHTS), processes.main)
+    context = RunContext(processes, data, task, clock, run_optim, evaluator, config.model.model, optim.epochs,
+                         warmup_epochs=optim.warmup_epochs, out=out, seed=run.seed, eval_every=run.eval_every,
+                         save_every=run.save_every, progress=run.progress, tensorboard=run.tensorboard)
+    return context, state
+
+
 def _start(cfg: Union[Mapping[str, Any], TrainConfig], resume):
-    """Processes, output directory (locked, rank 0), data, loss, clock and state; every rank fails if one does.
+    """Processes, output directory (locked, rank 0), data, task, clock and state; every rank fails if one does.
     The whole config is validated here, once, and each part receives the typed sections it reads."""
     started = time.monotonic()  # the run's clock (TrainState.elapsed_seconds) counts the set-up too
     config = resolve_run_config(cfg)
     check_model_input(config.model, config.data)
-    setup_threads(config.run)
-    processes = init_distributed(config.run, config.model.compile)
+    setup_threads(config.process)
+    processes = init_distributed(config.process, config.model.compile)
     lock, resume = claim_output(config.run.output, processes, LAST_CHECKPOINT, resume)
     try:
         random_seed(config.run.seed)  # the same initial weights on every rank
-        run = build_context(config, processes)
-        state = build_state(config, run.optim, processes, started)
-        if config.run.task != 'mae':
-            run.loss.set_classes(int(getattr(state.model, 'num_classes')),  # every timm classifier has it
-                                 input_shape(state.model)[0])
+        run, state = _build(config, processes, started)
         history = _resume(run, state, resume) if resume else []
         run.clock.checked_update = state.num_updates
     except BaseException:
@@ -204,7 +311,7 @@ def _announce(run: RunContext, state: TrainState):
     if run.tensorboard:
         from torch.utils.tensorboard import SummaryWriter  # optional extra: imported only when asked for
         run.writer = SummaryWriter(os.path.join(run.out, 'tb'))
-    warmup = run.loss.optim.warmup_epochs
+    warmup = run.warmup_epochs
     if warmup >= run.epochs:  # a smoke test's default warmup: accepted, and said
         print(f'note: warmup_epochs {warmup} >= epochs {run.epochs}: the warmup takes the whole run '
               '(the lr rises to its peak at the last update and never decays)')
@@ -213,7 +320,7 @@ def _announce(run: RunContext, state: TrainState):
     print(f"{run.model_name}: {n_params / 1e6:.2f}M params, {dataset_size(data.train_ds)} train / "
           f"{dataset_size(data.val_ds)} val images, "
           f"{run.processes.world} process(es) on {run.processes.device}{_backend()}, global batch {data.global_batch}, "
-          f"{data.updates_per_epoch} updates/epoch, lr {run.optim.lr:.3g}, task {run.task}"
+          f"{data.updates_per_epoch} updates/epoch, lr {run.optim.lr:.3g}, task {run.task.name}"
           + (f'\n{state.init_report}' if state.init_report else ''))
 
 
@@ -221,11 +328,11 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
     """Every epoch left: train, evaluate, grow, log, checkpoint; stop after a checkpoint on a signal."""
     clock = run.clock
     for epoch in range(state.epochs_done, run.epochs):
-        row = dict(epoch=epoch, **train_one_epoch(state, run.data, run.loss, clock, epoch, epochs=run.epochs,
-                                                  progress=run.progress))
+        row = dict(epoch=epoch, **train_one_epoch(state, run.data, run.task, run.optim, clock, run.processes, epoch,
+                                                  epochs=run.epochs, progress=run.progress))
         last_epoch = epoch + 1 == run.epochs
         if (epoch + 1) % run.eval_every == 0 or last_epoch:
-            row.update(evaluate_epoch(run, state, epoch, last_epoch))
+            row.update(run.evaluator.epoch(state, epoch, last_epoch))
         row['tokens'] = sum(growth.model_size(state.model).values())
         row.update(run.processes.plan.peak_memory())  # CUDA: the allocator's peak of the epoch, in MiB
         row['elapsed_minutes'] = state.elapsed_seconds() / 60  # the whole run's, across resumes
@@ -254,8 +361,8 @@ def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:
         return {}
     # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
     row = dict(grown=str(run.optim.grow(state, due, seed=derive_seed('growth', run.seed, epoch + 1, bits=31))))
-    if run.optim.growth.eval_after_step and run.task != 'mae':  # the step's loss jump (tau: recompute)
-        after = evaluate_net(run, state.net, run.data.val_loader)
+    if run.optim.eval_after_step and run.task.name != 'mae':  # the step's loss jump (tau: recompute)
+        after = run.evaluator.net(state.net, run.data.val_loader)
         row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
     return row
 
@@ -266,11 +373,10 @@ def _finish(run: RunContext, state: TrainState, history: list, mae: MaeConfig):
     if not run.main:
         return
     if history:
-        plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f'{run.model_name} ({run.task})',
-                    train_label=train_loss_label(run.loss.optim))
-    if run.task == 'mae' and mae.recon_images:
-        data = run.data.data
-        save_reconstructions(state.ema.module if state.ema else state.model, run.data.val_ds, *data.mean_std(),
+        plot_curves(history, os.path.join(run.out, CURVES_FILE), title=f'{run.model_name} ({run.task.name})',
+                    train_label=run.task.train_loss_label)
+    if run.task.name == 'mae' and mae.recon_images:
+        save_reconstructions(state.ema.module if state.ema else state.model, run.data.val_ds, *run.data.mean_std,
                              os.path.join(run.out, RECONSTRUCTION_FILE), mae.recon_images, mae.mask_ratio,
                              run.processes.device)
 
@@ -289,7 +395,7 @@ def train(
 
     Args:
         cfg: a flat config from [`tkvision.engine.config.load_config`][tkvision.engine.config.load_config], or a
-            [`TrainConfig`][tkvision.config_sections.TrainConfig]; validated here, once, into typed sections.
+            [`TrainConfig`][tkvision.engine.config.TrainConfig]; validated here, once, into typed sections.
         resume: a ``last.pth`` path, ``True`` for ``<output>/last.pth``, or None. The run continues at
             the saved update (mid-epoch included) with the same data order and random draws, so the
             result equals an uninterrupted run's. Keys of `tkvision.engine.config.RESUME_MUTABLE`

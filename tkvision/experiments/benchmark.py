@@ -26,7 +26,6 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from ..config_sections import TrainConfig
 from ..growth import elastic
 from ..layers import BACKWARD_MODES, Pattention
 from ..models import input_shape
@@ -79,8 +78,8 @@ def forward_flops_per_image(cfg: dict) -> float:
 
 
 def _flops_per_image(cfg: dict, prefix: elastic.Prefix, backward: bool) -> float:
-    from ..engine.build import model_for_config  # the engine's stack (albumentations, matplotlib) only here:
-    model = model_for_config(TrainConfig.from_dict(cfg))  # the model benchmark runs on GPU images that lack it
+    from ..engine.config import TrainConfig, model_for_config  # the engine's stack (albumentations, matplotlib)
+    model = model_for_config(TrainConfig.from_dict(cfg))  # only here: the model benchmark runs on images that lack it
     size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
     x = torch.randn(2, cfg['model_kwargs'].get('in_chans', 3), size, size)
     with elastic.prefix(model, prefix, nesting=cfg.get('elastic_nesting', 'all')), flop_counter() as counter:

@@ -18,9 +18,8 @@ A *prefix* is given as:
 - ``None``: every token (the full model).
 
 What a fraction shrinks is the *nesting* ([`NESTING`][tkvision.growth.elastic.NESTING]): every Pattention (``'all'``,
-the default), only the FFNs' (``'ffn'``: MatFormer's choice, the like-for-like comparison with its ViT), or every one
-but the attention projections Q, K, V and output (``'no_attention'``: the patch stem and the FFNs). Layers outside the
-nesting keep every token at every prefix.
+the default), or only the FFNs' (``'ffn'``: MatFormer's choice, the like-for-like comparison with its ViT). Layers
+outside the nesting keep every token at every prefix.
 
 An *elastic layer* is any module with ``num_tokens``, a settable ``prefix_tokens`` (``None`` or k),
 ``parameters_per_token`` and ``truncate(k)``: every [`Pattention`][tkvision.layers.pattention.Pattention] is one (so is
@@ -30,11 +29,9 @@ prefix slices the parameters (no copy);
 ``timm.create_model`` builds with the matching ``num_tokens_*``
 ([`prefix_model_kwargs`][tkvision.growth.elastic.prefix_model_kwargs]).
 
-τ at a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]): ``'kept'`` (the default) runs the prefix with the
-whole layer's τ; ``'follow'`` scales it by ``default_tau(k) / default_tau(n_τ)`` (Eq. 5's √k for √n; n_τ: the layer's
-``tau_tokens``, the n its τ was set for, which growth keeps), so the k normalised scores keep the whole layer's scale.
-Both keep a grown layer's first k tokens' function. Trained for it at the quick recipe, the kept τ gave every prefix
-the higher validation top-1 (``docs/elastic.md``), hence the default.
+A prefix runs with the whole layer's τ, which keeps a grown layer's first k tokens' function. Scaling τ with k
+(Eq. 5's √k for √n) was measured and removed: trained for it at the quick recipe it gave every prefix the lower
+validation top-1, and post hoc it was no better (``docs/elastic.md``, ``CHANGELOG.md``).
 """
 import contextlib
 import copy
@@ -46,26 +43,18 @@ import torch
 from timm.utils import unwrap_model
 from torch import nn
 
-from ..layers.pattention import default_tau
-
-__all__ = ['SAMPLING', 'PREFIX_TAU', 'NESTING', 'Prefix', 'ElasticLayer', 'elastic_layers', 'prefix_counts',
+__all__ = ['SAMPLING', 'NESTING', 'Prefix', 'ElasticLayer', 'elastic_layers', 'prefix_counts',
            'set_prefix', 'prefix', 'extract_prefix', 'prefix_model_kwargs', 'prefix_parameters', 'step_fractions',
            'mix_n_match', 'monotone_prefixes']
 
-SAMPLING = ('all', 'random', 'largest_plus_random', 'sandwich')
+SAMPLING = ('all', 'random', 'largest_plus_random')
 """How a training step picks the granularities it trains (the ``elastic_sampling`` config key): ``'all'``: every
 fraction, losses summed (MatFormer's joint objective); ``'random'``: one fraction drawn uniformly;
-``'largest_plus_random'``: the largest fraction plus one other drawn uniformly; ``'sandwich'``: the largest, the
-smallest and one drawn from those between (the sandwich rule of Yu and Huang, "Universally Slimmable Networks", ICCV
-2019, §3.2, https://arxiv.org/abs/1903.05134, with one random size instead of two)."""
+``'largest_plus_random'``: the largest fraction plus one other drawn uniformly."""
 
-NESTING = {'all': ('patch', 'qkv', 'proj', 'ffn'), 'ffn': ('ffn',), 'no_attention': ('patch', 'ffn')}
+NESTING = {'all': ('patch', 'qkv', 'proj', 'ffn'), 'ffn': ('ffn',)}
 """Which Pattentions a prefix shrinks (the ``elastic_nesting`` config key), as token kinds: ``'all'`` every one;
-``'ffn'`` the FFNs' only (what MatFormer nests, https://arxiv.org/abs/2310.07707 §3); ``'no_attention'`` the patch
-stem and the FFNs (the attention projections keep every token)."""
-
-PREFIX_TAU = ('kept', 'follow')
-"""τ of a prefix of k tokens: ``'kept'`` (the whole layer's, the default) or ``'follow'`` (Eq. 5's n follows k)."""
+``'ffn'`` the FFNs' only (what MatFormer nests, https://arxiv.org/abs/2310.07707 §3)."""
 
 Prefix = Union[None, float, Sequence[float], Mapping[str, int]]
 """A prefix: a fraction, one fraction per block, ``{layer name: tokens}``, or None (every token)."""
@@ -79,7 +68,6 @@ class ElasticLayer(Protocol):
     MLP of ``studies/elastic``)."""
 
     prefix_tokens: Optional[int]
-    prefix_tau_scale: float
 
     @property
     def num_tokens(self) -> int:
@@ -177,67 +165,48 @@ def prefix_counts(model: nn.Module, prefix: Prefix, nesting: str = 'all') -> Dic
 def set_prefix(
         model: nn.Module,
         prefix: Prefix,
-        tau: str = 'kept',
         nesting: str = 'all',
 ) -> Dict[str, int]:
     """Run ``model`` at ``prefix`` (module docstring) until the next call; ``None`` restores every token.
-    No weights are copied. ``tau``: τ of a prefix ([`PREFIX_TAU`][tkvision.growth.elastic.PREFIX_TAU]); ``nesting``:
-    the layers a fraction shrinks ([`NESTING`][tkvision.growth.elastic.NESTING]). Returns
-    [`prefix_counts`][tkvision.growth.elastic.prefix_counts].
+    No weights are copied. ``nesting``: the layers a fraction shrinks
+    ([`NESTING`][tkvision.growth.elastic.NESTING]). Returns [`prefix_counts`][tkvision.growth.elastic.prefix_counts].
 
     Raises:
-        ValueError: as [`prefix_counts`][tkvision.growth.elastic.prefix_counts], or an unknown ``tau``; then nothing
-            is changed.
+        ValueError: as [`prefix_counts`][tkvision.growth.elastic.prefix_counts]; then nothing is changed.
     """
-    if tau not in PREFIX_TAU:
-        raise ValueError(f'unknown prefix tau {tau!r}; choose one of {", ".join(PREFIX_TAU)}')
     counts = prefix_counts(model, prefix, nesting)
     for name, layer in elastic_layers(model).items():
         k = counts[name]
         layer.prefix_tokens = None if k == layer.num_tokens else k
-        layer.prefix_tau_scale = _tau_scale(layer, k) if tau == 'follow' else 1.0
     return counts
-
-
-def _tau_scale(layer: ElasticLayer, k: int) -> float:
-    """``default_tau(k) / default_tau(n_τ)`` of a Pattention (1 for an elastic layer without τ)."""
-    score_norm = getattr(layer, 'score_norm', None)
-    if score_norm is None:
-        return 1.0
-    n = getattr(layer, 'tau_tokens', layer.num_tokens)
-    return default_tau(score_norm, k) / default_tau(score_norm, n)
 
 
 @contextlib.contextmanager
 def prefix(
         model: nn.Module,
         prefix: Prefix,
-        tau: str = 'kept',
         nesting: str = 'all',
 ) -> Iterator[Dict[str, int]]:
     """``with prefix(model, 0.5): logits = model(x)``: [`set_prefix`][tkvision.growth.elastic.set_prefix] inside the
     block, the layers' previous prefixes restored after it (also on an error). Yields
     [`prefix_counts`][tkvision.growth.elastic.prefix_counts]."""
     layers = elastic_layers(model)
-    before = {name: (layer.prefix_tokens, getattr(layer, 'prefix_tau_scale', 1.0)) for name, layer in layers.items()}
+    before = {name: layer.prefix_tokens for name, layer in layers.items()}
     try:
-        yield set_prefix(model, prefix, tau, nesting)
+        yield set_prefix(model, prefix, nesting)
     finally:
         for name, layer in layers.items():
-            layer.prefix_tokens, scale = before[name]
-            if hasattr(layer, 'prefix_tau_scale'):
-                layer.prefix_tau_scale = scale
+            layer.prefix_tokens = before[name]
 
 
 def extract_prefix(
         model: nn.Module,
         prefix: Optional[Prefix] = None,
-        tau: str = 'kept',
         nesting: str = 'all',
 ) -> nn.Module:
-    """A standalone copy of ``model`` at ``prefix`` (with ``tau`` and ``nesting`` as
+    """A standalone copy of ``model`` at ``prefix`` (with ``nesting`` as
     [`set_prefix`][tkvision.growth.elastic.set_prefix]; default: the prefix it runs at now): every elastic layer keeps
-    its first k tokens and the prefix's τ ([`truncate`][tkvision.layers.pattention.Pattention.truncate]), and the
+    its first k tokens and its τ ([`truncate`][tkvision.layers.pattention.Pattention.truncate]), and the
     model's ``num_tokens_*`` say its new counts (one per kind, or one per block after a per-block prefix), so the copy
     equals ``timm.create_model(name, **prefix_model_kwargs(copy), ...)`` loaded with its state dict, and gives the
     prefix's outputs. ``model`` is not changed.
@@ -248,7 +217,7 @@ def extract_prefix(
     _require_elastic_layers(model, elastic_layers(model))
     out = copy.deepcopy(unwrap_model(model))
     if prefix is not None:
-        set_prefix(out, prefix, tau, nesting)
+        set_prefix(out, prefix, nesting)
     for layer in elastic_layers(out).values():
         layer.truncate(layer.prefix_tokens or layer.num_tokens)
     _sync_count_attributes(out)
@@ -325,10 +294,6 @@ def step_fractions(fractions: Sequence[float], sampling: str, generator: torch.G
         return ordered
     if sampling == 'random':
         return [ordered[int(torch.randint(len(ordered), (), generator=generator))]]
-    if sampling == 'sandwich':
-        middle = ordered[1:-1]
-        drawn = [middle[int(torch.randint(len(middle), (), generator=generator))]] if middle else []
-        return [ordered[0]] + drawn + [ordered[-1]]
     rest = ordered[1:]
     return [ordered[0], rest[int(torch.randint(len(rest), (), generator=generator))]]
 

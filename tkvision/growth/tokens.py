@@ -132,7 +132,6 @@ def grow(
         if tau == 'recompute' and add[kind]:
             with torch.no_grad():  # τ may be a learned parameter (Pattention.make_tau_learnable)
                 layer.tau.fill_(default_tau(layer.score_norm, layer.num_tokens))
-            layer.tau_tokens = layer.num_tokens
     _sync_token_attrs(model)
     return model
 

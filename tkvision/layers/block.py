@@ -13,7 +13,30 @@ from torch import nn
 
 from .pattention import Pattention, score_norm_entry
 
-__all__ = ['Attention', 'Block']
+__all__ = ['Attention', 'Block', 'split_heads', 'attend_heads']
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Projected tokens ``[B, N, C]`` as ``num_heads`` heads, ``[B, N, heads, C / heads]`` (a view; ``q_norm`` and
+    ``k_norm`` act on it, where the attention-distance study reads q and k)."""
+    B, N, C = x.shape
+    return x.view(B, N, num_heads, C // num_heads)
+
+
+def attend_heads(
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_mask: Optional[torch.Tensor] = None,
+        dropout_p: float = 0.,
+) -> torch.Tensor:
+    """Scaled dot-product attention of heads ``[B, N, heads, d]`` (`split_heads`; ``F.scaled_dot_product_attention``:
+    softmax of ``q kᵀ / √d``, ``attn_mask`` as it takes it), merged back to ``[B, N, heads · d]``; shared by every
+    attention of the package (this module's `Attention`, ``tkvision.models.ringformer.RecurrentAttention``)."""
+    B, N, H, D = q.shape
+    x = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), attn_mask=attn_mask,
+                                       dropout_p=dropout_p)
+    return x.transpose(1, 2).reshape(B, N, H * D)
 
 
 class Attention(nn.Module):
@@ -82,13 +105,10 @@ class Attention(nn.Module):
             key_scale: ``[dim]`` or None: a folded LayerNorm's weight, passed to the Q, K and V
                 Pattentions (``tkvision.layers.Pattention.score_keys``).
         """
-        B, N, C = x.shape
-        q = self.q_norm(self.q(x, key_scale).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k(x, key_scale).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        v = self.v(x, key_scale).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        dropout = self.attn_drop if self.training else 0.
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
-        x = x.transpose(1, 2).reshape(B, N, C)
+        q = self.q_norm(split_heads(self.q(x, key_scale), self.num_heads))
+        k = self.k_norm(split_heads(self.k(x, key_scale), self.num_heads))
+        v = split_heads(self.v(x, key_scale), self.num_heads)
+        x = attend_heads(q, k, v, attn_mask, self.attn_drop if self.training else 0.)
         return self.proj_drop(self.proj(x))
 
 

@@ -53,7 +53,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.fx._symbolic_trace import is_fx_symbolic_tracing
 
-from .pattention_autograd import l2_norm_gelu, l2_norm_gelu_attend, l2_norm_gelu_compiled
+from .pattention_autograd import l2_norm_gelu, l2_norm_gelu_attend
 
 __all__ = ['Pattention', 'ScoreNorm', 'SCORE_NORMS', 'register_score_norm', 'default_tau', 'normalize_scores',
            'PATTENTION_KINDS', 'ENCODER_KINDS', 'DECODER_KINDS', 'BACKWARD_MODES', 'set_backward_mode']
@@ -66,7 +66,7 @@ DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 
 PATTENTION_KINDS = ENCODER_KINDS + DECODER_KINDS
 #: How a training forward of ``l2_norm_gelu`` is differentiated
 #: ([`Pattention`][tkvision.layers.pattention.Pattention]'s ``backward_mode``).
-BACKWARD_MODES = ('closed_form', 'compiled', 'lean', 'autograd')
+BACKWARD_MODES = ('closed_form', 'lean', 'autograd')
 
 
 @dataclass(frozen=True)
@@ -242,14 +242,15 @@ class Pattention(nn.Module):
             - ``'closed_form'`` (default): Θ's closed-form gradient in one autograd function
               (``pattention_autograd.py``); the fastest training step measured, on the CPU (1.035-1.08x
               autograd's) and on a GPU eager (1.58x the lean one's img/s), ``docs/performance.md``.
-            - ``'compiled'``: the same closed form compiled by ``torch.compile`` into one pass over the
-              scores each way (``pattention_autograd.py``), in an otherwise eager model; compiled once per
-              process (seconds), falling back to ``'closed_form'`` with a warning where it cannot compile.
             - ``'lean'``: the same math saving one ``[..., n]`` tensor per layer instead of three and
               recomputing the rest in backward; use it when activation memory limits the batch (B/16:
               0.87x ViT-B's saved activations instead of 1.6x).
             - ``'autograd'``: plain autograd of `L2NormGELU`, the reference the other two are
               tested against (``tests/test_pattention.py``).
+
+            (``'compiled'``, the closed form through ``torch.compile`` in an eager model, was removed: it trained
+            within its interval of ``'closed_form'`` on the CPU and was never faster on a GPU, where the whole
+            model compiles; ``CHANGELOG.md``.)
 
             Inference, TorchScript, FX tracing and a learned τ always take the plain path.
 
@@ -262,16 +263,12 @@ class Pattention(nn.Module):
         score_normalization: the registry's Θ module of ``score_norm`` (no parameters).
         prefix_tokens: ``None`` (all n tokens), or k: the layer runs as the sub-layer of its first k
             key/value tokens (slices of the parameters, no copy;
-            [`tkvision.growth.elastic`][tkvision.growth.elastic]), with τ as
-            [`active_tau`][tkvision.layers.pattention.Pattention.active_tau] says.
+            [`tkvision.growth.elastic`][tkvision.growth.elastic]), with the whole layer's τ.
         centre_keys: ``False``, or ``True`` when the LayerNorm in front of the layer is folded into its keys
             (set by ``tkvision.layers.Block``, ``norm_fold``): the scores use each key token centred
             over its ``in_features`` entries, ``K_c = K − mean(K)``, so ``x · K_cᵀ = (x − mean(x)) · Kᵀ``;
             with a scale-invariant Θ the 1/σ(x) of the LayerNorm cancels. The stored keys are unchanged.
-        tau_tokens: the n that τ belongs to: the construction n, kept by
-            [`grow`][tkvision.layers.pattention.Pattention.grow] (τ is kept), n after growth with a recomputed τ or
-            after [`truncate`][tkvision.layers.pattention.Pattention.truncate]. A prefix whose τ follows k scales τ by
-            ``default_tau(k) / default_tau(tau_tokens)``, so the first k tokens of a grown layer keep their function.
+
 
     Raises:
         ValueError: unknown ``score_norm`` (whatever ``tau``), unknown ``kind`` or ``backward_mode``, or a
@@ -308,8 +305,7 @@ class Pattention(nn.Module):
         entry = score_norm_entry(score_norm)
         if kind is not None and kind not in PATTENTION_KINDS:
             raise ValueError(f'unknown Pattention kind {kind!r}; kinds are {", ".join(PATTENTION_KINDS)}')
-        if backward_mode not in BACKWARD_MODES:
-            raise ValueError(f'unknown backward_mode {backward_mode!r}; choose one of {", ".join(BACKWARD_MODES)}')
+        _check_backward_mode(backward_mode)
         self.kind = kind
         self.score_normalization = entry.module()
         tau = entry.default_tau(num_tokens) if tau is None else tau
@@ -321,9 +317,7 @@ class Pattention(nn.Module):
         self.value_std = value_std
         self.backward_mode = backward_mode
         self.prefix_tokens: Optional[int] = None
-        self.prefix_tau_scale: float = 1.0
         self.centre_keys = False
-        self.tau_tokens = num_tokens
         keys = torch.empty(num_tokens, in_features, device=device, dtype=dtype)
         setattr(self, self.key_name, nn.Parameter(keys))  # K_P
         self.value_param_tokens = nn.Parameter(torch.empty(num_tokens, out_features, device=device, dtype=dtype))
@@ -358,14 +352,6 @@ class Pattention(nn.Module):
             return tokens
         return tokens[:k]
 
-    def active_tau(self) -> torch.Tensor:
-        """τ of the tokens the layer runs with: the stored τ, times ``prefix_tau_scale`` at a prefix (1, or
-        ``default_tau(k) / default_tau(tau_tokens)`` when τ follows k:
-        [`tkvision.growth.elastic.set_prefix`][tkvision.growth.elastic.set_prefix])."""
-        if self.prefix_tokens is None:
-            return self.tau
-        return self.tau * self.prefix_tau_scale
-
     def fold_keys(self, keys: torch.Tensor, key_scale: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Key tokens ``[k, in_features]`` as the scores use them: times ``key_scale`` (``[in_features]``, a
         folded LayerNorm's weight) when given, then each row centred when ``centre_keys``; unchanged
@@ -390,15 +376,13 @@ class Pattention(nn.Module):
         """
         scores = self.scores(x, key_scale)
         values = self.active(self.value_param_tokens)
-        tau = self.active_tau()
+        tau = self.tau
         if not torch.jit.is_scripting():
             mode = self._training_backward()
             if mode == 'lean':
                 return l2_norm_gelu_attend(scores, values, tau, self.eps)
             if mode == 'closed_form':
                 return l2_norm_gelu(scores, tau, self.eps) @ values
-            if mode == 'compiled':
-                return l2_norm_gelu_compiled(scores, tau, self.eps) @ values
         return self.score_normalization(scores, tau, self.eps) @ values
 
     @torch.jit.unused
@@ -465,8 +449,7 @@ class Pattention(nn.Module):
     @torch.no_grad()
     def truncate(self, num_tokens: int) -> 'Pattention':
         """Keep only the first ``num_tokens`` key/value parameter tokens, in place: the layer becomes the
-        sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs; τ as
-        [`active_tau`][tkvision.layers.pattention.Pattention.active_tau]). The inverse of
+        sub-layer it runs as with ``prefix_tokens = num_tokens`` (same outputs, the same τ). The inverse of
         [`grow`][tkvision.layers.pattention.Pattention.grow] for its first rows. Parameters are replaced by new
         ``nn.Parameter`` objects; ``prefix_tokens`` is cleared.
 
@@ -478,14 +461,10 @@ class Pattention(nn.Module):
         """
         if not 1 <= num_tokens <= self.num_tokens:
             raise ValueError(f'num_tokens must be in 1..{self.num_tokens}, got {num_tokens}')
-        scale = self.prefix_tau_scale if self.prefix_tokens == num_tokens else 1.0
         self.prefix_tokens = None
-        self.prefix_tau_scale = 1.0
         for attr in (self.key_name, 'value_param_tokens'):
             old = getattr(self, attr)
             setattr(self, attr, nn.Parameter(old[:num_tokens].clone(), requires_grad=old.requires_grad))
-        self.tau.mul_(scale)
-        self.tau_tokens = num_tokens if scale != 1.0 else self.tau_tokens
         return self
 
     def extra_repr(self) -> str:
@@ -502,8 +481,16 @@ def set_backward_mode(model: nn.Module, backward_mode: str) -> None:
     Raises:
         ValueError: an unknown mode, naming the known ones.
     """
-    if backward_mode not in BACKWARD_MODES:
-        raise ValueError(f'unknown backward_mode {backward_mode!r}; choose one of {", ".join(BACKWARD_MODES)}')
+    _check_backward_mode(backward_mode)
     for module in model.modules():
         if isinstance(module, Pattention):
             module.backward_mode = backward_mode
+
+
+def _check_backward_mode(backward_mode: str) -> None:
+    """Refuse a mode outside `BACKWARD_MODES`, saying what to use instead of a removed one."""
+    if backward_mode == 'compiled':
+        raise ValueError("backward_mode 'compiled' was removed (it never beat 'closed_form': CHANGELOG.md); use "
+                         "'closed_form', and torch.compile the whole model (compile: true) for one pass")
+    if backward_mode not in BACKWARD_MODES:
+        raise ValueError(f'unknown backward_mode {backward_mode!r}; choose one of {", ".join(BACKWARD_MODES)}')

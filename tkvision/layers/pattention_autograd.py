@@ -9,7 +9,7 @@ gradient has a closed form:
     dZ = dS ⊙ GELU'(Z)
     dA = r · (dZ − Z ⟨dZ, Z⟩ / ‖Z‖²)   where ‖A‖₂ > ε (then ‖Z‖ = τ), else r · dZ
 
-Three functions use it:
+Two functions use it:
 
 - `l2_norm_gelu`, **closed form** (CPU default, ``Pattention(closed_form_backward=True)``): Θ
   alone, saving Z and r; backward is one fused GELU', one row dot product and two elementwise passes
@@ -19,25 +19,18 @@ Three functions use it:
   saving only A and the per-row norm and recomputing Z and S in backward: one ``[..., n]`` tensor per
   Pattention instead of three, where activation memory limits the batch.
 
- - ``l2_norm_gelu_compiled``, **compiled** (``backward_mode='compiled'``): the closed form of
-  ``l2_norm_gelu``, each direction compiled by ``torch.compile`` (Inductor: C++/OpenMP on a CPU,
-  Triton on CUDA) into one pass over the scores: the forward reads A and writes S, the backward reads dS
-  and A (the row norm is recomputed from A while the row is in cache) and writes dA. It saves A, one
-  ``[..., n]`` tensor, as the closed form saves Z. Compiled once per process (about 15 s on a 2-core CPU,
-  then from Inductor's on-disk cache); where compiling fails (no C++ compiler) it warns once and runs
-  the closed form. Inside a ``torch.compile``'d model the closed form is traced instead, as the whole
-  model is compiled anyway.
+(A third, the closed form through ``torch.compile`` in an eager model, was removed: it never beat the closed
+form; ``CHANGELOG.md``.)
 
 `L2NormGELU` (plain autograd) stays the reference;
-``tests/test_pattention.py`` holds all three equal to it in value and gradient (float64, and bf16 autocast).
+``tests/test_pattention.py`` holds both equal to it in value and gradient (float64, and bf16 autocast).
 """
 import math
-import warnings
 
 import torch
 import torch.nn.functional as F
 
-__all__ = ['l2_norm_gelu', 'l2_norm_gelu_attend', 'l2_norm_gelu_compiled']
+__all__ = ['l2_norm_gelu', 'l2_norm_gelu_attend']
 
 _INV_SQRT2 = 1 / math.sqrt(2)
 _INV_SQRT_2PI = 1 / math.sqrt(2 * math.pi)
@@ -122,81 +115,3 @@ def l2_norm_gelu_attend(
     """``GELU(A · τ / max(‖A‖₂, ε)) · V`` for ``scores`` A ``[..., n]`` and ``value`` V ``[n, d_out]``,
     returning ``[..., d_out]`` in A's dtype, normalisation in float32, saving only A for backward (lean)."""
     return _L2NormGELUAttend.apply(scores, value, tau, eps)
-
-
-def _theta_forward(scores: torch.Tensor, tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """Θ(A) of 2-D scores ``[rows, n]`` in A's dtype, computed in float32 or wider: what
-    ``l2_norm_gelu_compiled`` compiles (``eps`` a 0-d tensor, so one compiled function serves every ε)."""
-    a = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    _, r = _scale(a, tau, eps)
-    return F.gelu(a * r).to(scores.dtype)
-
-
-def _theta_backward(grad_out: torch.Tensor, scores: torch.Tensor, tau: torch.Tensor, eps: torch.Tensor) -> torch.Tensor:
-    """dA from dS and A, both ``[rows, n]`` (the closed form of the module docstring, Z and r recomputed from A)."""
-    a = scores.to(torch.promote_types(scores.dtype, torch.float32))
-    norm, r = _scale(a, tau, eps)
-    z = a * r
-    grad_z = torch.ops.aten.gelu_backward(grad_out.to(z.dtype), z)
-    return _grad_scores(grad_z, z, r, norm, tau, eps).to(grad_out.dtype)
-
-
-class _Compiled:
-    """The two directions compiled on first use, for any number of rows and parameter tokens
-    (``dynamic=True``: one compilation each); ``None`` after a failed compile (then the eager closed form runs,
-    after one warning)."""
-    forward = backward = None
-    failed = False
-
-    @classmethod
-    def get(cls):
-        if cls.forward is None and not cls.failed:
-            cls.forward = torch.compile(_theta_forward, dynamic=True)
-            cls.backward = torch.compile(_theta_backward, dynamic=True)
-        return cls
-
-    @classmethod
-    def call(cls, name: str, *args):
-        fn = getattr(cls.get(), name)
-        if fn is not None:
-            try:
-                return fn(*args)
-            except Exception as error:  # Inductor's errors have no common base class (no compiler, no headers)
-                cls.failed, cls.forward, cls.backward = True, None, None
-                warnings.warn(f"backward_mode='compiled': torch.compile of Θ failed ({type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''}); running the closed form "
-                              "uncompiled. Install a C++ compiler (CPU) or set backward_mode: closed_form.",
-                              RuntimeWarning, stacklevel=3)
-        return (_theta_forward if name == 'forward' else _theta_backward)(*args)
-
-
-class _L2NormGELUCompiled(torch.autograd.Function):
-    # The compiled functions see the same kind of input every call (2-D, contiguous, no autograd history), so
-    # that Dynamo's guards on layout and requires_grad never ask for another compilation.
-    @staticmethod
-    def forward(ctx, scores, tau, eps):
-        rows = scores.detach().reshape(-1, scores.shape[-1]).contiguous()
-        eps_t = torch.full((), eps, dtype=torch.promote_types(scores.dtype, torch.float32), device=scores.device)
-        ctx.save_for_backward(rows, tau, eps_t)
-        ctx.shape = scores.shape
-        return _Compiled.call('forward', rows, tau.detach(), eps_t).view(scores.shape)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        rows, tau, eps_t = ctx.saved_tensors
-        grad = grad_out.reshape(rows.shape).contiguous()
-        return _Compiled.call('backward', grad, rows, tau, eps_t).view(ctx.shape), None, None
-
-
-def l2_norm_gelu_compiled(scores: torch.Tensor, tau: torch.Tensor, eps: float) -> torch.Tensor:
-    """``l2_norm_gelu`` with each direction compiled into one pass over ``scores`` A ``[..., n]``
-    (module docstring): same value and gradient, same shape and dtype. ``tau``: a tensor broadcastable to
-    ``[..., 1]`` (no gradient is computed for it).
-
-    Warns:
-        RuntimeWarning: once, where ``torch.compile`` fails (e.g. no C++ compiler on a CPU); the closed form
-            then runs uncompiled.
-    """
-    if torch.compiler.is_compiling():  # inside a compiled model: trace the closed form with the rest
-        return _L2NormGELU.apply(scores, tau, eps)
-    return _L2NormGELUCompiled.apply(scores, tau, eps)

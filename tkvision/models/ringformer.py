@@ -49,6 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Pattention
+from ..layers.block import attend_heads, split_heads
 from .tokenformer_vit import Blocks, TokenFormerViT, create_tokenformer, tokenformer_cfg
 
 __all__ = ['LevelSignal', 'Level', 'RecurrentAttention', 'RingBlock', 'RingFormerViT', 'TokenRingViT',
@@ -87,7 +88,7 @@ def attend_with_level_tokens(
     ``keys [m, d_in]``, ``values [m, d_out]`` -> ``[..., d_out]``."""
     scores = torch.cat([layer.scores(x), F.linear(x, keys)], dim=-1)
     shared_values = layer.active(layer.value_param_tokens)
-    return layer.score_normalization(scores, layer.active_tau(), layer.eps) @ torch.cat([shared_values, values])
+    return layer.score_normalization(scores, layer.tau, layer.eps) @ torch.cat([shared_values, values])
 
 
 class Level(nn.Module):
@@ -193,13 +194,10 @@ class RecurrentAttention(nn.Module):
     def forward(self, x: torch.Tensor, level: Level, attn_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``x [B, N, d] -> [B, N, d]`` at ``level``; ``attn_mask`` as ``F.scaled_dot_product_attention``
         takes it."""
-        B, N, C = x.shape
-        q = self.q_norm(level.project('q', self.q, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(level.project('k', self.k, x).view(B, N, self.num_heads, self.head_dim)).transpose(1, 2)
-        v = level.project('v', self.v, x).view(B, N, self.num_heads, self.head_dim).transpose(1, 2)
-        x = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                           dropout_p=self.attn_drop if self.training else 0.)
-        x = x.transpose(1, 2).reshape(B, N, C)
+        q = self.q_norm(split_heads(level.project('q', self.q, x), self.num_heads))
+        k = self.k_norm(split_heads(level.project('k', self.k, x), self.num_heads))
+        v = split_heads(level.project('v', self.v, x), self.num_heads)
+        x = attend_heads(q, k, v, attn_mask, self.attn_drop if self.training else 0.)
         return self.proj_drop(level.project('proj', self.proj, x))
 
 
