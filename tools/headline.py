@@ -51,10 +51,10 @@ def _comparison() -> list:
                          difference=f"{float(mlp['top1_mean']) - float(v['top1_mean']):+.2f}",
                          source='docs/comparison/results.csv'))
     long = {r['config']: r for r in _rows('docs/comparison/long/results.csv')}
-    t, v = long['tokenformer_token_lr_quarter'], long['vit_equal_width']
+    t, v = chosen_long_recipe(long), long['vit_equal_width']
     rows.append(dict(key='long_mean',
-                     question=f"Long recipe (75 epochs), equal parameters, the recipe chosen on validation: "
-                              f"test top-1 %, {t['seeds']} seeds",
+                     question=f"Long recipe (75 epochs), equal parameters, the recipe chosen on validation "
+                              f"(`{t['config']}`): test top-1 %, {t['seeds']} seeds",
                      tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
                      vit=_pm(v['test_top1_mean'], v['test_top1_std']),
                      difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
@@ -77,6 +77,19 @@ def _comparison() -> list:
                      difference=f"{float(best['test_top1']) - float(vit_best['test_top1']):+.2f}",
                      source='docs/comparison/long/points.csv'))
     return [dict(row, page='comparison') for row in rows]
+
+
+#: The long recipe's choice: among the TokenFormer recipes at the ViT's training compute (within this factor) run on
+#: at least this many seeds, the one of the highest validation mean (the test split is not looked at).
+LONG_CHOICE_COMPUTE, LONG_CHOICE_SEEDS = 1.05, 3
+
+
+def chosen_long_recipe(long: dict) -> dict:
+    """The ``docs/comparison/long/results.csv`` row the long recipe's headline reports (`LONG_CHOICE_COMPUTE`,
+    `LONG_CHOICE_SEEDS`): chosen on validation alone, by a rule stated before the choice."""
+    candidates = [r for c, r in long.items() if not c.startswith('vit')
+                  and float(r['compute_vs_reference']) <= LONG_CHOICE_COMPUTE and int(r['seeds']) >= LONG_CHOICE_SEEDS]
+    return max(candidates, key=lambda r: float(r['top1_mean']))
 
 
 def _gpu() -> dict:
