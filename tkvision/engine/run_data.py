@@ -77,7 +77,7 @@ class RunData:
                 raise ValueError('RunData with naflex_loader needs the model it feeds (model=)')
             self.naflex_patch_size = naflex_patch_size(model, data, processes.plan)
         self.preprocess = (NaFlexPreprocessor(processes.device) if data.naflex_loader else
-                           BatchPreprocessor(*data.mean_std(), processes.device, reprob=data.reprob))
+                           BatchPreprocessor(*self.mean_std, processes.device, reprob=data.reprob))
         self._test_loader: Optional[DataLoader] = None  # built by test_loader(), at the end of a run
         self.train_ds = build_dataset(data, 'train', seed, processes.rank, processes.world)
         self.val_ds = build_dataset(data, 'val', seed, processes.rank, processes.world,
