@@ -26,7 +26,7 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
     out = str(tmp_path / 'sweep')
     assert sweep_main([str(tmp_path / '*.yaml'), '--seeds', '0', '1', '--out', out]) == 0
     printed = capsys.readouterr()
-    assert '[fail] broken seed 0: ConfigError' in printed.out + printed.err
+    assert '[fail] broken/seed0: ConfigError' in printed.out + printed.err
     assert 'Traceback' not in printed.out + printed.err  # a failed point is its one line (TKVISION_DEBUG=1: more)
     rows = list(csv.DictReader(open(os.path.join(out, 'results.csv'))))
     assert [r['config'] for r in rows] == ['broken', 'l1']  # _base_ is not a point
@@ -40,8 +40,11 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
     capsys.readouterr()
     sweep_main([good, '--seeds', '0', '1', '--out', out])  # finished points are skipped
     assert capsys.readouterr().out.count('[skip]') == 2
-    sweep_main([good, '--seeds', '5', '--out', out, '--print-commands'])
-    assert '--seed 5' in capsys.readouterr().out
+    # the options of the home-made launcher are refused with what replaced them
+    assert sweep_main([good, '--out', out, '--print-commands']) == 2
+    assert '--executor slurm' in capsys.readouterr().err
+    assert sweep_main([good, '--out', out, '--launcher', 'torchrun']) == 2
+    assert '--executor local' in capsys.readouterr().err
 
 
 def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
@@ -77,24 +80,25 @@ def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
 
 def test_a_preempted_point_stops_the_sweep_instead_of_training_the_next(tmp_path, monkeypatch, capsys):
     """SIGTERM (a scheduler's preemption, a user's ``kill``) stops the trainer with its state saved; the
-    sweep must stop there too, with the preemption exit status, not record a failure and train the next
-    point (it did: the signal read as a failed point)."""
+    sweep in this process must stop there too, with the preemption exit status, not record a failure and train
+    the next point (it did: the signal read as a failed point)."""
     from tkvision.engine.trainer import EXIT_PREEMPTED, Preempted
     from tkvision.experiments import sweep
+    from tkvision.experiments.points import PointJob
     calls = []
 
-    def preempted(config, seed, run_dir, extra):
-        calls.append((os.path.basename(config), seed))
-        raise Preempted(f'stopped by SIGTERM; state saved to {run_dir}/last.pth')
-    monkeypatch.setattr(sweep, '_run_point', preempted)
+    def preempted(job, run_dir):
+        calls.append(job.point.key)
+        raise Preempted(f'stopped by SIGTERM; state saved to {run_dir}/last.pth', 'SIGTERM')
+    monkeypatch.setattr(PointJob, '_train', preempted)
     configs = [_write(tmp_path / name, dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST))
                for name in ('a.yaml', 'b.yaml')]
     with pytest.raises(Preempted):
         sweep.run_sweep(configs, [0, 1], str(tmp_path / 'out'), log=lambda *a: None)
-    assert calls == [('a.yaml', 0)]
+    assert calls == ['a/seed0']
     assert not os.path.exists(tmp_path / 'out' / 'a' / 'seed0' / 'result.json')
     assert sweep_main([*configs, '--seeds', '0', '--out', str(tmp_path / 'out')]) == EXIT_PREEMPTED
-    assert calls == [('a.yaml', 0)] * 2 and 'stopped by SIGTERM' in capsys.readouterr().err
+    assert calls == ['a/seed0'] * 2 and 'stopped by SIGTERM' in capsys.readouterr().err
 
 
 def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path):

@@ -54,7 +54,8 @@ from tkvision.engine.config import load_config, section
 from tkvision.engine.config import resolve_run_config
 from tkvision.engine.trainer import train
 from tkvision.experiments.benchmark import machine_info
-from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
+from tkvision.experiments.points import point_dir
+from tkvision.experiments.sweep import expand_configs, mean_std, run_sweep
 from tkvision.utils.errors import UsageError
 from tkvision.utils.files import atomic_write
 

@@ -58,7 +58,8 @@ from tkvision.engine.evaluate import evaluate
 from tkvision.engine.plotting import plt
 from tkvision.experiments.benchmark import (benchmark_models, forward_flops_per_image, machine_info,
                                             train_flops_per_image)
-from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
+from tkvision.experiments.points import point_dir
+from tkvision.experiments.sweep import expand_configs, mean_std, run_sweep
 from tkvision.growth import elastic
 from tkvision.utils.errors import RunError, UsageError
 from tkvision.utils.files import atomic_write

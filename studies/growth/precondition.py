@@ -25,7 +25,8 @@ from studies.growth.growth_experiment import train_flops_per_image
 from tkvision.cli import run_cli
 from tkvision.engine.config import load_config
 from tkvision.engine.plotting import plt
-from tkvision.experiments.sweep import point_dir, run_sweep
+from tkvision.experiments.points import point_dir
+from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
 __all__ = ['SIZES', 'CONFIGS', 'IMAGES', 'GAP', 'curve_rows', 'size_rows', 'write_report', 'main']

@@ -38,7 +38,8 @@ from tkvision.engine.config import load_config, section
 from tkvision.engine.evaluate import evaluate
 from tkvision.engine.run_data import naflex_patch_size
 from tkvision.experiments.benchmark import machine_info
-from tkvision.experiments.sweep import expand_configs, mean_std, point_dir, run_sweep
+from tkvision.experiments.points import point_dir
+from tkvision.experiments.sweep import expand_configs, mean_std, run_sweep
 from tkvision.utils.files import atomic_write
 
 __all__ = ['SIZES', 'UNSEEN_SIZES', 'LENGTHS', 'write_data', 'at_length', 'evaluate_run', 'summarize_rows',

@@ -2,6 +2,7 @@
 ``tools/sweep.py``, ``tools/benchmark.py``)."""
 import argparse
 import os
+import sys
 from typing import Optional, Sequence
 
 import timm
@@ -9,10 +10,13 @@ import torch
 
 from ..experiments.benchmark import parse_model_spec
 from ..experiments.benchmark_parts import PARTS, run_benchmark
-from ..experiments.sweep import expand_configs, run_sweep, summarize
+from ..experiments.launch import EXECUTORS, Launcher, point_status, read_jobs, read_launcher_file, read_manifest
+from ..experiments.points import SweepPoint
+from ..experiments.sweep import collect, expand_configs, run_sweep
+from ..utils.errors import EXIT_PREEMPTED, ConfigError
 from .common import device_name, positive_int, run_cli
 
-__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'check_gpu_main']
+__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'sweep_parser', 'check_gpu_main']
 
 
 def benchmark_parser(parts: dict = PARTS) -> argparse.ArgumentParser:
@@ -60,29 +64,119 @@ def _benchmark(argv) -> int:
 
 def sweep_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-sweep`` / ``tools/sweep.py``; see ``--help``. Exit 1 when every point failed, 2 on a bad setting,
-    `EXIT_PREEMPTED` when a signal stopped a point (rerun to resume it)."""
+    `EXIT_PREEMPTED` when a point was stopped by a signal and is left to continue (rerun the same command)."""
     return run_cli(_sweep, argv)
 
 
-def _sweep(argv) -> int:
-    ap = argparse.ArgumentParser(description='Run ablation configs over seeds and tabulate the results.')
-    ap.add_argument('configs', nargs='+', help='config files (globs are expanded)')
+#: Options of earlier releases, each refused with what replaced it.
+_REMOVED_OPTIONS = {
+    '--print-commands': 'submit the points with --executor slurm (one SLURM job array), or run them here with '
+                        '--executor local',
+    '--nproc-per-node': 'give a point several processes with --tasks-per-node N (or --gpus-per-node N) and '
+                        '--executor local or slurm',
+}
+
+
+def sweep_parser() -> argparse.ArgumentParser:
+    """The arguments of ``tkvision-sweep`` (unknown ``--key value`` pairs are overrides for every point)."""
+    ap = argparse.ArgumentParser(description='Run configs x grid values x seeds, here or on a SLURM cluster through '
+                                             'submitit, and tabulate the results (docs/guide/sweeps.md).')
+    ap.add_argument('configs', nargs='*', help='config files (globs are expanded)')
     ap.add_argument('--seeds', nargs='+', type=int, default=[0])
-    ap.add_argument('--out', default='runs/ablations')
-    ap.add_argument('--launcher', choices=['local', 'torchrun'], default='local')
-    ap.add_argument('--nproc-per-node', type=int, default=1)
-    ap.add_argument('--print-commands', action='store_true', help='print one command per point and exit')
+    ap.add_argument('--grid', nargs='+', default=[], metavar='KEY=V1,V2',
+                    help='the cartesian product of these values over each config (a key the config does not '
+                         'have is a model keyword: score_norm=l2_norm_gelu,softmax)')
+    ap.add_argument('--out', default='runs/ablations', help='the sweep folder')
+    ap.add_argument('--status', metavar='OUT', help='print the state of each point of the sweep in OUT and exit')
+    ap.add_argument('--collect', metavar='OUT', help='write the table of OUT from the finished points and exit')
     ap.add_argument('--title', default='Ablation sweep')
-    args, extra = ap.parse_known_args(argv)
-    configs = expand_configs(args.configs)
-    records = run_sweep(configs, args.seeds, args.out, args.launcher, args.nproc_per_node, args.print_commands, extra)
-    if args.print_commands:
+    group = ap.add_argument_group('where the points run (or a launcher: block in --launcher FILE.yaml)')
+    group.add_argument('--launcher', metavar='FILE', help='a YAML file whose launcher: block sets the options below '
+                                                          '(the command line wins)')
+    group.add_argument('--executor', choices=EXECUTORS, default=None,
+                       help='inline: here, one point after another (default); local: submitit jobs on this '
+                            'machine; slurm: one SLURM job array')
+    for flag, kind, what in (('--parallel', positive_int, 'local: points at a time (1)'),
+                             ('--nodes', positive_int, 'nodes per point (1)'),
+                             ('--gpus-per-node', int, 'GPUs per node of a point (0)'),
+                             ('--tasks-per-node', positive_int, 'processes per node of a point (one per GPU)'),
+                             ('--cpus-per-task', positive_int, 'CPU cores per process (SLURM default)'),
+                             ('--timeout-min', positive_int, 'time limit of a job; it is then checkpointed and '
+                                                             'requeued (1440)'),
+                             ('--partition', str, 'SLURM partition'),
+                             ('--array-parallelism', positive_int, 'SLURM array tasks at once (256)'),
+                             ('--max-timeouts', positive_int, 'time-outs before a point is not requeued (3)')):
+        group.add_argument(flag, type=kind, default=None, help=what)
+    group.add_argument('--slurm-option', action='append', default=[], metavar='NAME=VALUE',
+                       help='a further #SBATCH option (account=..., qos=...); repeatable')
+    return ap
+
+
+def _launcher(args: argparse.Namespace) -> Launcher:
+    """The `Launcher` of the command line over the ``--launcher`` file's block."""
+    if args.launcher in ('local', 'torchrun'):
+        raise ConfigError(f'--launcher {args.launcher} was removed: --executor inline runs the points here, '
+                          '--executor local as submitit jobs (--tasks-per-node N for several processes)')
+    fields = read_launcher_file(args.launcher) if args.launcher else {}
+    for name in ('executor', 'parallel', 'nodes', 'gpus_per_node', 'tasks_per_node', 'cpus_per_task', 'timeout_min',
+                 'partition', 'array_parallelism', 'max_timeouts'):
+        if getattr(args, name) is not None:
+            fields[name] = getattr(args, name)
+    for option in args.slurm_option:
+        name, sep, value = option.partition('=')
+        if not sep or not name:
+            raise ConfigError(f'--slurm-option {option!r}: write NAME=VALUE (account=myaccount)')
+        fields['slurm_options'] = (*fields.get('slurm_options', ()), (name, value))
+    return Launcher(**fields)
+
+
+def _print_status(out: str) -> int:
+    manifest = read_manifest(out)
+    jobs = read_jobs(out)
+    points = [SweepPoint.from_dict(p) for p in manifest['points']]
+    width = max([len(p.name) for p in points] + [5])
+    print(f"{'point':<{width}}  seed  {'state':<11}  detail")
+    states = []
+    for point in points:
+        state = point_status(out, point, jobs)
+        states.append(state.state)
+        print(f'{point.name:<{width}}  {point.seed:>4}  {state.state:<11}  {state.detail}')
+    print(', '.join(f'{states.count(s)} {s}' for s in dict.fromkeys(states)))
+    return 0
+
+
+def _sweep(argv) -> int:
+    for option, replacement in _REMOVED_OPTIONS.items():
+        if option in argv:
+            raise ConfigError(f'{option} was removed: {replacement}')
+    args, extra = sweep_parser().parse_known_args(argv)
+    if args.status:
+        return _print_status(args.status)
+    if args.collect:
+        rows, unfinished = collect(args.collect, args.title)
+        return _print_table(args.collect, rows, unfinished)
+    if not args.configs:
+        raise ConfigError('give config files (or --status OUT / --collect OUT)')
+    launcher = _launcher(args)
+    records = run_sweep(expand_configs(args.configs), args.seeds, args.out, grid=args.grid, launcher=launcher,
+                        extra=extra)
+    if launcher.executor == 'slurm':
         return 0
-    rows = summarize(records, args.out, args.title)
-    with open(os.path.join(args.out, 'results.md')) as f:
+    rows, unfinished = collect(args.out, args.title)
+    code = _print_table(args.out, rows, unfinished)
+    if unfinished:
+        print(f'{unfinished} points stopped before the end; rerun the same command to continue them '
+              f'(tkvision-sweep --status {args.out} lists them)', file=sys.stderr)
+        return EXIT_PREEMPTED
+    return code if records else 1
+
+
+def _print_table(out: str, rows: list, unfinished: int) -> int:
+    with open(os.path.join(out, 'results.md')) as f:
         print(f.read())
-    print(f'wrote {args.out}/results.md, results.csv, results.png')
-    return 1 if any(r['failed'] for r in rows) and not any(r['seeds'] for r in rows) else 0
+    print(f'wrote {out}/results.md, results.csv, results.png' + (f' ({unfinished} points not ended yet)'
+                                                                if unfinished else ''))
+    return 1 if rows and any(r['failed'] for r in rows) and not any(r['seeds'] for r in rows) else 0
 
 
 def check_gpu_main(argv: Optional[Sequence[str]] = None) -> int:

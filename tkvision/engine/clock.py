@@ -20,8 +20,9 @@ from .state import TrainState
 
 __all__ = ['RunClock', 'STOP_SIGNALS']
 
-#: What SLURM and torchrun send before stopping a job: the run checkpoints and exits.
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+#: What SLURM and torchrun send before stopping a job (SIGTERM, SIGUSR1), and submitit's pre-emption and
+#: time-out signal (SIGUSR2, ``tkvision.experiments.points.PointJob``): the run checkpoints and exits.
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
 
 class RunClock:

@@ -147,7 +147,7 @@ def _run_batches(state: TrainState, parts: _Step, epoch: int, bar):
         meter['seconds'] = time.perf_counter() - t0
         if clock.check(state):
             raise Preempted(f'stopped by {clock.stop_signal} at update {state.num_updates}; state saved to '
-                            f'{clock.checkpoint_path}: continue with --resume')
+                            f'{clock.checkpoint_path}: continue with --resume', clock.stop_signal)
         if bar.n and state.num_updates % clock.log_interval == 0 and not bar.disable:
             bar.set_postfix(loss=f"{meter['loss_sum'].item() / max(meter['seen'], 1):.3f}",
                             lr=f"{state.optimizer.param_groups[0]['lr']:.2e}",

@@ -48,7 +48,7 @@ from .distributed import Processes, all_ranks_agree
 
 __all__ = ['LOCK_NAME', 'RESTART_COUNTS', 'RunDirLock', 'claim_output', 'claim_output_dir',
            'run_files', 'remove_stale_temporaries',
-           'job_identity', 'restarts_this_run']
+           'job_identity', 'restarts_this_run', 'output_dir_in_use']
 
 LOCK_NAME = '.lock'
 #: What a run writes before its first checkpoint (``config.yaml``; TensorBoard's folder).
@@ -200,6 +200,25 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
     os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()} job {job_identity()}\n'.encode(), 0)
     remove_stale_temporaries(out)
     return RunDirLock(path, fd)
+
+
+def output_dir_in_use(out: str) -> Optional[str]:
+    """The holder of ``out``'s lock (``host ... pid ... job ...``, as `claim_output_dir` writes it) while a run
+    holds it, else None (no lock file, or nobody holding it). Ask from another process than the run's: POSIX
+    locks do not exclude their own process, and closing the probe's descriptor would release the run's lock."""
+    path = os.path.join(out, LOCK_NAME)
+    if not os.path.isfile(path) or os.path.islink(path):
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return os.pread(fd, 256, 0).decode(errors='replace').strip() or 'another process'
+    else:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
 
 
 def _open_lock(path: str) -> int:

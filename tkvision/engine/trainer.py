@@ -350,7 +350,7 @@ def _train_epochs(run: RunContext, state: TrainState, history: list):
                                                                                 source=source))
         if stop:
             raise Preempted(f'stopped by {clock.stop_signal} after epoch {epoch + 1}; state saved to '
-                            f'{clock.checkpoint_path}: continue with --resume')
+                            f'{clock.checkpoint_path}: continue with --resume', clock.stop_signal)
 
 
 def _grow_if_due(run: RunContext, state: TrainState, epoch: int) -> dict:

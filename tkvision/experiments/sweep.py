@@ -1,145 +1,89 @@
-"""Ablation sweeps: run configs x seeds, resumably, and tabulate the results (paper Tables 4-5 style).
+"""Ablation sweeps: configs x grid values x seeds, run where the user says, tabulated (paper Tables 4-5 style).
 
-``python tools/sweep.py configs/ablations/fashion_mnist/*.yaml --seeds 0 1 2 --out runs/ablations``
+``tkvision-sweep configs/ablations/fashion_mnist/*.yaml --seeds 0 1 2 --out runs/ablations``
+``tkvision-sweep configs/ablations/imagenet/norm_gelu_l2.yaml --grid score_norm=l2_norm_gelu,l1_norm_gelu,softmax
+--executor slurm --gpus-per-node 8 --out runs/table4``
 
-Each (config, seed) point trains into ``<out>/<config name>/seed<k>/`` with the training code of
-`tkvision.engine.trainer`; a point whose ``result.json`` exists is skipped (resumable), a point that
-fails is recorded with its error and the sweep goes on. ``--launcher torchrun --nproc-per-node 8``
-runs each point as its own ``torchrun`` job; ``--print-commands`` only prints the commands (for a
-cluster scheduler). The table (``results.md``, ``results.csv``) has mean ± std top-1 over seeds,
-parameters, img/s and time per point; ``results.png`` is a bar chart with the spread.
+Each point (`tkvision.experiments.points.SweepPoint`) trains into ``<out>/<name>/seed<k>/`` through
+`tkvision.experiments.points.PointJob`, in this process or as a submitit job
+(`tkvision.experiments.launch`); a finished point (its ``result.json``) is never run again, a point that fails
+is recorded with its error and the others go on. `collect` writes the table from whatever has finished
+(``results.md``, ``results.csv``: mean ± std top-1 over seeds, parameters, img/s and time per point;
+``results.png``, a bar chart with the spread); `summarize` is the table of given records.
 """
 import csv
 import glob
 import json
 import os
-import shlex
-import shutil
 import statistics
-import subprocess
-import sys
-import traceback
-from typing import Callable, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-import torch
-
-from ..engine.checkpoint import LAST_CHECKPOINT, METRICS_FILE
-from ..engine.config import load_config
 from ..engine.plotting import plt
-from ..engine.trainer import train
-from ..utils.errors import EXIT_PREEMPTED, Preempted
-from ..utils.files import atomic_write
+from .launch import Launcher, launch_points, read_manifest
+from .points import FAILED_FILE, RESULT_FILE, SweepPoint, sweep_points
 
-__all__ = ['run_sweep', 'summarize', 'expand_configs', 'point_dir', 'mean_std', 'plus_minus']
-
-
-def point_dir(out: str, config: str, seed: int) -> str:
-    """``<out>/<config name>/seed<k>``: where a point trains and writes ``result.json``."""
-    return os.path.join(out, os.path.splitext(os.path.basename(config))[0], f'seed{seed}')
+__all__ = ['run_sweep', 'collect', 'point_records', 'summarize', 'expand_configs', 'mean_std', 'plus_minus']
 
 
-def _prepare_point_dir(run_dir) -> list:
-    """``['--resume']`` when an interrupted point left a checkpoint to continue from; a point that
-    failed before its first checkpoint is started again from an empty folder (the trainer never
-    writes into a folder that holds another run)."""
-    if os.path.isfile(os.path.join(run_dir, LAST_CHECKPOINT)):
-        return ['--resume']
-    if os.path.isdir(run_dir):
-        shutil.rmtree(run_dir)
-    return []
-
-
-def _command(config, seed, run_dir, launcher, nproc, extra):
-    args = ['tools/train.py', '--config', config, '--seed', str(seed), '--output', run_dir, '--progress', 'false',
-            *extra]
-    if launcher == 'torchrun':
-        return ['torchrun', f'--nproc_per_node={nproc}', *args]
-    return [sys.executable, *args]
-
-
-def _timing(rows: list) -> dict:
-    """``img_per_s`` (mean over epochs) and ``minutes`` of a finished run from its ``metrics.csv`` rows:
-    the last row's ``elapsed_minutes``, the whole run's wall time across resumes
-    (`elapsed_seconds`); rows written before that column have
-    the sum of the epochs' training time (``epoch_time``, evaluation not counted)."""
-    last = rows[-1].get('elapsed_minutes')
-    minutes = float(last) if last not in (None, '') else sum(float(r['epoch_time']) for r in rows) / 60
-    return dict(img_per_s=statistics.mean(float(r['img_per_s']) for r in rows), minutes=minutes)
-
-
-def _run_point(config, seed, run_dir, extra):
-    """Train one point in this process; returns the result record."""
-    cfg = load_config(config, ['--seed', str(seed), '--output', run_dir, '--progress', 'false', *extra])
-    res = train(cfg, resume=bool(_prepare_point_dir(run_dir)))
-    return dict(top1=res['top1'], best_top1=res['best_top1'], test_top1=res['test_top1'],
-                params=sum(p.numel() for p in res['model'].parameters()), **_timing(res['history']),
-                threads=torch.get_num_threads())
+def point_records(out: str, points: Sequence[SweepPoint]) -> List[Dict]:
+    """The record of each point that has ended, in order: its ``result.json`` (``status: 'ok'``) or its
+    ``failed.json`` (``status: 'failed'``, ``error``). A record: ``config`` (the point's name), ``seed``,
+    ``status``, ``top1``, ``best_top1`` (validation), ``test_top1`` (the test split, once at the end; None
+    without one), ``params``, ``img_per_s``, ``minutes`` (the whole run's, across resumes), ``threads``."""
+    records = []
+    for point in points:
+        for name in (RESULT_FILE, FAILED_FILE):
+            path = os.path.join(point.directory(out), name)
+            if os.path.exists(path):
+                with open(path) as f:
+                    records.append(json.load(f))
+                break
+    return records
 
 
 def run_sweep(
         configs: Sequence[str],
         seeds: Sequence[int],
         out: str,
-        launcher: str = 'local',
-        nproc: int = 1,
-        print_commands: bool = False,
+        *,
+        grid: Sequence[str] = (),
+        launcher: Optional[Launcher] = None,
         extra: Sequence[str] = (),
         log: Callable[..., None] = print,
-) -> list:
-    """Run every (config, seed) not yet finished; returns all records (finished, new, failed).
+) -> List[Dict]:
+    """Run (or submit: ``launcher.executor == 'slurm'``) every point of ``configs`` x ``grid`` x ``seeds`` not yet
+    finished; returns the records of the points that have ended (`point_records`).
 
-    A record: ``config, seed, status ('ok' | 'failed'), top1, best_top1, test_top1, params, img_per_s,
-    minutes, error``: ``top1`` / ``best_top1`` on the validation split, ``test_top1`` on the test split
-    (evaluated once, at the end; None when the dataset has none: `tkvision.data.has_test_split`);
-    ``img_per_s`` and ``minutes`` (the whole run's, a resumed one's parts summed): `_timing`.
-    ``result.json`` in the point's folder marks it finished.
+    Args:
+        configs: config files (or shipped recipe names).
+        seeds: the seeds of each point.
+        out: the sweep's folder.
+        grid: ``key=v1,v2`` items (`tkvision.experiments.points.parse_grid`).
+        launcher: where and how each point runs (default: this process, one point after another).
+        extra: overrides for every point (``['--epochs', '3']``).
+        log: where progress lines go.
 
     Raises:
-        Preempted: SIGTERM / SIGUSR1 stopped a point (its ``last.pth`` written; with ``launcher='torchrun'``,
-            the point exited with `EXIT_PREEMPTED`): the sweep stops there, so a
-            scheduler's preemption or a user's ``kill`` ends it, and rerunning resumes that point.
+        ConfigError: a bad grid item or launcher setting.
+        RunError: another sweep command is submitting to ``out``.
+        Preempted: (in this process) SIGTERM / SIGUSR1 / SIGUSR2 stopped a point, its ``last.pth`` written: the
+            sweep stops there, and rerunning the same command resumes that point.
     """
-    records = []
-    for config in configs:
-        for seed in seeds:
-            run_dir = point_dir(out, config, seed)
-            done = os.path.join(run_dir, 'result.json')
-            name = os.path.splitext(os.path.basename(config))[0]
-            if os.path.exists(done):
-                with open(done) as f:
-                    records.append(json.load(f))
-                log(f'[skip] {name} seed {seed}: finished')
-                continue
-            cmd = _command(config, seed, run_dir, launcher, nproc, list(extra))
-            if print_commands:
-                print(shlex.join(cmd))
-                continue
-            log(f'[run ] {name} seed {seed} -> {run_dir}')
-            rec = dict(config=name, seed=seed)
-            try:
-                if launcher == 'local':
-                    rec.update(_run_point(config, seed, run_dir, list(extra)))
-                else:
-                    proc = subprocess.run(cmd + _prepare_point_dir(run_dir))
-                    if proc.returncode == EXIT_PREEMPTED:
-                        raise Preempted(f'{name} seed {seed} stopped by a signal; state saved under {run_dir}')
-                    proc.check_returncode()
-                    with open(os.path.join(run_dir, METRICS_FILE)) as f:
-                        rows = list(csv.DictReader(f))
-                    rec.update(top1=float(rows[-1]['top1']), test_top1=float(rows[-1].get('test_top1') or 'nan'),
-                               best_top1=max(float(r['top1']) for r in rows if r.get('top1')), **_timing(rows))
-                rec['status'] = 'ok'
-                atomic_write(done, lambda f: json.dump(rec, f), text=True)
-            except Preempted:
-                log(f'[stop] {name} seed {seed}: preempted; rerun the same command to resume it')
-                raise
-            except Exception as e:  # a failed point is reported, not fatal
-                rec.update(status='failed', error=f'{type(e).__name__}: {e}'.splitlines()[0][:200])
-                log(f'[fail] {name} seed {seed}: {rec["error"]}')
-                if os.environ.get('TKVISION_DEBUG') == '1':  # the traceback, as --debug shows a command's
-                    traceback.print_exc()
-            records.append(rec)
-    return records
+    points = sweep_points(configs, seeds, grid)
+    launch_points(points, out, launcher or Launcher(), extra, log)
+    return point_records(out, points)
+
+
+def collect(out: str, title: str = 'Ablation sweep') -> Tuple[List[Dict], int]:
+    """The table of the sweep in ``out`` from whatever has ended (`summarize`); returns its rows and the number
+    of points not ended yet.
+
+    Raises:
+        RunError: ``out`` holds no sweep.
+    """
+    points = [SweepPoint.from_dict(p) for p in read_manifest(out)['points']]
+    records = point_records(out, points)
+    return summarize(records, out, title), len(points) - len(records)
 
 
 def _write_tables(rows: list, records: Sequence[dict], out: str):

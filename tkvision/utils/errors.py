@@ -5,6 +5,7 @@ tensor and what to do. Command-line tools print them as one line (`tkvision.cli`
 A leaf module: every part of the package may import it; it imports nothing of tkvision.
 """
 import pickle
+from typing import Optional
 
 __all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'UnsafeFileError', 'NonFiniteLossError',
            'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'refused_pickle', 'is_refused_pickle']
@@ -60,8 +61,17 @@ USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, WeightsMismatchE
 
 
 class Preempted(RuntimeError):
-    """The run was asked to stop (SIGTERM / SIGUSR1); its state was saved to ``last.pth``. Not a user error:
-    rerunning the same command resumes it."""
+    """The run was asked to stop (SIGTERM / SIGUSR1 / SIGUSR2); its state was saved to ``last.pth``. Not a user
+    error: rerunning the same command resumes it.
+
+    Args:
+        message: what stopped and where the state is.
+        signal_name: the signal that stopped the run (``'SIGUSR2'``), when one did.
+    """
+
+    def __init__(self, message: str, signal_name: Optional[str] = None):
+        super().__init__(message)
+        self.signal_name = signal_name
 
 
 #: Exit status after a checkpoint written on SIGTERM / SIGUSR1 (sysexits' EX_TEMPFAIL: "try again").

@@ -1,0 +1,210 @@
+"""The points of a sweep and the one way a point is trained, whatever runs it.
+
+- `SweepPoint`: one (config file, grid values, seed); its folder ``<out>/<name>/seed<k>`` and its row name
+  ``<config stem>[-key=value...]``.
+- `parse_grid` / `sweep_points`: ``--grid score_norm=l2_norm_gelu,softmax norm_fold=true,false`` over config
+  files, the cartesian product, in the order configs -> grid -> seeds.
+- `PointJob`: the callable every executor runs (this process, submitit's local executor, a SLURM array task),
+  as the MAE and DeiT ``submitit_*.py`` launchers do: it trains the point with `tkvision.engine.trainer.train`,
+  continues from the point's own ``last.pth`` when one is there, writes ``result.json`` (or ``failed.json``
+  with the error) and, when submitit's pre-emption or time-out signal stopped it, hands that signal back to
+  submitit so the job is requeued (https://github.com/facebookincubator/submitit, ``docs/checkpointing.md``).
+"""
+import dataclasses
+import itertools
+import json
+import os
+import shutil
+import signal
+import statistics
+import traceback
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import submitit
+import torch
+
+from ..engine.checkpoint import LAST_CHECKPOINT
+from ..engine.config import DEFAULTS, load_config
+from ..engine.rundir import output_dir_in_use
+from ..engine.trainer import train
+from ..utils.errors import ConfigError, Preempted, RunError
+from ..utils.files import atomic_write
+
+__all__ = ['SweepPoint', 'PointJob', 'parse_grid', 'sweep_points', 'point_dir', 'RESULT_FILE', 'FAILED_FILE']
+
+#: A finished point's record, in its folder.
+RESULT_FILE = 'result.json'
+#: A failed point's record (``error``: the exception's first line), in its folder; removed when it is retried.
+FAILED_FILE = 'failed.json'
+
+
+@dataclasses.dataclass(frozen=True)
+class SweepPoint:
+    """One training run of a sweep.
+
+    Args:
+        config: the config file (a path, or a shipped recipe's name).
+        seed: the run's ``seed``.
+        grid: ``(key, value)`` pairs set on top of the config, values as typed on the command line (YAML, as
+            ``--key value`` overrides read them). A key the flat config does not have is a model keyword
+            (``score_norm`` is ``model_kwargs.score_norm``); a dotted key names a nested one.
+    """
+    config: str
+    seed: int
+    grid: Tuple[Tuple[str, str], ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The row of the results table: the config's file name without ``.yaml``, then ``-key=value`` for each
+        grid value (``norm_softmax-norm_fold=false``)."""
+        stem = os.path.splitext(os.path.basename(self.config))[0]
+        return stem + ''.join(f'-{key}={value}' for key, value in self.grid)
+
+    @property
+    def key(self) -> str:
+        """``<name>/seed<k>``: the point in the sweep's records (``jobs.json``, ``sweep.json``)."""
+        return f'{self.name}/seed{self.seed}'
+
+    def directory(self, out: str) -> str:
+        """``<out>/<name>/seed<k>``: where the point trains and writes ``result.json``."""
+        return os.path.join(out, self.name, f'seed{self.seed}')
+
+    def overrides(self) -> List[str]:
+        """The grid values as ``--key value`` overrides (`tkvision.engine.config.parse_overrides`)."""
+        args = []
+        for key, value in self.grid:
+            top = key.split('.', 1)[0]
+            args += [f'--{key if top in DEFAULTS else "model_kwargs." + key}', value]
+        return args
+
+    def to_dict(self) -> Dict[str, Any]:
+        """A JSON-ready record (``sweep.json``); `SweepPoint.from_dict` reads it back."""
+        return dict(config=self.config, seed=self.seed, grid=[list(pair) for pair in self.grid])
+
+    @classmethod
+    def from_dict(cls, record: Dict[str, Any]) -> 'SweepPoint':
+        """The point of a `SweepPoint.to_dict` record."""
+        return cls(record['config'], int(record['seed']), tuple((k, v) for k, v in record.get('grid', ())))
+
+
+def point_dir(out: str, config: str, seed: int) -> str:
+    """``<out>/<config name>/seed<k>``: the folder of a point without grid values (`SweepPoint.directory`)."""
+    return SweepPoint(config, seed).directory(out)
+
+
+def parse_grid(items: Sequence[str]) -> List[Tuple[Tuple[str, str], ...]]:
+    """Every combination of ``key=v1,v2,...`` items (the cartesian product, the first key slowest); ``[()]``
+    for no items.
+
+    Raises:
+        ConfigError: an item without ``=`` or without a value, or a key given twice (each named).
+    """
+    axes: List[Tuple[str, List[str]]] = []
+    for item in items:
+        key, sep, values = item.partition('=')
+        choices = [v for v in values.split(',') if v != '']
+        if not sep or not key or not choices:
+            raise ConfigError(f'--grid {item!r}: write key=value1,value2 (e.g. score_norm=l2_norm_gelu,softmax)')
+        if key in (k for k, _ in axes):
+            raise ConfigError(f'--grid: the key {key!r} is given twice; list all its values in one item')
+        axes.append((key, choices))
+    return [tuple(zip([k for k, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+
+
+def sweep_points(configs: Sequence[str], seeds: Sequence[int], grid: Sequence[str] = ()) -> List[SweepPoint]:
+    """The sweep's points: each config, each combination of ``grid`` (`parse_grid`), each seed, in that order.
+
+    Raises:
+        ConfigError: a bad ``grid`` item (`parse_grid`), or no seed.
+    """
+    if not seeds:
+        raise ConfigError('--seeds: give at least one seed')
+    return [SweepPoint(config, seed, values) for config in configs for values in parse_grid(grid) for seed in seeds]
+
+
+def _timing(rows: list) -> dict:
+    """``img_per_s`` (mean over epochs) and ``minutes`` of a finished run from its ``metrics.csv`` rows:
+    the last row's ``elapsed_minutes``, the whole run's wall time across resumes."""
+    last = rows[-1].get('elapsed_minutes')
+    minutes = float(last) if last not in (None, '') else sum(float(r['epoch_time']) for r in rows) / 60
+    return dict(img_per_s=statistics.mean(float(r['img_per_s']) for r in rows), minutes=minutes)
+
+
+def _in_submitit_job() -> bool:
+    """Whether this process is a task that submitit started (it sets ``SUBMITIT_EXECUTOR``)."""
+    return bool(os.environ.get('SUBMITIT_EXECUTOR'))
+
+
+class PointJob:
+    """Train one `SweepPoint`: what every executor runs, in this process or as a submitit job.
+
+    A finished point (its ``result.json``) is returned as it is, never trained again; a point with a
+    ``last.pth`` continues from it at the saved update (the trainer's resume: the result is bit-identical to an
+    uninterrupted run); otherwise its folder is emptied and the point starts. A point that raises is recorded in
+    ``failed.json`` (the error's first line) and returned with ``status: 'failed'``, so the other points go on.
+    In a submitit job of several tasks the torch.distributed environment is exported from submitit's
+    (``submitit.helpers.TorchDistributedEnvironment``), so the point is one distributed training job.
+
+    Args:
+        point: the point.
+        out: the sweep's folder.
+        extra: overrides for every point (``--epochs 3``).
+
+    Raises:
+        RunError: another process is training the point (its folder's lock is held): nothing is touched.
+        Preempted: SIGTERM / SIGUSR1 / SIGUSR2 stopped the point (its ``last.pth`` written). Under submitit,
+            submitit's own signal is first handed back to submitit, which calls `PointJob.checkpoint` and
+            requeues the job.
+    """
+
+    def __init__(self, point: SweepPoint, out: str, extra: Sequence[str] = ()):
+        self.point, self.out, self.extra = point, out, list(extra)
+
+    def __call__(self) -> Dict[str, Any]:
+        run_dir = self.point.directory(self.out)
+        done = os.path.join(run_dir, RESULT_FILE)
+        if os.path.exists(done):
+            with open(done) as f:
+                return json.load(f)
+        rank = 0
+        if _in_submitit_job() and submitit.JobEnvironment().num_tasks > 1:
+            rank = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False).rank
+        holder = output_dir_in_use(run_dir) if rank == 0 and os.path.isdir(run_dir) else None
+        if holder:  # a duplicate job: it must neither train nor record anything in that folder
+            raise RunError(f'{run_dir} is being trained by another job ({holder}); this one leaves it alone')
+        record: Dict[str, Any] = dict(config=self.point.name, seed=self.point.seed)
+        try:
+            record.update(self._train(run_dir), status='ok')
+        except Preempted as stop:
+            if _in_submitit_job() and stop.signal_name == f'SIG{submitit.JobEnvironment.USR_SIG}':
+                # the trainer restored submitit's handler: it checkpoints this callable and requeues the job
+                signal.raise_signal(signal.Signals[stop.signal_name])
+            raise
+        except Exception as error:  # a failed point is recorded, not fatal to the sweep
+            record.update(status='failed', error=f'{type(error).__name__}: {error}'.splitlines()[0][:200])
+            if os.environ.get('TKVISION_DEBUG') == '1':
+                traceback.print_exc()
+            if rank == 0:
+                atomic_write(os.path.join(run_dir, FAILED_FILE), lambda f: json.dump(record, f), text=True)
+            return record
+        if rank == 0:
+            atomic_write(done, lambda f: json.dump(record, f), text=True)
+        return record
+
+    def _train(self, run_dir: str) -> Dict[str, Any]:
+        resume = os.path.isfile(os.path.join(run_dir, LAST_CHECKPOINT))
+        if not resume and os.path.isdir(run_dir):
+            shutil.rmtree(run_dir)  # a point that failed before its first checkpoint starts again, empty
+        elif os.path.exists(os.path.join(run_dir, FAILED_FILE)):
+            os.remove(os.path.join(run_dir, FAILED_FILE))
+        cfg = load_config(self.point.config, ['--seed', str(self.point.seed), '--output', run_dir,
+                                              '--progress', 'false', *self.extra, *self.point.overrides()])
+        result = train(cfg, resume=resume)
+        return dict(top1=result['top1'], best_top1=result['best_top1'], test_top1=result['test_top1'],
+                    params=sum(p.numel() for p in result['model'].parameters()), **_timing(result['history']),
+                    threads=torch.get_num_threads())
+
+    def checkpoint(self, *args: Any, **kwargs: Any) -> Optional[submitit.helpers.DelayedSubmission]:
+        """Called by submitit on its pre-emption or time-out signal: requeue this same point, which then
+        continues from its ``last.pth`` (written by the trainer before the signal was handed on)."""
+        return submitit.helpers.DelayedSubmission(PointJob(self.point, self.out, self.extra))
