@@ -211,3 +211,18 @@ def test_launcher_settings_are_checked_before_anything_runs(tmp_path, capsys):
         assert sweep_main([*args, '--out', out]) == 2
         assert words in capsys.readouterr().err
     assert not os.path.exists(out)
+
+
+def test_a_point_of_two_processes_is_one_distributed_training_job(tmp_path):
+    """``--tasks-per-node 2`` on the local executor: submitit starts two processes of the point, which join one
+    process group (gloo on a CPU) from submitit's environment and train one run: one result, a global batch of
+    two processes' batches."""
+    config = _config(tmp_path, epochs=1, train_subset=1024)
+    out = str(tmp_path / 'sweep')
+    proc = _sweep_process([config, '--seeds', '0', '--out', out, '--executor', 'local', '--tasks-per-node', '2'])
+    output = proc.communicate(timeout=300)[0]
+    assert proc.returncode == 0, output
+    job = _jobs(out)['point/seed0'][-1]['job_id']
+    log = open(os.path.join(out, 'submitit', job, f'{job}_0_log.out')).read()
+    assert '2 process(es) on cpu (gloo), global batch 128' in log, log
+    assert json.load(open(os.path.join(out, 'point', 'seed0', 'result.json')))['status'] == 'ok'
