@@ -21,6 +21,7 @@ from datetime import date
 import torch
 import yaml
 
+from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import machine_info
 from tkvision.experiments.launch import Launcher
 from tkvision.experiments.sweep import collect, run_sweep
@@ -50,6 +51,11 @@ def time_sweep(executor: str, points: int, folder: str) -> float:
 
 
 def main(argv=None) -> int:
+    """The command (``--help``): a user error is one line, exit 2 (`tkvision.cli.run_cli`)."""
+    return run_cli(_main, argv)
+
+
+def _main(argv) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--repeats', type=int, default=3)
     ap.add_argument('--points', type=int, default=4)
