@@ -232,6 +232,88 @@ def test_schedule_freeze_old_tokens_keeps_old_rows_and_survives_resume(tmp_path,
     assert not torch.equal(end['head.weight'], before_2['head.weight'])  # the head trains
 
 
+def test_new_token_lr_scale_equals_a_param_group_at_that_multiple():
+    """`scale_new_token_updates` against its definition: the new rows of K_P and V_P in a param group of their
+    own at 3x the lr (AdamW with decoupled decay, float64, 5 steps), the old rows at the lr."""
+    from torch.func import functional_call
+    from tkvision.layers import Pattention
+
+    torch.manual_seed(0)
+    layer = Pattention(6, 5, 12, kind='qkv', dtype=torch.float64)
+    key_name = layer.key_name
+    halves = {name: [torch.nn.Parameter(t[:8].clone()), torch.nn.Parameter(t[8:].clone())]
+              for name, t in ((key_name, layer.keys.detach()), ('value_param_tokens', layer.value_param_tokens.detach()))}
+    ref_opt = torch.optim.AdamW([dict(params=[h[0] for h in halves.values()], lr=1e-2),
+                                 dict(params=[h[1] for h in halves.values()], lr=3e-2)], weight_decay=0.1)
+    opt = torch.optim.AdamW(layer.parameters(), lr=1e-2, weight_decay=0.1)
+    handles = growth.scale_new_token_updates(layer, {'qkv': 8}, opt, 3.0)
+    for step in range(5):
+        x, target = torch.randn(4, 6, dtype=torch.float64), torch.randn(4, 5, dtype=torch.float64)
+        torch.nn.functional.mse_loss(layer(x), target).backward()
+        opt.step()
+        opt.zero_grad()
+        whole = {name: torch.cat(h) for name, h in halves.items()}
+        torch.nn.functional.mse_loss(functional_call(layer, whole, (x,)), target).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+        for name, (old, new) in halves.items():
+            got = getattr(layer, name).detach()
+            assert torch.allclose(got[:8], old, rtol=0, atol=1e-12), (step, name)
+            assert torch.allclose(got[8:], new, rtol=0, atol=1e-12), (step, name)
+    for h in handles:
+        h.remove()
+    with pytest.raises(ValueError, match='lr_scale must be positive'):
+        growth.scale_new_token_updates(layer, {'qkv': 8}, opt, 0.0)
+
+
+def test_run_steps_the_new_tokens_at_new_token_lr_scale(tmp_path, monkeypatch):
+    """growth.new_token_lr_scale in a run: the first update after a step moves the new rows 3x as far as the same
+    run at 1.0 does, and every old row and other parameter exactly as far (a flat lr: min_lr = lr)."""
+    grown = {}
+    real_grow = RunOptim.grow
+
+    def spy(self, state, due, seed):
+        out = real_grow(self, state, due, seed)
+        grown[self._growth.new_token_lr_scale] = {k: v.clone() for k, v in state.model.state_dict().items()}
+        return out
+
+    monkeypatch.setattr(RunOptim, 'grow', spy)
+    ends = {}
+    for scale in (1.0, 3.0):
+        cfg = fmnist_cfg(tmp_path, epochs=2, train_subset=64, val_subset=64, warmup_epochs=0, min_lr=2e-3,
+                         output=str(tmp_path / f'scale{scale}'),
+                         growth=dict(schedule=_steps((1, {'qkv': 24})), new_token_lr_scale=scale))
+        ends[scale] = train_mod.train(cfg)['model'].state_dict()
+    start = grown[1.0]
+    assert all(torch.equal(start[k], grown[3.0][k]) for k in start)  # the same grown model in both runs
+    q = 'blocks.0.attn.q.value_param_tokens'
+    moved_1, moved_3 = ends[1.0][q][16:] - start[q][16:], ends[3.0][q][16:] - start[q][16:]
+    assert moved_1.abs().max() > 1e-5
+    assert torch.allclose(moved_3, 3 * moved_1, rtol=1e-3, atol=1e-7)
+    for k in start:
+        a, b = ends[1.0][k], ends[3.0][k]
+        if k.endswith(('value_param_tokens', 'key_param_tokens')) and a.shape[0] == 24:
+            a, b = a[:16], b[:16]  # the old rows of a grown layer
+        assert torch.equal(a, b), k
+
+
+def test_new_token_lr_scale_survives_a_resume_bit_identically(tmp_path, monkeypatch):
+    """Killed after the checkpoint that follows the first step and resumed: the scaling hooks are rebuilt for
+    the stage, and the run ends with the uninterrupted run's weights and optimizer state."""
+    train_mod.train(_chain_cfg(tmp_path, 'full', growth=dict(new_token_lr_scale=2.0)))
+    train_crash_resume(monkeypatch, _chain_cfg(tmp_path, 'crashed', growth=dict(new_token_lr_scale=2.0)), saves=2)
+    assert_same_training_state(tmp_path / 'full' / 'last.pth', tmp_path / 'crashed' / 'last.pth')
+
+
+def test_new_token_lr_scale_needs_a_schedule_and_a_tokenformer(tmp_path):
+    with pytest.raises(ConfigError, match='new_token_lr_scale 2.0 .* it needs growth.schedule'):
+        fmnist_cfg(tmp_path, growth=dict(new_token_lr_scale=2.0))
+    cfg = fmnist_cfg(tmp_path, model='vit_tiny_patch16_224', model_kwargs=TINY_VIT, epochs=3,
+                     growth=dict(new_token_lr_scale=2.0, schedule=_steps((1, {'mlp_hidden': 48}))))
+    with pytest.raises(ConfigError, match='new_token_lr_scale needs a TokenFormer.*vit_tiny_patch16_224 has none'):
+        train_mod.train(cfg)
+
+
 def test_schedule_reset_optimizer_starts_from_zero_moments(tmp_path, monkeypatch):
     seen = {}
     real_grow = RunOptim.grow
@@ -342,3 +424,29 @@ def test_eval_after_step_measures_the_loss_jump_of_a_growth_step(tmp_path):
     assert float(keep['val_loss_after_growth']) == pytest.approx(float(keep['val_loss']), abs=1e-5)
     assert float(keep['top1_after_growth']) == float(keep['top1'])
     assert abs(float(redo['val_loss_after_growth']) - float(redo['val_loss'])) > 1e-3
+
+
+def _loss_curves(final_large):
+    """Three seeds of two sizes: 16 tokens at 1 TFLOP an epoch, 32 tokens at 2; the larger behind at the smaller's
+    whole compute (4 TFLOPs: 0.53 against 0.50), ending at ``final_large``."""
+    rows = []
+    for seed, noise in enumerate((-0.001, 0.0, 0.001)):
+        for n, flops, values in ((16, 1, (0.60, 0.55, 0.52, 0.50)), (32, 2, (0.62, 0.53, 0.50, final_large))):
+            rows += [dict(tokens=n, seed=seed, epoch=e + 1, val_loss=v + noise, test_top1=None,
+                          cumulative_tflops=flops * (e + 1)) for e, v in enumerate(values)]
+    return rows
+
+
+def test_precondition_on_a_loss_needs_a_gap_the_seeds_resolve_and_a_user_notices_and_a_crossing():
+    from studies.growth.precondition import CANDIDATES, size_rows
+    mae = CANDIDATES['mae']._replace(sizes=(16, 32))
+    small, large = size_rows(mae, _loss_curves(0.47))
+    assert small['val_loss_mean'] == pytest.approx(0.50) and small['val_loss_std'] == pytest.approx(0.001)
+    assert large['gap_to_half'] == pytest.approx(0.03) and large['at_half_compute'] == pytest.approx(0.53)
+    assert large['half_ahead_at_its_compute'] and large['precondition_met']
+    # a gap the seeds resolve (over 3.7 pooled stds) but under 1% of the loss: not met
+    assert not size_rows(mae, _loss_curves(0.4955))[1]['precondition_met']
+    # a clear gap but the larger size ahead at every compute (no crossing): not met
+    ahead = [dict(r, val_loss=r['val_loss'] - 0.05) if r['tokens'] == 32 else r for r in _loss_curves(0.47)]
+    assert not size_rows(mae, ahead)[1]['half_ahead_at_its_compute']
+    assert not size_rows(mae, ahead)[1]['precondition_met']

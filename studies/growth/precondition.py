@@ -1,93 +1,166 @@
 """Growth's precondition, measured before any chain: a setting where the largest size is clearly better than half
 of it (docs/growth.md, "Where a bigger model is better").
 
-    python -m studies.growth.precondition --seeds 0 1 2        # trains what has not finished, then reports
-    python -m studies.growth.precondition --report             # the report from the finished runs only
+    python -m studies.growth.precondition --seeds 0 1 2                   # candidate (a): trains, then reports
+    python -m studies.growth.precondition --candidate mae --seeds 0 1 2   # candidate (b)
+    python -m studies.growth.precondition --candidate mae --report        # the report from finished runs only
 
-Candidate (a): parameter tokens as the binding capacity. The quick recipe's model (width 96, 6 blocks, 3 heads,
-7 px patches, 6 epochs) with n tokens per Q/K/V/proj Pattention (4n per FFN), n in `SIZES`, each from scratch
-(``studies/growth/configs/precondition/tokens_<n>.yaml``), through the sweep (`run_sweep`: a finished point is
-skipped, a stopped one resumes). The report writes ``docs/growth/precondition.csv`` (one row per size: seeds,
-final validation top-1 mean and std, test top-1 once per run, training FLOPs per image and for the run),
-``precondition_curves.csv`` (every epoch's validation top-1 against the cumulative training TFLOPs, per size
-and seed) and ``precondition.png`` (those curves). The test for each pair of sizes (the largest ``L`` and ``L/2``):
-``error(L/2) - error(L) >= 1.5`` points on the means of 3 seeds, and the curves cross (at the compute of the
-smaller one's whole run, it is ahead of the larger one's curve there, ``at_half_compute``; the larger is ahead at
-the end).
+Each candidate is a size curve: the same model with n parameter tokens per Q/K/V/proj Pattention (4n per FFN),
+n in the candidate's sizes, each size from scratch, trained through the sweep (`run_sweep`: a finished point is
+skipped, a stopped one resumes; ``--executor local --parallel 2`` runs two at once).
+
+- (a) ``tokens``: the quick recipe's classifier (width 96, 6 blocks, 3 heads, 7 px patches, 6 epochs), measured by
+  validation top-1 (``studies/growth/configs/precondition/tokens_<n>.yaml``).
+- (b) ``mae``: the Fashion-MNIST MAE recipe's encoder (4 px patches, mask ratio 0.75, a fixed 64-wide decoder,
+  4 epochs), measured by its validation reconstruction loss (``mae_tokens_<n>.yaml``).
+
+The report writes ``docs/growth/precondition<suffix>.csv`` (one row per size: seeds, the final validation metric's
+mean and std, test top-1 once per run for (a), training FLOPs of the run), ``precondition<suffix>_curves.csv``
+(every epoch's validation metric against cumulative training TFLOPs, per size and seed) and
+``precondition<suffix>.png`` (those curves). The test for each pair of sizes (``L`` and ``L/2``, 3 seeds):
+
+- the gap: ``error(L/2) - error(L) >= 1.5`` points of top-1; for a loss, ``loss(L/2) - loss(L)`` at least
+  `LOSS_GAP_SIGMAS` pooled seed standard deviations (1.5 points is that many of candidate (a)'s 0.41-point seed
+  standard deviation at 32 and 64 tokens), and at least `LOSS_GAP_RELATIVE` of ``loss(L/2)``, so that a gap the
+  seeds resolve but a user would not notice does not pass;
+- the crossing: at the compute of the smaller size's whole run, the larger size's curve is behind the smaller
+  one's final value (``at_half_compute``), and it ends ahead.
 """
 import argparse
 import csv
+import math
 import os
 import statistics
 import sys
+from typing import NamedTuple, Optional
+
+import torch
 
 from studies.growth.growth_experiment import train_flops_per_image
 from tkvision.cli import run_cli
-from tkvision.engine.config import load_config
+from tkvision.engine.config import load_config, model_for_config
 from tkvision.engine.plotting import plt
+from tkvision.experiments.benchmark import flop_counter
+from tkvision.experiments.launch import Launcher
 from tkvision.experiments.points import point_dir
 from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
-__all__ = ['SIZES', 'CONFIGS', 'IMAGES', 'GAP', 'curve_rows', 'size_rows', 'write_report', 'main']
+__all__ = ['Candidate', 'CANDIDATES', 'IMAGES', 'GAP', 'LOSS_GAP_SIGMAS', 'LOSS_GAP_RELATIVE', 'mae_flops_per_image',
+           'curve_rows', 'size_rows', 'write_report', 'main']
 
-#: Parameter tokens per Q/K/V/proj Pattention (4x per FFN) of candidate (a).
-SIZES = (4, 8, 16, 32, 64)
-CONFIGS = 'studies/growth/configs/precondition/tokens_{}.yaml'
-#: Training images per epoch (the quick recipe's 50k).
+#: Training images per epoch (the 50k of the 60k that are not held out for validation).
 IMAGES = 50000
-#: The precondition: error(L/2) - error(L) of at least this many points.
+#: The precondition on top-1: error(L/2) - error(L) of at least this many points.
 GAP = 1.5
+#: The precondition on a loss: loss(L/2) - loss(L) of at least this many pooled seed standard deviations
+#: (1.5 points over candidate (a)'s 0.41-point seed standard deviation).
+LOSS_GAP_SIGMAS = 3.7
+#: ... and of at least this fraction of loss(L/2).
+LOSS_GAP_RELATIVE = 0.01
 
 
-def curve_rows(out: str, seeds) -> list:
-    """Every finished run's epochs: ``dict(tokens, seed, epoch, top1, cumulative_tflops)``."""
+def mae_flops_per_image(cfg: dict) -> float:
+    """Forward + backward FLOPs of one MAE training image for ``cfg``'s model (``FlopCounterMode``): the encoder
+    on the visible patches, the decoder on all of them, the loss on the masked ones."""
+    model = model_for_config(cfg)
+    size = cfg['model_kwargs'].get('img_size', cfg['img_size'] or 224)
+    x = torch.randn(2, cfg['model_kwargs'].get('in_chans', 3), size, size)
+    with flop_counter() as fc:
+        model(x)[0].backward()
+    return fc.get_total_flops() / 2
+
+
+class Candidate(NamedTuple):
+    """One candidate setting of the precondition: its size configs, the validation metric that measures it and
+    whether higher is better, the FLOP count of one training image, and the report's file suffix."""
+    name: str
+    configs: str
+    sizes: tuple
+    metric: str
+    higher_is_better: bool
+    flops_per_image: object
+    suffix: str
+    label: str
+    title: str
+
+
+CANDIDATES = {
+    'tokens': Candidate('tokens', 'studies/growth/configs/precondition/tokens_{}.yaml', (4, 8, 16, 32, 64), 'top1',
+                        True, train_flops_per_image, '', 'validation top-1 (%)',
+                        'From scratch, the quick recipe: n tokens per Pattention'),
+    'mae': Candidate('mae', 'studies/growth/configs/precondition/mae_tokens_{}.yaml', (8, 16, 32, 64, 128),
+                     'val_loss', False, mae_flops_per_image, '_mae', 'validation reconstruction loss',
+                     'From scratch, MAE pretraining: n tokens per Pattention'),
+}
+
+
+def curve_rows(candidate: Candidate, out: str, seeds) -> list:
+    """Every finished run's epochs: ``dict(tokens, seed, epoch, <metric>, test_top1, cumulative_tflops)``, with
+    the candidate's validation metric (``top1`` or ``val_loss``) under its own name."""
     rows = []
-    for n in SIZES:
-        config = CONFIGS.format(n)
-        flops = train_flops_per_image(load_config(config))
+    for n in candidate.sizes:
+        config = candidate.configs.format(n)
+        flops = candidate.flops_per_image(load_config(config))
         for seed in seeds:
-            metrics = os.path.join(point_dir(out, config, seed), 'metrics.csv')
-            if not os.path.isfile(os.path.join(point_dir(out, config, seed), 'result.json')):
+            folder = point_dir(out, config, seed)
+            if not os.path.isfile(os.path.join(folder, 'result.json')):
                 continue
-            with open(metrics) as f:
+            with open(os.path.join(folder, 'metrics.csv')) as f:
                 for r in csv.DictReader(f):
                     epoch = int(r['epoch'])
-                    rows.append(dict(tokens=n, seed=seed, epoch=epoch + 1, top1=float(r['top1']),
+                    value = {candidate.metric: float(r[candidate.metric])}
+                    rows.append(dict(tokens=n, seed=seed, epoch=epoch + 1, **value,
                                      test_top1=float(r['test_top1']) if r.get('test_top1') else None,
                                      cumulative_tflops=flops * IMAGES * (epoch + 1) / 1e12))
     return rows
 
 
-def size_rows(curves: list) -> list:
-    """One row per size: seeds, final validation top-1 mean / std, test top-1 mean, the run's training TFLOPs, and
-    against the next size up (twice the tokens) the validation gap and whether the curves cross."""
-    rows = []
-    for n in SIZES:
-        finals = [r for r in curves if r['tokens'] == n and r['epoch'] == max(c['epoch'] for c in curves)]
+def _gap_passes(candidate: Candidate, small: dict, large: dict) -> bool:
+    """Whether ``large`` is clearly better than ``small`` (the module docstring's gap rule)."""
+    if candidate.higher_is_better:
+        return large['gap_to_half'] >= GAP
+    stds = [r[candidate.metric + '_std'] for r in (small, large) if r[candidate.metric + '_std'] is not None]
+    if len(stds) < 2:
+        return False
+    pooled = math.sqrt((stds[0] ** 2 + stds[1] ** 2) / 2)
+    return large['gap_to_half'] >= max(LOSS_GAP_SIGMAS * pooled, LOSS_GAP_RELATIVE * small[candidate.metric + '_mean'])
+
+
+def size_rows(candidate: Candidate, curves: list) -> list:
+    """One row per size: seeds, final validation metric mean / std, test top-1 mean (a classifier), the run's
+    training TFLOPs, and against the size below (half the tokens) the gap (positive: the larger is better),
+    the larger size's value at the smaller one's compute, and whether the precondition is met."""
+    rows, metric = [], candidate.metric
+    last = max((c['epoch'] for c in curves), default=0)
+    digits = 2 if candidate.higher_is_better else 4
+    for n in candidate.sizes:
+        finals = [r for r in curves if r['tokens'] == n and r['epoch'] == last]
         if not finals:
             continue
-        top1 = [r['top1'] for r in finals]
-        rows.append(dict(tokens=n, seeds=len(finals), top1_mean=round(statistics.mean(top1), 2),
-                         top1_std=round(statistics.stdev(top1), 2) if len(top1) > 1 else None,
-                         test_top1_mean=round(statistics.mean(r['test_top1'] for r in finals), 2),
-                         train_tflops=round(finals[0]['cumulative_tflops'], 2)))
+        values = [r[metric] for r in finals]
+        tests = [r['test_top1'] for r in finals if r['test_top1'] is not None]
+        rows.append({'tokens': n, 'seeds': len(finals), metric + '_mean': round(statistics.mean(values), digits),
+                     metric + '_std': round(statistics.stdev(values), digits) if len(values) > 1 else None,
+                     'test_top1_mean': round(statistics.mean(tests), 2) if tests else None,
+                     'train_tflops': round(finals[0]['cumulative_tflops'], 2)})
+    sign = 1 if candidate.higher_is_better else -1
     for small, large in zip(rows, rows[1:]):
-        large['gap_to_half'] = round(large['top1_mean'] - small['top1_mean'], 2)
-        at = _at_compute(curves, large['tokens'], small['train_tflops'])
-        large['at_half_compute'] = None if at is None else round(at, 2)
-        large['half_ahead_at_its_compute'] = at is not None and small['top1_mean'] > at
-        large['precondition_met'] = large['gap_to_half'] >= GAP and large['half_ahead_at_its_compute'] \
-            and large['seeds'] >= 3
+        large['gap_to_half'] = round(sign * (large[metric + '_mean'] - small[metric + '_mean']), digits)
+        at = _at_compute(curves, metric, large['tokens'], small['train_tflops'])
+        large['at_half_compute'] = None if at is None else round(at, digits)
+        large['half_ahead_at_its_compute'] = at is not None and sign * (small[metric + '_mean'] - at) > 0
+        large['precondition_met'] = (_gap_passes(candidate, small, large) and large['half_ahead_at_its_compute']
+                                     and min(large['seeds'], small['seeds']) >= 3)
     return rows
 
 
-def _at_compute(curves: list, tokens: int, tflops: float):
-    """The mean validation top-1 of size ``tokens`` at ``tflops`` cumulative training TFLOPs, linear between its
+def _at_compute(curves: list, metric: str, tokens: int, tflops: float) -> Optional[float]:
+    """The mean validation ``metric`` of size ``tokens`` at ``tflops`` cumulative training TFLOPs, linear between its
     epochs (None before its first epoch)."""
     epochs = sorted({r['epoch'] for r in curves if r['tokens'] == tokens})
     points = [(statistics.mean(r['cumulative_tflops'] for r in curves if r['tokens'] == tokens and r['epoch'] == e),
-               statistics.mean(r['top1'] for r in curves if r['tokens'] == tokens and r['epoch'] == e))
+               statistics.mean(r[metric] for r in curves if r['tokens'] == tokens and r['epoch'] == e))
               for e in epochs]
     for (x0, y0), (x1, y1) in zip(points, points[1:]):
         if x0 <= tflops <= x1:
@@ -95,11 +168,11 @@ def _at_compute(curves: list, tokens: int, tflops: float):
     return None
 
 
-def write_report(curves: list, sizes: list, folder: str = 'docs/growth') -> list:
-    """``precondition.csv``, ``precondition_curves.csv`` and ``precondition.png`` in ``folder`` (atomic). Returns
-    the paths."""
-    paths = [os.path.join(folder, name) for name in ('precondition.csv', 'precondition_curves.csv',
-                                                     'precondition.png')]
+def write_report(candidate: Candidate, curves: list, sizes: list, folder: str = 'docs/growth') -> list:
+    """``precondition<suffix>.csv``, ``precondition<suffix>_curves.csv`` and ``precondition<suffix>.png`` in
+    ``folder`` (atomic). Returns the paths."""
+    stem = os.path.join(folder, 'precondition' + candidate.suffix)
+    paths = [stem + '.csv', stem + '_curves.csv', stem + '.png']
     for path, rows in zip(paths, (sizes, curves)):
         keys = list(dict.fromkeys(k for r in rows for k in r))
 
@@ -109,16 +182,16 @@ def write_report(curves: list, sizes: list, folder: str = 'docs/growth') -> list
             w.writerows(rows)
         atomic_write(path, write, text=True)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for n in SIZES:
+    for i, n in enumerate(candidate.sizes):
         for seed in sorted({r['seed'] for r in curves if r['tokens'] == n}):
             mine = [r for r in curves if r['tokens'] == n and r['seed'] == seed]
-            ax.plot([r['cumulative_tflops'] for r in mine], [r['top1'] for r in mine], marker='o', ms=3,
-                    label=f'{n} tokens' if seed == min(r['seed'] for r in curves if r['tokens'] == n) else None,
-                    color=plt.cm.viridis(SIZES.index(n) / (len(SIZES) - 1)))
+            first = seed == min(r['seed'] for r in curves if r['tokens'] == n)
+            ax.plot([r['cumulative_tflops'] for r in mine], [r[candidate.metric] for r in mine], marker='o', ms=3,
+                    label=f'{n} tokens' if first else None, color=plt.cm.viridis(i / (len(candidate.sizes) - 1)))
     ax.set_xscale('log')
     ax.set_xlabel('cumulative training TFLOPs')
-    ax.set_ylabel('validation top-1 (%)')
-    ax.set_title('From scratch, the quick recipe: n tokens per Pattention')
+    ax.set_ylabel(candidate.label)
+    ax.set_title(candidate.title)
     ax.legend()
     fig.tight_layout()
     atomic_write(paths[2], lambda tmp: fig.savefig(tmp, format='png', dpi=110))
@@ -127,19 +200,27 @@ def write_report(curves: list, sizes: list, folder: str = 'docs/growth') -> list
 
 
 def _main(argv) -> int:
-    ap = argparse.ArgumentParser(description="Growth's precondition: the size curve of candidate (a).")
+    ap = argparse.ArgumentParser(description="Growth's precondition: the size curve of one candidate setting.")
+    ap.add_argument('--candidate', choices=sorted(CANDIDATES), default='tokens')
     ap.add_argument('--seeds', nargs='+', type=int, default=[0, 1, 2])
-    ap.add_argument('--out', default='runs/growth_precondition')
+    ap.add_argument('--out', default=None, help='the sweep folder (default: runs/growth_precondition[_mae])')
     ap.add_argument('--report', action='store_true', help='report the finished runs; train nothing')
     ap.add_argument('--report-dir', default='docs/growth')
+    ap.add_argument('--executor', choices=('inline', 'local'), default='inline',
+                    help='where the points run (tkvision-sweep --executor)')
+    ap.add_argument('--parallel', type=int, default=1, help='points at a time with --executor local')
     args, extra = ap.parse_known_args(argv)
+    candidate = CANDIDATES[args.candidate]
+    out = args.out or 'runs/growth_precondition' + candidate.suffix
     if not args.report:
-        run_sweep([CONFIGS.format(n) for n in SIZES], args.seeds, args.out, extra=['--progress', 'false', *extra])
-    curves = curve_rows(args.out, args.seeds)
-    sizes = size_rows(curves)
+        run_sweep([candidate.configs.format(n) for n in candidate.sizes], args.seeds, out,
+                  launcher=Launcher(executor=args.executor, parallel=args.parallel),
+                  extra=['--progress', 'false', *extra])
+    curves = curve_rows(candidate, out, args.seeds)
+    sizes = size_rows(candidate, curves)
     for row in sizes:
         print(row)
-    print('wrote ' + ', '.join(write_report(curves, sizes, args.report_dir)))
+    print('wrote ' + ', '.join(write_report(candidate, curves, sizes, args.report_dir)))
     return 0
 
 

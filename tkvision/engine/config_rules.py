@@ -89,7 +89,8 @@ def _validate_growth_schedule(cfg: dict):
     Raises:
         ConfigError: a step that is not a mapping, an unknown or missing key (named), ``at_epoch``
             not increasing within ``1 .. epochs - 1``, a ``warmup_epochs`` not shorter than its stage,
-            a bad ``to``, or a schedule together with ``growth.every_epochs``.
+            a bad ``to``, a schedule together with ``growth.every_epochs``, or ``growth.freeze_old_tokens`` /
+            ``growth.new_token_lr_scale`` without a schedule.
     """
     g = cfg['growth']
     steps, prev = g['schedule'], 0
@@ -98,6 +99,9 @@ def _validate_growth_schedule(cfg: dict):
     if g['freeze_old_tokens'] and not steps:
         raise ConfigError('growth.freeze_old_tokens freezes the tokens of earlier stages: it needs growth.schedule '
                           '(to train only new tokens of a grown checkpoint, use freeze_loaded_tokens with init_from)')
+    if g['new_token_lr_scale'] != 1.0 and not steps:
+        raise ConfigError(f"growth.new_token_lr_scale {g['new_token_lr_scale']} scales the lr of the tokens a "
+                          'growth.schedule step appends: it needs growth.schedule')
     first = steps[0].get('at_epoch') if steps and isinstance(steps[0], dict) else None
     if _is_num(first) and cfg['warmup_epochs'] >= first:
         raise ConfigError(f"warmup_epochs {cfg['warmup_epochs']} must be shorter than the first stage of "

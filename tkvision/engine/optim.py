@@ -145,6 +145,9 @@ class GrowthConfig:
     """At a schedule step: ``'keep'`` the old rows' moments or ``'reset'`` the optimizer."""
     freeze_old_tokens: bool = key(False, allowed=boolean())
     """After a schedule step: train only the new tokens (and the head), the paper's §5."""
+    new_token_lr_scale: float = key(1.0, allowed=number(0, lo_open=True))
+    """After a schedule step, the tokens appended at that step train at this multiple of the lr until the next
+    step (`tkvision.growth.scale_new_token_updates`; Variance Transfer, arXiv 2306.12700); 1.0: the same lr."""
     tau: str = key('keep', allowed=choice('keep', 'recompute'))
     """``'keep'``: grown layers keep their τ (function-preserving); ``'recompute'``: τ of a layer built at the
     new size (√n), as a model from scratch."""
@@ -366,7 +369,8 @@ class RunOptim:
         freeze_loaded_tokens: train only the tokens appended to the ``init_from`` weights (and the head).
 
     Attributes:
-        freeze_handles: the hooks that freeze the rows of the stage before (``growth.freeze_old_tokens``).
+        stage_handles: the hooks of the current growth stage: those that freeze the rows of the stage before
+            (``growth.freeze_old_tokens``) and those that step its new rows at ``growth.new_token_lr_scale``.
         sets_global_batch: whether the optim section fixes the global batch (``global_batch_size``).
         eval_after_step: whether the run evaluates right after each growth step (``growth.eval_after_step``).
     """
@@ -384,7 +388,7 @@ class RunOptim:
         self.freeze_loaded_tokens = freeze_loaded_tokens
         self.sets_global_batch = optim.global_batch_size is not None
         self.eval_after_step = growth.eval_after_step
-        self.freeze_handles: List[RemovableHandle] = []
+        self.stage_handles: List[RemovableHandle] = []
 
     def check(
             self,
@@ -396,7 +400,8 @@ class RunOptim:
         model cannot reach.
 
         Raises:
-            ConfigError: ``elastic_fractions`` or ``growth.freeze_old_tokens`` on ``model`` (registered as
+            ConfigError: ``elastic_fractions``, ``growth.freeze_old_tokens`` or ``growth.new_token_lr_scale`` on
+                ``model`` (registered as
                 ``name``) without parameter tokens, or a growth target it cannot reach (named).
         """
         if elastic_fractions and not elastic.elastic_layers(model):
@@ -404,6 +409,8 @@ class RunOptim:
         if self._growth.freeze_old_tokens and not growth.pattention_layers(model):
             raise ConfigError(f'growth.freeze_old_tokens needs a TokenFormer (parameter tokens to freeze); {name} '
                               'has none')
+        if self._growth.new_token_lr_scale != 1.0 and not growth.pattention_layers(model):
+            raise ConfigError(f'growth.new_token_lr_scale needs a TokenFormer (new parameter tokens); {name} has none')
         try:  # every growth target checked before any work
             growth.check_reachable(growth.model_size(model), self._growth.schedule,
                                    self._growth.add_tokens if self._growth.every_epochs else None)
@@ -469,7 +476,8 @@ class RunOptim:
         ``growth.schedule`` step), the same new tokens on every rank (``seed``); rewrap.
 
         After a schedule step the optimizer is rebuilt if ``growth.optimizer_state`` is ``'reset'``,
-        the old tokens are frozen if ``growth.freeze_old_tokens``, and the staged lr schedule moves
+        the old tokens are frozen if ``growth.freeze_old_tokens``, the new ones step at
+        ``growth.new_token_lr_scale``, and the staged lr schedule moves
         on to the new stage (`build_scheduler`).
 
         Returns:
@@ -482,10 +490,10 @@ class RunOptim:
                                             key_init=g.key_init, value_init=g.value_init, to=due.get('to'),
                                             tau=g.tau, **due.get('add', {}))
         if 'at_epoch' in due:
-            self._unfreeze_stage()  # a reset optimizer covers every parameter, as one built at the start does
+            self._end_stage()  # a reset optimizer covers every parameter, as one built at the start does
             if g.optimizer_state == 'reset':
                 state.optimizer = self.optimizer(state.model, state.grown_from)
-            self._freeze_stage(state, before)
+            self._start_stage(state, before)
             state.scheduler = self.scheduler(state.optimizer, state.num_updates)
         state.wrap()
         return counts
@@ -516,27 +524,30 @@ class RunOptim:
                 growth.grow_to(state.ema.module, checkpoint['token_counts'])
         state.model.load_state_dict(checkpoint['model'])
         state.optimizer = self.optimizer(state.model, state.grown_from)
-        # the stages reached so far; the current one freezes the size of the one before
+        # the stages reached so far; the current one freezes (or scales) past the size of the one before
         sizes = growth.schedule_sizes(counts, [s for s in g.schedule if s['at_epoch'] <= checkpoint['epochs_done']])
         if len(sizes) > 1:
-            self._freeze_stage(state, sizes[-2])
+            self._start_stage(state, sizes[-2])
         state.optimizer.load_state_dict(checkpoint['optimizer'])
         state.restore(checkpoint)
         state.scheduler = self.scheduler(state.optimizer, state.num_updates)
         state.wrap()
 
-    def _unfreeze_stage(self):
-        """Undo `_freeze_stage` (hooks removed, gradients back)."""
-        for h in self.freeze_handles:
+    def _end_stage(self):
+        """Undo `_start_stage` (hooks removed, gradients back)."""
+        for h in self.stage_handles:
             h.remove()
-        self.freeze_handles = []
+        self.stage_handles = []
 
-    def _freeze_stage(self, state: TrainState, old_size: Mapping[str, int]):
-        """``growth.freeze_old_tokens``: train only the rows appended since ``old_size`` (+ head)."""
-        if not self._growth.freeze_old_tokens:
-            return
-        self._unfreeze_stage()
-        self.freeze_handles = growth.freeze_old_tokens(state.model, old_size, state.optimizer)
+    def _start_stage(self, state: TrainState, old_size: Mapping[str, int]):
+        """The hooks of a stage whose rows past ``old_size`` are new: ``growth.freeze_old_tokens`` trains only
+        those rows (+ head), ``growth.new_token_lr_scale`` steps them at that multiple of the lr."""
+        self._end_stage()
+        if self._growth.freeze_old_tokens:
+            self.stage_handles += growth.freeze_old_tokens(state.model, old_size, state.optimizer)
+        if self._growth.new_token_lr_scale != 1.0:
+            self.stage_handles += growth.scale_new_token_updates(state.model, old_size, state.optimizer,
+                                                                 self._growth.new_token_lr_scale)
 
 
 def _check_head(model: torch.nn.Module, weights: dict, path: str):

@@ -23,8 +23,9 @@ from .tokens import (
                      target_size,
                      token_counts,
 )
-from .training import freeze_old_tokens, grow_optimizer_state, grow_training_state
+from .training import freeze_old_tokens, grow_optimizer_state, grow_training_state, scale_new_token_updates
 
 __all__ = ['check_reachable', 'pattention_layers', 'token_counts', 'target_counts', 'grow', 'model_size', 'target_size',
            'schedule_sizes', 'grow_to', 'checkpoint_size', 'grow_to_checkpoint', 'load_grown_state_dict',
-           'mlps', 'net2net_widen', 'grow_optimizer_state', 'grow_training_state', 'freeze_old_tokens']
+           'mlps', 'net2net_widen', 'grow_optimizer_state', 'grow_training_state', 'freeze_old_tokens',
+           'scale_new_token_updates']

@@ -17,7 +17,7 @@ from torch.utils.hooks import RemovableHandle
 from .net2net import mlps, net2net_widen
 from .tokens import grow, model_size, pattention_layers, token_counts
 
-__all__ = ['grow_optimizer_state', 'grow_training_state', 'freeze_old_tokens']
+__all__ = ['grow_optimizer_state', 'grow_training_state', 'freeze_old_tokens', 'scale_new_token_updates']
 
 
 def grow_optimizer_state(optimizer: torch.optim.Optimizer, old_to_new: dict, expand: Optional[dict] = None) -> None:
@@ -177,3 +177,51 @@ def freeze_old_tokens(
                     param[:rows.shape[0]] = rows
         handles.append(optimizer.register_step_post_hook(restore))
     return handles
+
+
+def scale_new_token_updates(
+        model: torch.nn.Module,
+        old_counts: Mapping[str, int],
+        optimizer: torch.optim.Optimizer,
+        lr_scale: float,
+) -> list:
+    """Step the rows appended since ``old_counts`` at ``lr_scale`` times the learning rate; every other row and
+    parameter steps as before.
+
+    A new token's rows share a tensor with the old ones, so no param group can give them a learning rate of their
+    own. Instead each optimizer step's change of the new rows of every Pattention's key and value parameter tokens
+    is multiplied by ``lr_scale``. For an optimizer whose update is the lr times something the lr does not change
+    (SGD, Adam's and AdamW's moment updates, AdamW's decoupled decay), this is exactly a separate param group at
+    ``lr_scale`` x the lr: ``tests/test_growth_schedule.py`` holds the two equal. Variance Transfer (Yuan et al.
+    2023, arXiv 2306.12700) gives the new parameters of a grown network a learning rate of their own.
+
+    Args:
+        old_counts: ``{kind: rows}`` of the stage before, e.g. the pre-growth
+            [`token_counts`][tkvision.growth.tokens.token_counts]; rows past it are the new ones.
+        optimizer: the optimizer that trains ``model`` (its step gets a pre- and a post-hook).
+        lr_scale: the multiple (> 0) of the learning rate for the new rows.
+
+    Returns:
+        The two hook handles; removing them restores plain steps.
+
+    Raises:
+        ValueError: ``lr_scale`` is not positive.
+    """
+    if not lr_scale > 0:
+        raise ValueError(f'lr_scale must be positive, got {lr_scale}')
+    rows = [(param, old_counts.get(kind, 0)) for kind, layer in pattention_layers(model).values()
+            for param in (layer.keys, layer.value_param_tokens)]
+    rows = [(param, n_old) for param, n_old in rows if param.shape[0] > n_old]
+    before: List[torch.Tensor] = []
+
+    def remember(opt, args, kwargs):
+        before[:] = [param.detach()[n_old:].clone() for param, n_old in rows]
+
+    def scale(opt, args, kwargs):
+        with torch.no_grad():
+            for (param, n_old), old in zip(rows, before):
+                new = param[n_old:]
+                new.copy_(old + lr_scale * (new - old))
+        before.clear()
+
+    return [optimizer.register_step_pre_hook(remember), optimizer.register_step_post_hook(scale)]
