@@ -47,6 +47,29 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
     assert '--executor local' in capsys.readouterr().err
 
 
+def test_a_sweep_of_mae_points_reports_their_validation_loss(tmp_path, capsys):
+    """An MAE point has no top-1: the sweep records its final validation reconstruction loss, tabulates it with
+    the sample std over seeds and shows it in --status (the table crashed on the missing top-1 before)."""
+    cfg = _write(tmp_path / 'mae.yaml', dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST, task='mae',
+                                             decoder=dict(embed_dim=16, depth=1, num_heads=2), mask_ratio=0.75,
+                                             rrc_scale=None, epochs=1, warmup_epochs=0.5, batch_size=64, lr=1e-3,
+                                             train_subset=256, val_subset=128, threads=1))
+    out = str(tmp_path / 'sweep')
+    assert sweep_main([cfg, '--seeds', '0', '1', '--out', out]) == 0
+    losses = []
+    for seed in (0, 1):
+        with open(os.path.join(out, 'mae', f'seed{seed}', 'metrics.csv')) as f:
+            losses.append(float(list(csv.DictReader(f))[-1]['val_loss']))
+    row, = csv.DictReader(open(os.path.join(out, 'results.csv')))
+    assert float(row['val_loss_mean']) == pytest.approx(sum(losses) / 2, abs=1e-6)
+    assert float(row['val_loss_std']) == pytest.approx(abs(losses[0] - losses[1]) / 2 ** 0.5, abs=1e-6)
+    assert row['top1_mean'] == 'nan' and row['failed'] == ''
+    assert 'val loss mean ± std' in open(os.path.join(out, 'results.md')).read()
+    capsys.readouterr()
+    assert sweep_main(['--status', out]) == 0
+    assert f'val loss {losses[0]:.4f}' in capsys.readouterr().out
+
+
 def test_growth_experiment_counts_compute_per_stage_and_reports(tmp_path):
     """A 2-stage chain and both sizes from scratch: compute per epoch is the FLOPs/image of that epoch's
     size times the images; the report answers the question and draws the plot; finished runs are skipped."""

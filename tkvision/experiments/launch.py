@@ -352,8 +352,10 @@ def _progress(run_dir: str) -> str:
         rows = list(csv.DictReader(f))
     if not rows:
         return 'no epoch finished yet'
-    top1 = rows[-1].get('top1')
-    return f'{len(rows)} epochs done' + (f', val top-1 {float(top1):.2f}' if top1 not in (None, '') else '')
+    top1, loss = rows[-1].get('top1'), rows[-1].get('val_loss')
+    if top1 not in (None, ''):
+        return f'{len(rows)} epochs done, val top-1 {float(top1):.2f}'
+    return f'{len(rows)} epochs done' + (f', val loss {float(loss):.4f}' if loss not in (None, '') else '')
 
 
 def point_status(out: str, point: SweepPoint, jobs: Optional[Dict[str, List[Dict[str, str]]]]) -> PointStatus:
@@ -363,8 +365,10 @@ def point_status(out: str, point: SweepPoint, jobs: Optional[Dict[str, List[Dict
     result = os.path.join(run_dir, RESULT_FILE)
     if os.path.exists(result):
         with open(result) as f:
-            top1 = json.load(f).get('top1')
-        return PointStatus('finished', f'val top-1 {top1:.2f}' if top1 is not None else 'finished')
+            record = json.load(f)
+        top1, loss = record.get('top1'), record.get('val_loss')
+        return PointStatus('finished', f'val top-1 {top1:.2f}' if top1 is not None else
+                           f'val loss {loss:.4f}' if loss is not None else 'finished')
     entries = (_JobBook(out).jobs if jobs is None else jobs).get(point.key)
     entry = entries[-1] if entries else None
     state = _job_state(out, entry)

@@ -201,8 +201,8 @@ class PointJob:
                                               '--progress', 'false', *self.extra, *self.point.overrides()])
         result = train(cfg, resume=resume)
         return dict(top1=result['top1'], best_top1=result['best_top1'], test_top1=result['test_top1'],
-                    params=sum(p.numel() for p in result['model'].parameters()), **_timing(result['history']),
-                    threads=torch.get_num_threads())
+                    val_loss=result['val_loss'], params=sum(p.numel() for p in result['model'].parameters()),
+                    **_timing(result['history']), threads=torch.get_num_threads())
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Optional[submitit.helpers.DelayedSubmission]:
         """Called by submitit on its pre-emption or time-out signal: requeue this same point, which then

@@ -91,19 +91,23 @@ def _write_tables(rows: list, records: Sequence[dict], out: str):
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, 'results_points.csv'), 'w',
               newline='') as f:  # every (config, seed): paired comparisons
-        w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'minutes'], extrasaction='ignore')
+        w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'val_loss', 'minutes'],
+                           extrasaction='ignore')
         w.writeheader()
         w.writerows(r for r in records if r.get('status') == 'ok')
     with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
         w.writeheader()
         w.writerows(rows)
-    lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | seeds | params | img/s | min/run | '
-             'failed |',
-             '|---|---|---|---|---|---|---|---|']
+    loss = any(r['val_loss_mean'] == r['val_loss_mean'] and r['top1_mean'] != r['top1_mean'] for r in rows)
+    lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | ' + ('val loss mean ± std | ' if loss
+                                                                                  else '')
+             + 'seeds | params | img/s | min/run | failed |',
+             '|---|---|---|---|---|---|---|---|' + ('---|' if loss else '')]
     for r in rows:
+        cell = f"{plus_minus(r['val_loss_mean'], r['val_loss_std'], '.4f')} | " if loss else ''
         lines.append(f"| {r['config']} | {plus_minus(r['top1_mean'], r['top1_std'])} | "
-                     f"{plus_minus(r['test_top1_mean'], r['test_top1_std'])} | {r['seeds']} | {r['params']} | "
+                     f"{plus_minus(r['test_top1_mean'], r['test_top1_std'])} | {cell}{r['seeds']} | {r['params']} | "
                      f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
     with open(os.path.join(out, 'results.md'), 'w') as f:
         f.write('\n'.join(lines) + '\n')
@@ -128,24 +132,27 @@ def mean_std(values: list, digits: Optional[int] = None) -> tuple:
 def plus_minus(mean: float, std: Sequence[float], spec: str = '.2f') -> str:
     """A report's ``'mean ± std'`` cell (``spec`` formats the mean, e.g. ``'+.2f'`` for a delta); ``'mean
     (one seed)'`` where `mean_std` gave no spread."""
-    return f'{mean:{spec}} (one seed)' if std is None else f'{mean:{spec}} ± {std:.2f}'
+    return f'{mean:{spec}} (one seed)' if std is None else f"{mean:{spec}} ± {std:{spec.lstrip('+')}}"
 
 
 def summarize(records: Sequence[dict], out: str, title: str = 'Ablation sweep') -> list:
     """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
     parameters) and ``results_points.csv`` (every finished config and seed) in ``out``; returns one row per config:
-    ``config, seeds, top1_mean, top1_std, test_top1_mean, test_top1_std, params, img_per_s, minutes, failed``
-    (``top1``: the validation split's, on which a winner is chosen; ``test_top1``: reported beside it, nan
-    without a test split)."""
+    ``config, seeds, top1_mean, top1_std, test_top1_mean, test_top1_std, val_loss_mean, val_loss_std, params,
+    img_per_s, minutes, failed`` (``top1``: the validation split's, on which a winner is chosen; ``test_top1``:
+    reported beside it, nan without a test split; ``val_loss``: the final validation loss, the measure of an MAE
+    point, which has no top-1)."""
 
     rows = []
     for config in dict.fromkeys(r['config'] for r in records):
         ok = [r for r in records if r['config'] == config and r.get('status') == 'ok']
         failed = [r for r in records if r['config'] == config and r.get('status') != 'ok']
-        top1 = mean_std([r['top1'] for r in ok] or [float('nan')])
+        top1 = mean_std([r['top1'] for r in ok if r.get('top1') is not None] or [float('nan')])
         test = mean_std([r['test_top1'] for r in ok if r.get('test_top1') is not None] or [float('nan')])
+        loss = mean_std([r['val_loss'] for r in ok if r.get('val_loss') is not None] or [float('nan')])
         rows.append(dict(config=config, seeds=' '.join(str(r['seed']) for r in ok),
                          top1_mean=top1[0], top1_std=top1[1], test_top1_mean=test[0], test_top1_std=test[1],
+                         val_loss_mean=loss[0], val_loss_std=loss[1],
                          params=ok[0]['params'] if ok and 'params' in ok[0] else '',
                          img_per_s=statistics.mean(r['img_per_s'] for r in ok) if ok else float('nan'),
                          minutes=statistics.mean(r['minutes'] for r in ok) if ok else float('nan'),
