@@ -213,7 +213,6 @@ TYPED_DECIMALS = {
     ('docs/mae.md', '0.05'): "a setting: MAE's pretraining weight decay (configs/imagenet/_base_mae_pretrain.yaml)",
     ('docs/mae.md', '0.2'): "a setting: MAE's RandomResizedCrop lower bound (configs/imagenet/_base_mae_pretrain.yaml)",
     ('docs/mae.md', '0.65'): "a setting: ViT-B's layer decay in MAE's fine-tuning (configs/imagenet/_base_mae_finetune.yaml)",
-    ('docs/ringformer.md', '2502.13181'): "RingFormer's arXiv identifier (a link's text)",
     ('docs/ringformer.md', '65.91'): 'RingFormer paper, Table 3 (arXiv:2502.13181): its upscaled RingFormer',
     ('docs/ringformer.md', '65.65'): 'RingFormer paper, Table 3 (arXiv:2502.13181): its ViT',
     ('docs/ringformer.md', '19.03'): "RingFormer paper's GFLOPs of its RingFormer (arXiv:2502.13181)",
@@ -308,38 +307,86 @@ TYPED_DECIMALS = {
         'the spread of the 2-seed settings table: docs/growth/results.json, ablation_rows, delta_std up to 0.34',
     ('docs/growth.md', '4.3'):
         'a section number of the TokenFormer paper (§4.3, in a heading)',
+    ('README.md', '3.10'): "a requirement: setup.cfg's python_requires",
+    ('docs/index.md', '3.10'): "a requirement: setup.cfg's python_requires",
+    ('README.md', '0.90'): 'a parameter count: PARAMETER_COUNTS (configs/fashion_mnist/quick.yaml)',
+    ('docs/index.md', '0.90'): 'a parameter count: PARAMETER_COUNTS (configs/fashion_mnist/quick.yaml)',
+    ('docs/guide/training.md', '0.9'): 'a parameter count: PARAMETER_COUNTS (configs/fashion_mnist/quick.yaml)',
+    ('docs/mae.md', '0.90'): 'a parameter count: PARAMETER_COUNTS (configs/fashion_mnist/mae_finetune.yaml)',
+    ('docs/mae.md', '1.05'): 'a parameter count: PARAMETER_COUNTS (configs/fashion_mnist/mae_pretrain.yaml)',
+    ('docs/mae.md', '1.5'): "a setting: MAE's base lr 1.5e-4 (configs/imagenet/_base_mae_pretrain.yaml)",
+    ('docs/performance.md', '0.90'):
+        "the speed target 0.90x the ViT's img/s, and the first trainer comparison's ratio: git show "
+        '74c3633:docs/bench/trainer_vs_timm.json (0.899)',
+    ('docs/performance.md', '0.99'):
+        'a rerun of the trainer comparison on another VM, not kept as a file (the sentence says so)',
+    ('docs/performance.md', '7.08'): 'closed form: 12 x 768² = 7,077,888 multiply-adds per token per block',
+    ('docs/growth.md', '1.6'): "closed form: the sentence's Adam step ratio at j = 1, t = 313, β1 0.9, β2 0.999 (1.640)",
+    ('docs/growth.md', '3.4'): "closed form: the sentence's Adam step ratio, its largest over j = 1..50 at β2 0.999 (3.406)",
+    ('docs/growth.md', '0.45'): "closed form: the sentence's Adam step ratio at j = 1, β2 0.95 (0.447)",
+    ('docs/growth.md', '1.1'): "closed form: the sentence's Adam step ratio, its largest at β2 0.95 (1.097)",
+    ('docs/data.md', '0.5'): "a setting: timm's RandAugment string rand-m9-mstd0.5",
+    ('docs/reliability.md', '2.14'): 'the pinned torch version (Makefile)',
+    ('docs/guide/growth.md', '3.3'): 'a section number of the TokenFormer paper (§3.3)',
+    ('docs/guide/growth.md', '0.02'): "a setting: the public code's N(0, 0.02²) key init",
+    ('docs/guide/models.md', '0.02'): "a setting: the public code's N(0, 0.02²) init",
+    ('docs/guide/models.md', '113.2'):
+        "closed form: tokenformer_vit_b16's 12 blocks with n_ffn = 4 x n_qkv (docs/reference/background.md)",
+    ('docs/ringformer.md', '4.40'): 'RingFormer paper, Table 2 (arXiv:2502.13181): its RingFormer-S parameters, which '
+                                    'tests/test_ringformer.py reproduces',
+    ('docs/ringformer.md', '12.02'): 'RingFormer paper, Table 3 (arXiv:2502.13181): its RingFormer-B parameters, which '
+                                     'tests/test_ringformer.py reproduces',
+    ('docs/ringformer.md', '31.95'): 'RingFormer paper, Table 3 (arXiv:2502.13181): its upscaled RingFormer parameters, '
+                                     'which tests/test_ringformer.py reproduces',
+    ('docs/ablations.md', '79.6'): 'TokenFormer paper (arXiv:2410.23168), Table 4: exp + L1 on ImageNet',
+    ('docs/ablations.md', '81.7'): 'TokenFormer paper (arXiv:2410.23168), Table 4: GELU + L1 on ImageNet',
 }
-#: The parts of results pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None).
-CHECKED_PARTS = [('docs/comparison.md', None, None), ('docs/elastic.md', None, None), ('docs/mae.md', None, None), ('docs/naflex.md', None, None),
-                 ('docs/ringformer.md', None, None), ('docs/ablations.md', None, None),
-                 ('docs/performance.md', None, None), ('docs/growth.md', None, None)]
+#: The parts of the pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None): the README,
+#: the docs' home page, the results pages and the user guide.
+CHECKED_PARTS = [(page, None, None) for page in (
+    'README.md', 'docs/index.md', 'docs/comparison.md', 'docs/elastic.md', 'docs/mae.md', 'docs/naflex.md',
+    'docs/ringformer.md', 'docs/ablations.md', 'docs/performance.md', 'docs/growth.md', 'docs/data.md',
+    'docs/reliability.md', *sorted(f'docs/guide/{name}' for name in os.listdir(os.path.join(ROOT, 'docs', 'guide'))))]
+
+
+#: A decimal typed by hand: not part of a longer number (a version ``2.14.1``), whatever follows it (a unit, ``x``,
+#: ``k``, ``M``, ``e``, ``²``, a full stop).
+TYPED_DECIMAL = r'(?<![\d.])\d+\.\d+(?!\.?\d)'
 
 
 def typed_decimals(text: str) -> list:
-    """The decimals of ``text`` outside tables, inline value markers, code and links: figures typed by hand."""
+    """The decimals of ``text`` outside rendered tables, inline value markers, code and links: figures typed by
+    hand, a hand-typed table's cells included."""
     import re
+    text = re.sub(r'<!-- table .*? -->.*?<!-- end table -->', '', text, flags=re.S)
     text = re.sub(r'<!-- value .*? -->.*?<!-- end -->', '', text, flags=re.S)
     text = re.sub(r'```.*?```', '', text, flags=re.S)
     text = re.sub(r'<!--.*?-->', '', text, flags=re.S)
     found = []
     for line in text.splitlines():
-        if line.lstrip().startswith('|'):
-            continue
         line = re.sub(r'`[^`]*`', '', re.sub(r'\]\([^)]*\)', ']', line))
-        found += re.findall(r'(?<![\w.])\d+\.\d+(?![\w.])', line)
+        line = re.sub(r'\b\d{4}\.\d{4,5}\b', '', line)  # an arXiv identifier
+        found += re.findall(TYPED_DECIMAL, line)
     return found
 
 
-def test_results_pages_type_no_figure_a_results_file_does_not_hold():
-    """In the checked parts of the results pages every decimal outside a table or an inline value (which a results
-    file renders, held equal by the test above) is listed in TYPED_DECIMALS with its source."""
+def loose_decimals(root: str = ROOT) -> list:
+    """``'page: decimal'`` for each decimal typed into a checked part (`CHECKED_PARTS`) of the pages under ``root``
+    that `TYPED_DECIMALS` does not list."""
     loose = []
     for page, first, last in CHECKED_PARTS:
-        text = open(os.path.join(ROOT, page), encoding='utf-8').read()
+        text = open(os.path.join(root, page), encoding='utf-8').read()
         if first:
             text = text[text.index(first):text.index(last) if last else None]
         key = page + ('#' + first.split()[1].rstrip('.') if first else '')
         loose += [f'{key}: {d}' for d in typed_decimals(text) if (key, d) not in TYPED_DECIMALS]
+    return loose
+
+
+def test_results_pages_type_no_figure_a_results_file_does_not_hold():
+    """In the checked parts of the pages every decimal outside a rendered table or an inline value (which a results
+    file renders, held equal by the test above) is listed in TYPED_DECIMALS with its source."""
+    loose = loose_decimals()
     assert loose == [], loose
 
 
@@ -361,7 +408,51 @@ def test_an_inline_value_can_be_the_gap_or_the_ratio_of_two_rows(tmp_path):
 
 
 def test_a_typed_figure_in_a_checked_part_is_caught():
-    assert typed_decimals('the gap is 0.92 points\n| 1.5 |\n<!-- value x | {a} -->0.5<!-- end --> `0.1`') == ['0.92']
+    rendered = '<!-- table x.csv | a={a} -->\n| a |\n|---|\n| 1.5 |\n<!-- end table -->\n'
+    assert typed_decimals(f'the gap is 0.92 points\n{rendered}<!-- value x | {{a}} -->0.5<!-- end --> `0.1`') == ['0.92']
+    # followed by a unit, a multiplier, a full stop or a power; a hand-typed table's cells; not a version
+    text = ('0.90x eager, 2.5k img/s, 7.08M adds, 1.5e-3, 3.2² and 0.837.\n| arm | 84.12 |\n'
+            'torch 2.14.1, see [the run](runs/0.5.csv)')
+    assert typed_decimals(text) == ['0.90', '2.5', '7.08', '1.5', '3.2', '0.837', '84.12']
+
+
+#: Parameter counts typed into the pages: (page, figure in millions) -> the config whose model it counts.
+PARAMETER_COUNTS = {
+    ('README.md', '0.90'): 'configs/fashion_mnist/quick.yaml',
+    ('docs/index.md', '0.90'): 'configs/fashion_mnist/quick.yaml',
+    ('docs/guide/training.md', '0.9'): 'configs/fashion_mnist/quick.yaml',
+    ('docs/mae.md', '0.90'): 'configs/fashion_mnist/mae_finetune.yaml',
+    ('docs/mae.md', '1.05'): 'configs/fashion_mnist/mae_pretrain.yaml',
+}
+
+
+def test_the_parameter_counts_typed_in_the_pages_are_the_models():
+    """Each typed parameter count, rounded as typed, is the count of its config's model (built on the meta device)
+    and appears on its page followed by ``M``."""
+    import torch
+    from tkvision.engine.config import load_config, model_for_config
+    for (page, figure), config in PARAMETER_COUNTS.items():
+        with torch.device('meta'):
+            params = sum(p.numel() for p in model_for_config(load_config(os.path.join(ROOT, config))).parameters())
+        digits = len(figure.split('.')[1])
+        assert f'{params / 1e6:.{digits}f}' == figure, (page, config, params)
+        assert f'{figure}M' in open(os.path.join(ROOT, page), encoding='utf-8').read(), page
+
+
+def test_a_figure_planted_in_every_checked_page_is_caught(tmp_path, monkeypatch):
+    """The check covers README.md, docs/index.md, every results page and the user guide: a measured figure planted
+    in any one of them fails it."""
+    import shutil
+    pages = sorted({page for page, _, _ in CHECKED_PARTS})
+    assert {'README.md', 'docs/index.md', 'docs/guide/growth.md'} <= set(pages)
+    for page in pages:
+        root = tmp_path / page.replace('/', '_')
+        for other in pages:
+            (root / other).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(os.path.join(ROOT, other), root / other)
+        with open(root / page, 'a', encoding='utf-8') as f:
+            f.write('\nThe planted run reached 91.23x the baseline.\n')
+        assert loose_decimals(str(root)) == [f'{page}: 91.23'], page
 
 
 def test_the_long_recipe_reported_is_chosen_on_validation_by_the_stated_rule():
