@@ -340,6 +340,9 @@ TYPED_DECIMALS = {
                                      'which tests/test_ringformer.py reproduces',
     ('docs/ablations.md', '79.6'): 'TokenFormer paper (arXiv:2410.23168), Table 4: exp + L1 on ImageNet',
     ('docs/ablations.md', '81.7'): 'TokenFormer paper (arXiv:2410.23168), Table 4: GELU + L1 on ImageNet',
+    ('docs/growth.md', '3.7'): 'a setting: LOSS_GAP_SIGMAS of studies/growth/precondition.py (the loss gap rule)',
+    ('docs/growth.md', '1.78'): 'closed form: 128 / 72 tokens per Pattention, the long recipe sizes compared',
+    ('docs/growth.md', '0.75'): "a setting: MAE's mask ratio (configs/fashion_mnist/mae_pretrain.yaml)",
 }
 #: The parts of the pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None): the README,
 #: the docs' home page, the results pages and the user guide.

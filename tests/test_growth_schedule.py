@@ -450,3 +450,18 @@ def test_precondition_on_a_loss_needs_a_gap_the_seeds_resolve_and_a_user_notices
     ahead = [dict(r, val_loss=r['val_loss'] - 0.05) if r['tokens'] == 32 else r for r in _loss_curves(0.47)]
     assert not size_rows(mae, ahead)[1]['half_ahead_at_its_compute']
     assert not size_rows(mae, ahead)[1]['precondition_met']
+
+
+def test_pays_csv_is_what_the_precondition_report_writes_from_the_size_files(monkeypatch):
+    """docs/growth/pays.csv, which docs/growth.md renders, equals the rows the study derives today from the size
+    reports and the long recipe's comparison files (its gaps' intervals recomputed from the per-seed values)."""
+    import csv
+    import os
+    from studies.growth.precondition import pays_rows
+    monkeypatch.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    with open('docs/growth/pays.csv', encoding='utf-8') as f:
+        stored = list(csv.DictReader(f))
+    fresh = [{k: '' if v is None else str(v) for k, v in r.items()} for r in pays_rows()]
+    assert stored == fresh
+    long_72 = next(r for r in stored if r['setting'].startswith('(c)') and r['tokens'] == '72')
+    assert float(long_72['gap_to_largest']) == pytest.approx(91.47 - 91.13, abs=0.011)  # the comparison's means

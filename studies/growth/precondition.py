@@ -25,6 +25,11 @@ mean and std, test top-1 once per run for (a), training FLOPs of the run), ``pre
   seeds resolve but a user would not notice does not pass;
 - the crossing: at the compute of the smaller size's whole run, the larger size's curve is behind the smaller
   one's final value (``at_half_compute``), and it ends ahead.
+
+Every report also rewrites ``docs/growth/pays.csv`` (`write_pays`): one row per (setting, size from scratch) of the
+three candidates, (c) being the long recipe's TokenFormer runs of one recipe at 72, 96 and 128 tokens that the
+comparison study measured (``docs/comparison/long``), with the largest size's advantage and its 95% interval, and
+``precondition_long.png``, (c)'s size curve. docs/growth.md renders both.
 """
 import argparse
 import csv
@@ -47,7 +52,8 @@ from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
 __all__ = ['Candidate', 'CANDIDATES', 'IMAGES', 'GAP', 'LOSS_GAP_SIGMAS', 'LOSS_GAP_RELATIVE', 'mae_flops_per_image',
-           'curve_rows', 'size_rows', 'write_report', 'main']
+           'LONG_SIZES', 'curve_rows', 'size_rows', 'write_report', 'pays_rows', 'plot_long', 'write_pays',
+           'main']
 
 #: Training images per epoch (the 50k of the 60k that are not held out for validation).
 IMAGES = 50000
@@ -116,15 +122,16 @@ def curve_rows(candidate: Candidate, out: str, seeds) -> list:
     return rows
 
 
-def _gap_passes(candidate: Candidate, small: dict, large: dict) -> bool:
-    """Whether ``large`` is clearly better than ``small`` (the module docstring's gap rule)."""
+def _gap_needed(candidate: Candidate, small: dict, large: dict) -> Optional[float]:
+    """The gap ``large`` needs over ``small`` (the module docstring's gap rule); None for a loss without two seeds
+    a side."""
     if candidate.higher_is_better:
-        return large['gap_to_half'] >= GAP
+        return GAP
     stds = [r[candidate.metric + '_std'] for r in (small, large) if r[candidate.metric + '_std'] is not None]
     if len(stds) < 2:
-        return False
+        return None
     pooled = math.sqrt((stds[0] ** 2 + stds[1] ** 2) / 2)
-    return large['gap_to_half'] >= max(LOSS_GAP_SIGMAS * pooled, LOSS_GAP_RELATIVE * small[candidate.metric + '_mean'])
+    return max(LOSS_GAP_SIGMAS * pooled, LOSS_GAP_RELATIVE * small[candidate.metric + '_mean'])
 
 
 def size_rows(candidate: Candidate, curves: list) -> list:
@@ -150,8 +157,12 @@ def size_rows(candidate: Candidate, curves: list) -> list:
         at = _at_compute(curves, metric, large['tokens'], small['train_tflops'])
         large['at_half_compute'] = None if at is None else round(at, digits)
         large['half_ahead_at_its_compute'] = at is not None and sign * (small[metric + '_mean'] - at) > 0
-        large['precondition_met'] = (_gap_passes(candidate, small, large) and large['half_ahead_at_its_compute']
-                                     and min(large['seeds'], small['seeds']) >= 3)
+        needed = _gap_needed(candidate, small, large)
+        if not candidate.higher_is_better:
+            large['gap_needed'] = None if needed is None else round(needed, digits)
+        enough_seeds = min(large['seeds'], small['seeds']) >= 3
+        large['precondition_met'] = (needed is not None and large['gap_to_half'] >= needed
+                                     and large['half_ahead_at_its_compute'] and enough_seeds)
     return rows
 
 
@@ -199,6 +210,122 @@ def write_report(candidate: Candidate, curves: list, sizes: list, folder: str = 
     return paths
 
 
+#: Candidate (c), the long recipe (75 epochs): its TokenFormer runs of one recipe at three sizes, measured by the
+#: comparison study (docs/comparison/long/results.csv, points.csv: config -> tokens per Pattention).
+LONG_SIZES = {'tokenformer_token_lr_quarter': 72, 'tokenformer_num_tokens_96': 96, 'tokenformer_num_tokens_128': 128}
+LONG = 'docs/comparison/long'
+
+
+def _read_csv(path: str) -> list:
+    with open(path, encoding='utf-8') as f:
+        return list(csv.DictReader(f))
+
+
+def _pays_setting(setting: str, metric: str, higher: bool, finals: dict, tflops: dict, minutes: dict,
+                  met: dict) -> list:
+    """The rows of one setting: ``finals`` ``{tokens: [final value per seed]}``, ``tflops`` / ``minutes`` ``{tokens:
+    per run}`` (``minutes`` may be empty), ``met`` ``{tokens: precondition_met}``. The gap is the largest size's
+    advantage over this one (positive: the largest is better) with its 95% interval (Welch)."""
+    from studies.elastic.elastic_study import gap_interval
+    largest = max(finals)
+    digits = 2 if higher else 4
+    rows = []
+    for n in sorted(finals):
+        values, best = finals[n], finals[largest]
+        mean, std = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
+        gap = low = high = None
+        if n != largest:
+            signed = (best, values) if higher else (values, best)
+            gap, low, high = gap_interval(*signed, digits=digits)
+        rows.append(dict(setting=setting, arm=f'from scratch, {n} tokens', tokens=n, seeds=len(values),
+                         metric=metric, mean=round(mean, digits), std=None if std is None else round(std, digits),
+                         gap_to_largest=gap, gap_low=low, gap_high=high,
+                         flops_vs_largest=round(tflops[n] / tflops[largest], 3),
+                         wall_vs_largest=round(minutes[n] / minutes[largest], 3) if minutes else None,
+                         precondition_met=met.get(n, False)))
+    return rows
+
+
+def pays_rows(folder: str = 'docs/growth') -> list:
+    """``docs/growth/pays.csv``'s rows: for each candidate setting every size from scratch (`_pays_setting`), from
+    the precondition reports in ``folder`` ((a), (b)) and the long recipe's comparison files ((c)). ``precondition_met``
+    is the size-row test of the module docstring against the size below; for (c), whose sizes are 72, 96 and 128
+    tokens, 128 against 72 (1.78x the tokens, more than half)."""
+    rows = []
+    for key, setting in (('tokens', '(a) parameter tokens, quick recipe'), ('mae', '(b) MAE pretraining')):
+        candidate = CANDIDATES[key]
+        stem = os.path.join(folder, 'precondition' + candidate.suffix)
+        if not os.path.isfile(stem + '.csv'):
+            continue
+        curves, sizes = _read_csv(stem + '_curves.csv'), _read_csv(stem + '.csv')
+        last = max(int(r['epoch']) for r in curves)
+        finals: dict = {}
+        for r in curves:
+            if int(r['epoch']) == last:
+                finals.setdefault(int(r['tokens']), []).append(float(r[candidate.metric]))
+        tflops = {int(r['tokens']): float(r['train_tflops']) for r in sizes}
+        met = {int(r['tokens']): r.get('precondition_met') == 'True' for r in sizes}
+        rows += _pays_setting(setting, 'validation ' + ('top-1' if candidate.higher_is_better else 'loss'),
+                              candidate.higher_is_better, finals, tflops, {}, met)
+    results = {r['config']: r for r in _read_csv(os.path.join(LONG, 'results.csv'))}
+    finals = {}
+    for r in _read_csv(os.path.join(LONG, 'points.csv')):
+        if r['config'] in LONG_SIZES:
+            finals.setdefault(LONG_SIZES[r['config']], []).append(float(r['top1']))
+    by_tokens = {n: results[c] for c, n in LONG_SIZES.items()}
+    long = _pays_setting('(c) the long recipe, 75 epochs', 'validation top-1', True, finals,
+                         {n: float(r['train_tflops']) for n, r in by_tokens.items()},
+                         {n: float(r['minutes']) for n, r in by_tokens.items()}, {})
+    for row in long:
+        if row['tokens'] == max(LONG_SIZES.values()):
+            smallest = next(r for r in long if r['tokens'] == min(LONG_SIZES.values()))
+            row['precondition_met'] = smallest['gap_to_largest'] >= GAP and min(row['seeds'], smallest['seeds']) >= 3
+    return rows + long
+
+
+def plot_long(folder: str = 'docs/growth') -> str:
+    """``folder/precondition_long.png``: candidate (c)'s size curve, every seed's validation top-1 against cumulative
+    training TFLOPs (per-image FLOPs from the comparison's results.csv, 50k images an epoch). Returns its path."""
+    results = {r['config']: r for r in _read_csv(os.path.join(LONG, 'results.csv'))}
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for i, (config, n) in enumerate(LONG_SIZES.items()):
+        flops = float(results[config]['train_gflops_per_image']) * 1e9
+        for seed in range(3):
+            path = os.path.join(LONG, f'{config}_seed{seed}_metrics.csv')
+            if not os.path.isfile(path):
+                continue
+            rows = _read_csv(path)
+            ax.plot([flops * IMAGES * (int(r['epoch']) + 1) / 1e12 for r in rows], [float(r['top1']) for r in rows],
+                    lw=1, label=f'{n} tokens' if seed == 0 else None, color=plt.cm.viridis(i / (len(LONG_SIZES) - 1)))
+    ax.set_xscale('log')
+    ax.set_ylim(85, 92.5)
+    ax.set_xlim(20, None)
+    ax.set_xlabel('cumulative training TFLOPs')
+    ax.set_ylabel('validation top-1 (%)')
+    ax.set_title('From scratch, the long recipe (75 epochs): n tokens per Pattention')
+    ax.legend()
+    fig.tight_layout()
+    path = os.path.join(folder, 'precondition_long.png')
+    atomic_write(path, lambda tmp: fig.savefig(tmp, format='png', dpi=110))
+    plt.close(fig)
+    return path
+
+
+def write_pays(folder: str = 'docs/growth') -> str:
+    """Write `pays_rows` to ``folder/pays.csv`` (atomic) and candidate (c)'s plot (`plot_long`); returns the csv's
+    path."""
+    plot_long(folder)
+    rows = pays_rows(folder)
+    path = os.path.join(folder, 'pays.csv')
+
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write(path, write, text=True)
+    return path
+
+
 def _main(argv) -> int:
     ap = argparse.ArgumentParser(description="Growth's precondition: the size curve of one candidate setting.")
     ap.add_argument('--candidate', choices=sorted(CANDIDATES), default='tokens')
@@ -220,7 +347,7 @@ def _main(argv) -> int:
     sizes = size_rows(candidate, curves)
     for row in sizes:
         print(row)
-    print('wrote ' + ', '.join(write_report(candidate, curves, sizes, args.report_dir)))
+    print('wrote ' + ', '.join(write_report(candidate, curves, sizes, args.report_dir) + [write_pays(args.report_dir)]))
     return 0
 
 
