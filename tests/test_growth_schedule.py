@@ -93,7 +93,6 @@ def test_net2net_errors_and_ema_and_optimizer_follow_the_copies():
 
 @pytest.mark.parametrize('schedule, message', [
     (_steps((1, {'qkv': 24}))[:1] + [{'at_epoch': 2, 'to': {'qkv': 32}, 'warmup': 1}], "unknown key 'warmup'"),
-    ([{'to': {'qkv': 24}}], "missing 'at_epoch'"),
     (_steps((2, {'qkv': 24}), (1, {'qkv': 32})), r'at_epoch must be an integer in 3 \.\. 3'),
     (_steps((4, {'qkv': 24})), r'at_epoch must be an integer in 1 \.\. 3'),
     (_steps((1, {'qkv': 24}, 3.0)), 'warmup_epochs must be >= 0 and shorter than its stage'),
@@ -129,6 +128,35 @@ def test_recipe_warmup_must_fit_the_first_stage(tmp_path):
 def test_schedule_defaults_are_filled(tmp_path):
     cfg = fmnist_cfg(tmp_path, epochs=4, growth=dict(schedule=[{'at_epoch': 2, 'to': 'tokenformer_vit_ti16'}]))
     assert cfg['growth']['schedule'] == [dict(at_epoch=2, to='tokenformer_vit_ti16', warmup_epochs=0.0, lr_scale=1.0)]
+
+
+def test_a_step_placed_by_fraction_lands_on_the_nearest_epoch(tmp_path):
+    """``at_fraction`` of the run's epochs is the nearest epoch (halves up): the same validated schedule as the
+    steps written by epoch, and it moves with ``epochs`` (here a command-line override of a YAML file)."""
+    fractions = [{'at_fraction': f, 'to': {'qkv': n}} for f, n in ((0.25, 24), (0.5, 32), (0.75, 40))]
+    by_epoch = fmnist_cfg(tmp_path, epochs=8, growth=dict(schedule=[{'at_epoch': e, 'to': {'qkv': n}}
+                                                                  for e, n in ((2, 24), (4, 32), (6, 40))]))
+    assert fmnist_cfg(tmp_path, epochs=8, growth=dict(schedule=fractions))['growth'] == by_epoch['growth']
+    half_up = fmnist_cfg(tmp_path, epochs=5, growth=dict(schedule=[{'at_fraction': 0.3, 'to': {'qkv': 24}}]))
+    assert [s['at_epoch'] for s in half_up['growth']['schedule']] == [2]  # 1.5 -> 2
+    path = tmp_path / 'chain.yaml'
+    path.write_text('growth:\n  schedule:\n    - {at_fraction: 0.3, to: {qkv: 24}, warmup_epochs: 1}\n')
+    from tkvision.engine.config import load_config
+    longer = load_config(str(path), ['--epochs', '20', '--model_kwargs', str(TINY_FMNIST)])
+    assert longer['growth']['schedule'] == [dict(at_epoch=6, to={'qkv': 24}, warmup_epochs=1, lr_scale=1.0)]
+
+
+@pytest.mark.parametrize('step, message', [
+    ({'at_fraction': 0.5, 'at_epoch': 2}, r'growth.schedule\[0\] gives both at_epoch and at_fraction'),
+    ({'at_fraction': 1.0}, r'growth.schedule\[0\].at_fraction must be a number in \(0, 1\), a fraction of the 4'),
+    ({'at_fraction': 'half'}, r'at_fraction must be a number in \(0, 1\)'),
+    ({'at_fraction': 0.1}, r'at_fraction 0.1 of 4 epochs is epoch 0: a growth step needs an epoch before and after'),
+    ({'at_fraction': 0.9}, r'at_fraction 0.9 of 4 epochs is epoch 4: .* \(1 \.\. 3\)'),
+    ({}, r"missing 'at_epoch' \(or 'at_fraction', a fraction of the epochs\)"),
+])
+def test_a_bad_fraction_is_refused_naming_the_step(tmp_path, step, message):
+    with pytest.raises(ConfigError, match=message):
+        fmnist_cfg(tmp_path, epochs=4, growth=dict(schedule=[dict(step, to={'qkv': 24})]))
 
 
 # --- staged lr schedule -------------------------------------------------------------------------

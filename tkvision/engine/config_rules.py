@@ -1,6 +1,8 @@
 """The checks that join config keys (`check_joined_keys`): what no single key's rule can say (each key's own rule is
 declared with its field, in the section of the component that reads it: `tkvision.utils.config_fields`).
 """
+import math
+
 import timm
 
 from ..layers import PATTENTION_KINDS
@@ -83,17 +85,46 @@ def _validate_naflex(cfg: dict):
             raise ConfigError(f'{key} {cfg[key]!r} with naflex_loader: {why}; set {key}: 0')
 
 
-def _validate_growth_schedule(cfg: dict):
-    """Check ``growth.schedule`` and fill each step's defaults (`SCHEDULE_STEP`).
+def _place_by_fraction(step, epochs: int, where: str):
+    """``step`` with ``at_fraction`` (a fraction of the run's ``epochs``) replaced by ``at_epoch``, the nearest
+    epoch (halves round up), so that a recipe keeps its stage placement when its budget changes; any other step
+    as it is.
 
     Raises:
-        ConfigError: a step that is not a mapping, an unknown or missing key (named), ``at_epoch``
-            not increasing within ``1 .. epochs - 1``, a ``warmup_epochs`` not shorter than its stage,
+        ConfigError: both ``at_epoch`` and ``at_fraction``, a fraction outside (0, 1), or one that lands on epoch
+            0 or the last epoch (named with the epoch it gives).
+    """
+    if not (isinstance(step, dict) and 'at_fraction' in step):
+        return step
+    fraction = step['at_fraction']
+    if 'at_epoch' in step:
+        raise ConfigError(f'{where} gives both at_epoch and at_fraction: place the step by one of them')
+    if not (_is_num(fraction) and 0 < fraction < 1):
+        raise ConfigError(f'{where}.at_fraction must be a number in (0, 1), a fraction of the {epochs} epochs, '
+                          f'got {fraction!r}')
+    epoch = math.floor(fraction * epochs + 0.5)
+    if not 1 <= epoch <= epochs - 1:
+        raise ConfigError(f'{where}.at_fraction {fraction} of {epochs} epochs is epoch {epoch}: a growth step '
+                          f'needs an epoch before and after it (1 .. {epochs - 1})')
+    placed = {k: v for k, v in step.items() if k != 'at_fraction'}
+    placed['at_epoch'] = epoch
+    return placed
+
+
+def _validate_growth_schedule(cfg: dict):
+    """Check ``growth.schedule``, place each step given by ``at_fraction`` at its epoch and fill each step's
+    defaults (`SCHEDULE_STEP`).
+
+    Raises:
+        ConfigError: a step that is not a mapping, an unknown or missing key (named), a bad ``at_fraction``
+            (`_place_by_fraction`), ``at_epoch`` not increasing within ``1 .. epochs - 1``, a ``warmup_epochs`` not shorter than its stage,
             a bad ``to``, a schedule together with ``growth.every_epochs``, or ``growth.freeze_old_tokens`` /
             ``growth.new_token_lr_scale`` without a schedule.
     """
     g = cfg['growth']
-    steps, prev = g['schedule'], 0
+    g['schedule'] = steps = [_place_by_fraction(step, cfg['epochs'], f'growth.schedule[{i}]')
+                             for i, step in enumerate(g['schedule'])]
+    prev = 0
     if steps and g['every_epochs']:
         raise ConfigError('growth.schedule and growth.every_epochs both grow the model: use one of them')
     if g['freeze_old_tokens'] and not steps:
@@ -109,13 +140,16 @@ def _validate_growth_schedule(cfg: dict):
     for i, step in enumerate(steps):
         where = f'growth.schedule[{i}]'
         if not isinstance(step, dict):
-            raise ConfigError(f'{where} must be a mapping {{at_epoch, to[, warmup_epochs, lr_scale]}}, got {step!r}')
+            raise ConfigError(f'{where} must be a mapping {{at_epoch or at_fraction, to[, warmup_epochs, lr_scale]}}, '
+                              f'got {step!r}')
         unknown = sorted(set(step) - set(SCHEDULE_STEP))
         if unknown:
-            raise ConfigError(f'{where}: unknown key {unknown[0]!r}; keys are {", ".join(SCHEDULE_STEP)}')
+            keys = ', '.join(['at_epoch', 'at_fraction'] + [k for k in SCHEDULE_STEP if k != 'at_epoch'])
+            raise ConfigError(f'{where}: unknown key {unknown[0]!r}; keys are {keys}')
         missing = [k for k, v in SCHEDULE_STEP.items() if v is None and k not in step]
         if missing:
-            raise ConfigError(f'{where}: missing {missing[0]!r}')
+            alternative = " (or 'at_fraction', a fraction of the epochs)" if missing[0] == 'at_epoch' else ''
+            raise ConfigError(f'{where}: missing {missing[0]!r}{alternative}')
         for k, v in SCHEDULE_STEP.items():
             step.setdefault(k, v)
         at = step['at_epoch']

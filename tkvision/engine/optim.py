@@ -56,11 +56,12 @@ __all__ = ['OptimConfig', 'GrowthConfig', 'SCHEDULERS', 'SCHEDULE_STEP', 'resolv
 #: timm schedulers usable per optimizer update (``timm.scheduler.create_scheduler_v2``; 'plateau'
 #: steps per epoch on a metric and is not offered).
 SCHEDULERS = ('cosine', 'tanh', 'poly', 'step', 'multistep', 'wsd', 'rsqrt', 'constant')
-#: Keys of one ``growth.schedule`` step and their defaults (None: required).
+#: Keys of one ``growth.schedule`` step and their defaults (None: required). ``at_fraction`` (a fraction of the
+#: run's epochs) may stand for ``at_epoch``: the config check places the step at the nearest epoch.
 SCHEDULE_STEP = {'at_epoch': None, 'to': None, 'warmup_epochs': 0.0, 'lr_scale': 1.0}
 #: ``growth.schedule`` is a list; each step's keys are checked with the run's epochs (``tkvision.engine.config_rules``).
 SCHEDULE_RULE = rule(lambda v: isinstance(v, (list, tuple)),
-                     'a list of steps {at_epoch, to[, warmup_epochs, lr_scale]}')
+                     'a list of steps {at_epoch or at_fraction, to[, warmup_epochs, lr_scale]}')
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,9 +135,9 @@ class GrowthConfig:
     """Initial value tokens of a growth step: ``'zeros'`` or ``'normal'``."""
     schedule: Tuple[Mapping[str, Any], ...] = key((), allowed=SCHEDULE_RULE)
     """A progressive recipe: grow to ``to`` before epoch ``at_epoch`` (a registered variant, or ``{kind:
-    tokens}``; ``{mlp_hidden: N}`` widens a timm ViT by Net2Net), each stage with its own schedule: re-warm for
-    ``warmup_epochs`` to lr x ``lr_scale``, decay to ``min_lr`` at the stage's end (`tkvision.engine.optim`).
-    E.g. ``[{at_epoch: 100, to: tokenformer_vit_b16, warmup_epochs: 5}]``."""
+    tokens}``; ``{mlp_hidden: N}`` widens a timm ViT by Net2Net), or at ``at_fraction`` of the run's epochs (the
+    nearest epoch, so the placement holds when ``epochs`` changes); after the step re-warm for ``warmup_epochs`` to
+    lr x ``lr_scale`` (``stage_lr``). E.g. ``[{at_fraction: 0.3, to: tokenformer_vit_b16, warmup_epochs: 5}]``."""
     stage_lr: str = key('continue', allowed=choice('restart', 'continue'))
     """``'continue'``: one schedule over the run, re-warmed briefly after each step (the default: the higher
     validation top-1 of the two, ``docs/growth.md``); ``'restart'``: every stage its own warmup and decay to
