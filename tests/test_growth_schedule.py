@@ -491,5 +491,54 @@ def test_pays_csv_is_what_the_precondition_report_writes_from_the_size_files(mon
         stored = list(csv.DictReader(f))
     fresh = [{k: '' if v is None else str(v) for k, v in r.items()} for r in pays_rows()]
     assert stored == fresh
+    assert all(int(r['seeds']) >= 3 for r in stored)  # a size of fewer seeds stays in its own report
     long_72 = next(r for r in stored if r['setting'].startswith('(c)') and r['tokens'] == '72')
     assert float(long_72['gap_to_largest']) == pytest.approx(91.47 - 91.13, abs=0.011)  # the comparison's means
+
+
+def _write_run(folder, top1s, minutes):
+    import csv
+    import os
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'metrics.csv'), 'w', newline='') as f:
+        w = csv.writer(f)
+        w.writerow(['epoch', 'top1', 'test_top1', 'elapsed_minutes'])
+        for e, t in enumerate(top1s):  # the trainer reads the test set once, at the last epoch
+            w.writerow([e, t, t - 1 if e == len(top1s) - 1 else '', minutes * (e + 1) / len(top1s)])
+    open(os.path.join(folder, 'result.json'), 'w').write('{}')
+
+
+@pytest.mark.parametrize('chain_final, met', [((87.5, 88.0, 88.5), True), ((86.5, 86.7, 86.4), False)])
+def test_a_grown_chain_is_counted_stage_by_stage_against_the_largest_from_scratch(tmp_path, chain_final, met):
+    """The pays study's bookkeeping (``studies.growth.pays``), on planted runs: the chain of 4 -> 8 -> 16 tokens
+    grown after epochs 2 and 5 of 6 costs 2 epochs at 4 tokens, 3 at 8 and 1 at 16 (here 1, 2 and 4 TFLOPs an
+    epoch: 12 of the 16-token run's 24), its wall clock is its minutes over the 16-token runs', and the target is
+    met only within one seed std of 16 tokens from scratch."""
+    import csv
+    import os
+    from studies.growth import pays
+    from tkvision.experiments.points import point_dir
+    docs, out = tmp_path / 'docs', str(tmp_path / 'runs')
+    docs.mkdir()
+    with open(docs / 'precondition.csv', 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=['tokens', 'train_tflops'])
+        w.writeheader()
+        w.writerows([dict(tokens=n, train_tflops=t) for n, t in ((4, 6), (8, 12), (16, 24), (32, 48))])
+    with open(docs / 'precondition_curves.csv', 'w', newline='') as f:
+        w = csv.DictWriter(f, fieldnames=['tokens', 'seed', 'epoch', 'top1'])
+        w.writeheader()
+        w.writerows([dict(tokens=16, seed=s, epoch=e, top1=v - 6 + e) for s, v in enumerate((87, 88, 89))
+                     for e in range(1, 7)])
+    chain = pays.CHAINS['grown 4 → 8 → 16 tokens']
+    for seed, final in enumerate(chain_final):
+        _write_run(point_dir(out, chain, seed), [final - 5 + e for e in range(6)], minutes=6.0)
+        _write_run(point_dir(out, pays.SCRATCH_CONFIG.format(16), seed), [80.0] * 6, minutes=10.0)
+    curves = pays.chain_curves(out, [0, 1, 2], str(docs))
+    assert [r['tokens'] for r in curves if r['seed'] == 0] == [4, 4, 8, 8, 8, 16]
+    assert [r['cumulative_tflops'] for r in curves if r['seed'] == 0] == [1, 2, 4, 6, 8, 12]
+    (row,) = pays.chain_rows(curves, out, str(docs))
+    assert row['flops_vs_largest'] == 0.5 and row['wall_vs_largest'] == 0.6
+    assert row['scratch_top1_mean'] == 88.0 and row['scratch_top1_std'] == 1.0
+    assert row['gap_to_largest'] == pytest.approx(sum(chain_final) / 3 - 88.0, abs=0.006)
+    assert row['target_met'] is met
+    assert row['test_top1_mean'] == pytest.approx(sum(chain_final) / 3 - 1, abs=0.006)

@@ -13,6 +13,8 @@ skipped, a stopped one resumes; ``--executor local --parallel 2`` runs two at on
   validation top-1 (``studies/growth/configs/precondition/tokens_<n>.yaml``).
 - (b) ``mae``: the Fashion-MNIST MAE recipe's encoder (4 px patches, mask ratio 0.75, a fixed 64-wide decoder,
   4 epochs), measured by its validation reconstruction loss (``mae_tokens_<n>.yaml``).
+- (b, longer) ``mae_long``: (b)'s two largest sizes for 12 epochs, three times the budget, where (b)'s last doubling
+  fell just short of the gap rule (``mae_long_tokens_<n>.yaml``).
 
 The report writes ``docs/growth/precondition<suffix>.csv`` (one row per size: seeds, the final validation metric's
 mean and std, test top-1 once per run for (a), training FLOPs of the run), ``precondition<suffix>_curves.csv``
@@ -21,15 +23,15 @@ mean and std, test top-1 once per run for (a), training FLOPs of the run), ``pre
 
 - the gap: ``error(L/2) - error(L) >= 1.5`` points of top-1; for a loss, ``loss(L/2) - loss(L)`` at least
   `LOSS_GAP_SIGMAS` pooled seed standard deviations (1.5 points is that many of candidate (a)'s 0.41-point seed
-  standard deviation at 32 and 64 tokens), and at least `LOSS_GAP_RELATIVE` of ``loss(L/2)``, so that a gap the
-  seeds resolve but a user would not notice does not pass;
+  standard deviation at 32 and 64 tokens in its first pass), and at least `LOSS_GAP_RELATIVE` of ``loss(L/2)``, so
+  that a gap the seeds resolve but a user would not notice does not pass;
 - the crossing: at the compute of the smaller size's whole run, the larger size's curve is behind the smaller
   one's final value (``at_half_compute``), and it ends ahead.
 
-Every report also rewrites ``docs/growth/pays.csv`` (`write_pays`): one row per (setting, size from scratch) of the
-three candidates, (c) being the long recipe's TokenFormer runs of one recipe at 72, 96 and 128 tokens that the
-comparison study measured (``docs/comparison/long``), with the largest size's advantage and its 95% interval, and
-``precondition_long.png``, (c)'s size curve. docs/growth.md renders both.
+Every report also rewrites ``docs/growth/pays.csv`` (`write_pays`): one row per (setting, size from scratch of 3
+seeds) of the three candidates, (c) being the long recipe's TokenFormer runs of one recipe at 72, 96 and 128 tokens
+that the comparison study measured (``docs/comparison/long``), with the largest size's advantage and its 95%
+interval, and ``precondition_long.png``, (c)'s size curve. docs/growth.md renders both.
 """
 import argparse
 import csv
@@ -40,7 +42,9 @@ import sys
 from typing import NamedTuple, Optional
 
 import torch
+from matplotlib.ticker import NullFormatter
 
+from studies.elastic.elastic_study import gap_interval
 from studies.growth.growth_experiment import train_flops_per_image
 from tkvision.cli import run_cli
 from tkvision.engine.config import load_config, model_for_config
@@ -51,19 +55,22 @@ from tkvision.experiments.points import point_dir
 from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
-__all__ = ['Candidate', 'CANDIDATES', 'IMAGES', 'GAP', 'LOSS_GAP_SIGMAS', 'LOSS_GAP_RELATIVE', 'mae_flops_per_image',
-           'LONG_SIZES', 'curve_rows', 'size_rows', 'write_report', 'pays_rows', 'plot_long', 'write_pays',
-           'main']
+__all__ = ['Candidate', 'CANDIDATES', 'IMAGES', 'GAP', 'LOSS_GAP_SIGMAS', 'LOSS_GAP_RELATIVE', 'PAYS_SEEDS',
+           'mae_flops_per_image', 'LONG_SIZES', 'curve_rows', 'size_rows', 'write_report', 'pays_rows', 'plot_long',
+           'write_pays', 'main']
 
 #: Training images per epoch (the 50k of the 60k that are not held out for validation).
 IMAGES = 50000
 #: The precondition on top-1: error(L/2) - error(L) of at least this many points.
 GAP = 1.5
 #: The precondition on a loss: loss(L/2) - loss(L) of at least this many pooled seed standard deviations
-#: (1.5 points over candidate (a)'s 0.41-point seed standard deviation).
+#: (1.5 points over the 0.41-point seed standard deviation at 64 tokens of candidate (a)'s first pass, on the Intel
+#: Xeon VM, when the rule was set).
 LOSS_GAP_SIGMAS = 3.7
 #: ... and of at least this fraction of loss(L/2).
 LOSS_GAP_RELATIVE = 0.01
+#: The seeds a size needs for a row of ``docs/growth/pays.csv``; a size with fewer stays in its own report.
+PAYS_SEEDS = 3
 
 
 def mae_flops_per_image(cfg: dict) -> float:
@@ -98,6 +105,9 @@ CANDIDATES = {
     'mae': Candidate('mae', 'studies/growth/configs/precondition/mae_tokens_{}.yaml', (8, 16, 32, 64, 128),
                      'val_loss', False, mae_flops_per_image, '_mae', 'validation reconstruction loss',
                      'From scratch, MAE pretraining: n tokens per Pattention'),
+    'mae_long': Candidate('mae_long', 'studies/growth/configs/precondition/mae_long_tokens_{}.yaml', (64, 128),
+                          'val_loss', False, mae_flops_per_image, '_mae_long', 'validation reconstruction loss',
+                          'From scratch, MAE for 12 epochs: n tokens per Pattention'),
 }
 
 
@@ -136,16 +146,18 @@ def _gap_needed(candidate: Candidate, small: dict, large: dict) -> Optional[floa
 
 def size_rows(candidate: Candidate, curves: list) -> list:
     """One row per size: seeds, final validation metric mean / std, test top-1 mean (a classifier), the run's
-    training TFLOPs, and against the size below (half the tokens) the gap (positive: the larger is better),
+    training TFLOPs, and against the size below (half the tokens) the gap (positive: the larger is better) with its
+    95% interval (``gap_low``, ``gap_high``; two seeds a side or more),
     the larger size's value at the smaller one's compute, and whether the precondition is met."""
     rows, metric = [], candidate.metric
     last = max((c['epoch'] for c in curves), default=0)
     digits = 2 if candidate.higher_is_better else 4
+    per_seed = {}
     for n in candidate.sizes:
         finals = [r for r in curves if r['tokens'] == n and r['epoch'] == last]
         if not finals:
             continue
-        values = [r[metric] for r in finals]
+        values = per_seed[n] = [r[metric] for r in finals]
         tests = [r['test_top1'] for r in finals if r['test_top1'] is not None]
         rows.append({'tokens': n, 'seeds': len(finals), metric + '_mean': round(statistics.mean(values), digits),
                      metric + '_std': round(statistics.stdev(values), digits) if len(values) > 1 else None,
@@ -154,6 +166,9 @@ def size_rows(candidate: Candidate, curves: list) -> list:
     sign = 1 if candidate.higher_is_better else -1
     for small, large in zip(rows, rows[1:]):
         large['gap_to_half'] = round(sign * (large[metric + '_mean'] - small[metric + '_mean']), digits)
+        pair = (per_seed[large['tokens']], per_seed[small['tokens']])
+        if min(map(len, pair)) > 1:  # the gap's 95% interval (Welch), the larger size's advantage
+            _, large['gap_low'], large['gap_high'] = gap_interval(*(pair if sign > 0 else pair[::-1]), digits=digits)
         at = _at_compute(curves, metric, large['tokens'], small['train_tflops'])
         large['at_half_compute'] = None if at is None else round(at, digits)
         large['half_ahead_at_its_compute'] = at is not None and sign * (small[metric + '_mean'] - at) > 0
@@ -200,6 +215,7 @@ def write_report(candidate: Candidate, curves: list, sizes: list, folder: str = 
             ax.plot([r['cumulative_tflops'] for r in mine], [r[candidate.metric] for r in mine], marker='o', ms=3,
                     label=f'{n} tokens' if first else None, color=plt.cm.viridis(i / (len(candidate.sizes) - 1)))
     ax.set_xscale('log')
+    ax.xaxis.set_minor_formatter(NullFormatter())  # the labelled minor ticks of a short log axis overlap
     ax.set_xlabel('cumulative training TFLOPs')
     ax.set_ylabel(candidate.label)
     ax.set_title(candidate.title)
@@ -223,14 +239,14 @@ def _read_csv(path: str) -> list:
 
 def _pays_setting(setting: str, metric: str, higher: bool, finals: dict, tflops: dict, minutes: dict,
                   met: dict) -> list:
-    """The rows of one setting: ``finals`` ``{tokens: [final value per seed]}``, ``tflops`` / ``minutes`` ``{tokens:
-    per run}`` (``minutes`` may be empty), ``met`` ``{tokens: precondition_met}``. The gap is the largest size's
-    advantage over this one (positive: the largest is better) with its 95% interval (Welch)."""
-    from studies.elastic.elastic_study import gap_interval
+    """The rows of one setting, each size of at least `PAYS_SEEDS` seeds: ``finals`` ``{tokens: [final value per
+    seed]}``, ``tflops`` / ``minutes`` ``{tokens: per run}`` (``minutes`` may be empty), ``met`` ``{tokens:
+    precondition_met}``. The gap is the largest size's advantage over this one (positive: the largest is better)
+    with its 95% interval (Welch); ``target_met`` belongs to a grown chain's rows (`_chain_pays_rows`), None here."""
     largest = max(finals)
     digits = 2 if higher else 4
     rows = []
-    for n in sorted(finals):
+    for n in sorted(n for n in finals if len(finals[n]) >= PAYS_SEEDS):
         values, best = finals[n], finals[largest]
         mean, std = statistics.mean(values), statistics.stdev(values) if len(values) > 1 else None
         gap = low = high = None
@@ -242,7 +258,7 @@ def _pays_setting(setting: str, metric: str, higher: bool, finals: dict, tflops:
                          gap_to_largest=gap, gap_low=low, gap_high=high,
                          flops_vs_largest=round(tflops[n] / tflops[largest], 3),
                          wall_vs_largest=round(minutes[n] / minutes[largest], 3) if minutes else None,
-                         precondition_met=met.get(n, False)))
+                         precondition_met=met.get(n, False), target_met=None))
     return rows
 
 
@@ -280,7 +296,27 @@ def pays_rows(folder: str = 'docs/growth') -> list:
         if row['tokens'] == max(LONG_SIZES.values()):
             smallest = next(r for r in long if r['tokens'] == min(LONG_SIZES.values()))
             row['precondition_met'] = smallest['gap_to_largest'] >= GAP and min(row['seeds'], smallest['seeds']) >= 3
-    return rows + long
+    return rows + long + _chain_pays_rows(folder)
+
+
+def _chain_pays_rows(folder: str) -> list:
+    """The grown chains' rows (``chains.csv``, written by ``python -m studies.growth.pays``), each against 16 tokens
+    from scratch, that setting's largest size: its advantage over the chain, the interval turned to match."""
+    path = os.path.join(folder, 'chains.csv')
+    if not os.path.isfile(path):
+        return []
+    def number(value: str, sign: float = 1.0) -> Optional[float]:
+        return None if value == '' else sign * float(value)
+
+    rows = []
+    for r in _read_csv(path):
+        rows.append(dict(setting='(a) grown into 16 tokens', arm=r['arm'], tokens=16, seeds=int(r['seeds']),
+                         metric='validation top-1', mean=float(r['top1_mean']), std=number(r['top1_std']),
+                         gap_to_largest=number(r['gap_to_largest'], -1.0), gap_low=number(r['gap_high'], -1.0),
+                         gap_high=number(r['gap_low'], -1.0), flops_vs_largest=float(r['flops_vs_largest']),
+                         wall_vs_largest=number(r['wall_vs_largest']), precondition_met=None,
+                         target_met=r['target_met'] == 'True'))
+    return rows
 
 
 def plot_long(folder: str = 'docs/growth') -> str:
@@ -319,7 +355,7 @@ def write_pays(folder: str = 'docs/growth') -> str:
     path = os.path.join(folder, 'pays.csv')
 
     def write(f):
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         w.writeheader()
         w.writerows(rows)
     atomic_write(path, write, text=True)

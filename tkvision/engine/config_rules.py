@@ -111,28 +111,38 @@ def _place_by_fraction(step, epochs: int, where: str):
     return placed
 
 
+def _validate_growth_options(growth: dict, steps: list):
+    """The ``growth`` options that go with a schedule or against one.
+
+    Raises:
+        ConfigError: a schedule together with ``growth.every_epochs``, or ``growth.freeze_old_tokens`` /
+            ``growth.new_token_lr_scale`` without a schedule.
+    """
+    if steps and growth['every_epochs']:
+        raise ConfigError('growth.schedule and growth.every_epochs both grow the model: use one of them')
+    if growth['freeze_old_tokens'] and not steps:
+        raise ConfigError('growth.freeze_old_tokens freezes the tokens of earlier stages: it needs growth.schedule '
+                          '(to train only new tokens of a grown checkpoint, use freeze_loaded_tokens with init_from)')
+    if growth['new_token_lr_scale'] != 1.0 and not steps:
+        raise ConfigError(f"growth.new_token_lr_scale {growth['new_token_lr_scale']} scales the lr of the tokens a "
+                          'growth.schedule step appends: it needs growth.schedule')
+
+
 def _validate_growth_schedule(cfg: dict):
     """Check ``growth.schedule``, place each step given by ``at_fraction`` at its epoch and fill each step's
     defaults (`SCHEDULE_STEP`).
 
     Raises:
         ConfigError: a step that is not a mapping, an unknown or missing key (named), a bad ``at_fraction``
-            (`_place_by_fraction`), ``at_epoch`` not increasing within ``1 .. epochs - 1``, a ``warmup_epochs`` not shorter than its stage,
-            a bad ``to``, a schedule together with ``growth.every_epochs``, or ``growth.freeze_old_tokens`` /
-            ``growth.new_token_lr_scale`` without a schedule.
+            (`_place_by_fraction`), ``at_epoch`` not increasing within ``1 .. epochs - 1``, a ``warmup_epochs``
+            not shorter than its stage, a bad ``to``, or a growth option that contradicts the schedule
+            (`_validate_growth_options`).
     """
     g = cfg['growth']
     g['schedule'] = steps = [_place_by_fraction(step, cfg['epochs'], f'growth.schedule[{i}]')
                              for i, step in enumerate(g['schedule'])]
+    _validate_growth_options(g, steps)
     prev = 0
-    if steps and g['every_epochs']:
-        raise ConfigError('growth.schedule and growth.every_epochs both grow the model: use one of them')
-    if g['freeze_old_tokens'] and not steps:
-        raise ConfigError('growth.freeze_old_tokens freezes the tokens of earlier stages: it needs growth.schedule '
-                          '(to train only new tokens of a grown checkpoint, use freeze_loaded_tokens with init_from)')
-    if g['new_token_lr_scale'] != 1.0 and not steps:
-        raise ConfigError(f"growth.new_token_lr_scale {g['new_token_lr_scale']} scales the lr of the tokens a "
-                          'growth.schedule step appends: it needs growth.schedule')
     first = steps[0].get('at_epoch') if steps and isinstance(steps[0], dict) else None
     if _is_num(first) and cfg['warmup_epochs'] >= first:
         raise ConfigError(f"warmup_epochs {cfg['warmup_epochs']} must be shorter than the first stage of "
