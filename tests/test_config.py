@@ -1,6 +1,8 @@
 """Configs: inheritance, overrides, unknown keys; every shipped recipe loads."""
+import csv
 import glob
 import os
+import sys
 
 import pytest
 
@@ -31,26 +33,36 @@ def test_ablation_configs_change_one_thing():
 def test_the_long_comparison_trains_the_long_recipe():
     """The long-recipe comparison (studies/comparison/configs/long/) restates long.yaml's training keys
     because long.yaml's model keys would merge into the ViT's; this holds the two recipes to the same keys.
-    A lever config differs in its levers alone (the keys it is named after)."""
+    A lever config differs in its levers alone (the keys it is named after, and the token rate and decay that
+    long.yaml took from the recipe chosen on validation)."""
     long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
-    token_lr = {'parameter_token_lr_scale'}
-    levers = {name: token_lr for name in ('tokenformer_token_lr_scale.yaml', 'tokenformer_token_lr_half.yaml',
-                                          'tokenformer_token_lr_quarter.yaml', 'tokenformer_token_lr_eighth.yaml')}
-    levers['tokenformer_token_lr_half_no_drop_path.yaml'] = token_lr | {'drop_path_rate'}
-    levers['tokenformer_token_lr_quarter_warmup5.yaml'] = token_lr | {'warmup_epochs'}
-    levers['tokenformer_num_tokens_96.yaml'] = token_lr  # long.yaml's own 96-token model (model_kwargs)
-    levers['tokenformer_num_tokens_128.yaml'] = token_lr  # 128 tokens (model_kwargs)
-    levers['tokenformer_num_tokens_96_drop_path_0_2.yaml'] = token_lr | {'drop_path_rate'}  # 96 tokens, drop path 0.2
-    token_decay = token_lr | {'parameter_token_weight_decay'}  # the quarter rate with the tokens' decay given back
-    levers['tokenformer_token_lr_quarter_token_decay.yaml'] = token_decay
-    levers['tokenformer_num_tokens_128_token_decay.yaml'] = token_decay
+    token = {'parameter_token_lr_scale', 'parameter_token_weight_decay'}
+    levers = {'tokenformer_token_lr_half_no_drop_path.yaml': {'drop_path_rate'},
+              'tokenformer_token_lr_quarter_warmup5.yaml': {'warmup_epochs'},
+              'tokenformer_num_tokens_96_drop_path_0_2.yaml': {'drop_path_rate'}}
     paths = glob.glob(os.path.join(ROOT, 'studies', 'comparison', 'configs', 'long', '[!_]*.yaml'))
     assert set(levers) <= {os.path.basename(p) for p in paths}
     for path in paths:
         cfg = load_config(path)
-        allowed = {'model', 'model_kwargs', 'output'} | levers.get(os.path.basename(path), set())
+        allowed = {'model', 'model_kwargs', 'output'} | token | levers.get(os.path.basename(path), set())
         differ = {k for k in cfg if cfg[k] != long[k]} - allowed
         assert not differ, f'{path} trains another recipe than long.yaml: {sorted(differ)}'
+
+
+def test_make_train_long_runs_the_recipe_chosen_on_validation():
+    """``make train-long`` (configs/fashion_mnist/long.yaml) trains, key for key but its folder, the comparison's
+    recipe that tools/headline.py's rule chooses on validation from docs/comparison/long/results.csv."""
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    try:
+        import headline
+    finally:
+        sys.path.pop(0)
+    with open(os.path.join(ROOT, 'docs', 'comparison', 'long', 'results.csv')) as f:
+        chosen = headline.chosen_long_recipe({r['config']: r for r in csv.DictReader(f)})['config']
+    long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
+    study = load_config(os.path.join(ROOT, 'studies', 'comparison', 'configs', 'long', chosen + '.yaml'))
+    differ = {k for k in long if long[k] != study[k]} - {'output'}
+    assert not differ, f'long.yaml differs from {chosen}.yaml, the recipe chosen on validation: {sorted(differ)}'
 
 
 def test_unknown_key_is_named(tmp_path):
