@@ -118,7 +118,7 @@ def test_every_shipped_config_loads_and_builds_its_model(path):
     with torch.device('meta'):
         model = model_for_config(cfg)
     assert sum(p.numel() for p in model.parameters()) > 0 and cfg.optim.epochs > 0
-    check_model_input(cfg.model, cfg.data)  # raises ConfigError naming both shapes
+    check_model_input(model, cfg.model.model, cfg.data)  # raises ConfigError naming both shapes
 
 
 def _leaf_keys(mapping, prefix=''):
@@ -223,3 +223,101 @@ def test_derive_seed_is_the_one_seed_derivation():
     for bits in (0, 33):
         with pytest.raises(ValueError, match='bits'):
             derive_seed(0, bits=bits)
+
+
+def test_a_rule_stores_a_value_as_its_type_not_as_its_words_say():
+    """``key()``'s rule carries the type a value is stored as (``Rule.coerce``): an integer rule stores ``300.0`` as
+    ``300``; a rule whose message merely begins with "an integer" changes nothing (coercion reads the type, not the
+    words of a message)."""
+    from tkvision.utils.config_fields import integer, rule
+    stored = integer(1).normalize(300.0)
+    assert stored == 300 and type(stored) is int and integer(1, null=True).normalize(None) is None
+    assert rule(lambda v: True, 'an integer, or a fraction of the epochs').normalize(0.5) == 0.5
+    cfg = load_config(None, ['--epochs', '300.0'])
+    assert cfg['epochs'] == 300 and type(cfg['epochs']) is int
+
+
+def test_validation_returns_a_normalised_copy_and_leaves_its_input_as_it_was():
+    """``validate_config`` checks a config and returns it normalised (integer keys as ints, growth steps placed at
+    their epochs and filled, NaFlex lengths as ints) without rewriting the mapping it was given."""
+    import copy
+
+    from tkvision.engine.config import DEFAULTS, merge, validate_config
+    given = merge(DEFAULTS, dict(epochs=10.0, growth=dict(schedule=[dict(at_fraction=0.5, to={'ffn': 8})])))
+    before = copy.deepcopy(given)
+    out = validate_config(given)
+    assert given == before  # untouched: still 10.0 and at_fraction
+    assert type(out['epochs']) is int and out['growth']['schedule'] == [
+        dict(at_epoch=5, to={'ffn': 8}, warmup_epochs=0.0, lr_scale=1.0)]
+
+
+def test_the_growth_schedule_is_checked_beside_its_section():
+    """The growth section's own checks live with ``GrowthConfig`` (``tkvision.engine.optim.check_growth``): a step
+    placed past the run, an unknown key and a warmup longer than its stage are each named."""
+    from tkvision.engine.optim import check_growth
+    growth = load_config(None)['growth']
+    assert check_growth(growth, 10, 1.0) == growth
+    with pytest.raises(ConfigError, match=r'growth.schedule\[0\].at_epoch must be an integer in 1 .. 9'):
+        check_growth(dict(growth, schedule=[dict(at_epoch=12, to={'ffn': 8})]), 10, 1.0)
+    with pytest.raises(ConfigError, match=r"growth.schedule\[0\]: unknown key 'at'"):
+        check_growth(dict(growth, schedule=[dict(at=3, to={'ffn': 8})]), 10, 1.0)
+    with pytest.raises(ConfigError, match=r'growth.schedule\[0\].warmup_epochs must be >= 0 and shorter'):
+        check_growth(dict(growth, schedule=[dict(at_epoch=8, to={'ffn': 8}, warmup_epochs=3)]), 10, 1.0)
+
+
+def test_a_data_source_fixes_its_images_and_its_split():
+    """What a source fixes of its images and its carved validation split is the source's
+    (``DataSource.image_settings``, ``DataSource.val_split_fraction``): a registered source resolves the null data
+    keys from them as Fashion-MNIST does, no name compared; the model check reads them too."""
+    import dataclasses
+
+    import torch
+
+    from tkvision.data import DataConfig, resolve_data_cfg
+    from tkvision.data.registry import _SOURCES, DataSource, register_data_source
+    from tkvision.engine.build import create_model
+    from tkvision.engine.trainer import check_model_input
+    settings = dict(img_size=12, mean=[0.5, 0.5], std=[0.25, 0.25], crop_pct=1.0, interpolation='bilinear')
+    register_data_source('two_channel', DataSource(lambda *a: None, needs_data_dir=False, num_classes=3, channels=2,
+                                                   image_settings=settings, val_split_fraction=0.25))
+    try:
+        data = resolve_data_cfg(DataConfig(dataset='two_channel'), 'tokenformer_vit_ti16', {})
+        assert (data.img_size, data.mean, data.std, data.val_split_fraction) == (12, (0.5, 0.5), (0.25, 0.25), 0.25)
+        with torch.device('meta'):
+            fits = create_model('tokenformer_vit_ti16', img_size=12, patch_size=4, in_chans=2, num_tokens=8)
+            wrong = create_model('tokenformer_vit_ti16', img_size=16, patch_size=4, in_chans=2, num_tokens=8)
+        check_model_input(fits, 'tokenformer_vit_ti16', data)
+        with pytest.raises(ConfigError, match=r"dataset two_channel's images are 12 x 12 px, 2 channel.*takes 16 x 16"):
+            check_model_input(wrong, 'tokenformer_vit_ti16', data)
+        fashion = resolve_data_cfg(DataConfig(), 'tokenformer_vit_ti16', {'img_size': 28})
+        assert fashion.val_split_fraction == pytest.approx(1 / 6) and fashion.mean == (0.2860,)
+        assert dataclasses.replace(data, val_split_fraction=0.0).val_split_fraction == 0.0
+    finally:
+        _SOURCES.pop('two_channel')
+
+
+def test_evaluation_runs_in_the_precision_of_the_device_plan():
+    """Evaluation autocasts as training does: the dtype of the run's device plan (``DevicePlan.autocast_dtype``),
+    not a second reading of the ``amp`` key; the evaluator of a bf16 plan evaluates under bf16 autocast."""
+    import torch
+
+    from tkvision.engine.distributed import Processes, device_plan
+    from tkvision.engine.evaluate import evaluate
+    from tkvision.engine.run_eval import RunEvaluator
+    seen: list = []
+
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            seen.append(torch.get_autocast_dtype('cpu') if torch.is_autocast_enabled('cpu') else None)
+            return torch.zeros(len(x), 3)
+    loader = [(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.long), [])]
+    from types import SimpleNamespace
+
+    from tkvision.engine.task import TASKS
+    plan = device_plan('cpu', amp='bf16')
+    evaluator = RunEvaluator(SimpleNamespace(preprocess=lambda x: x.float()), SimpleNamespace(task=TASKS['classify']),
+                             Processes(0, 1, plan), 0, 'probe', 'unused')
+    assert evaluator.dtype is torch.bfloat16 is plan.autocast_dtype
+    evaluate(Probe(), loader, 'cpu', lambda x: x.float(), evaluator.dtype)
+    evaluate(Probe(), loader, 'cpu', lambda x: x.float(), device_plan('cpu').autocast_dtype)
+    assert seen == [torch.bfloat16, None]

@@ -39,6 +39,8 @@ from tkvision.engine.config import load_config, resolve_run_config
 from tkvision.engine.distributed import Processes, device_plan
 from tkvision.engine.loss import TrainTask
 from tkvision.engine.optim import RunOptim, resolve_lr
+from tkvision.engine.runlog import RunLog
+from tkvision.engine.task import task_named
 from tkvision.engine.trainer import build_state
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT
@@ -94,8 +96,8 @@ def _parts(cfg: dict, device: str, optim):
     with the config's precision."""
     processes = Processes(0, 1, device_plan(device, cfg.process.amp))
     data = SimpleNamespace(preprocess=BatchPreprocessor(cfg.data.mean, cfg.data.std, device))
-    task = TrainTask(cfg.loss, cfg.run.task, cfg.run.seed, 10)
-    return loop_mod._Step(data, task, optim, None, processes)
+    task = TrainTask(cfg.loss, task_named(cfg.run.task), cfg.run.seed, 10)
+    return loop_mod._Step(data, task, optim, None, processes, RunLog('unused', [], main=False, epochs=1))
 
 
 class _RecordingScaler:

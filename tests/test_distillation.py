@@ -2,6 +2,7 @@
 arithmetic on known logits, an elastic step's gradients through the task and the loop against a float64 autograd
 reference, the removed options' errors, nesting by kind, a teacher from a finished run, and the keys' errors."""
 import math
+import os
 import re
 import shutil
 
@@ -14,6 +15,8 @@ from tkvision.engine.checkpoint import load_training_checkpoint
 from tkvision.engine.config import ConfigError, load_config, section
 from tkvision.engine.distributed import Processes, device_plan
 from tkvision.engine.loss import TrainTask, distillation_loss
+from tkvision.engine.runlog import RunLog
+from tkvision.engine.task import TASKS
 from tkvision.growth import elastic
 
 from .helpers import assert_same_training_state, fmnist_cfg, train_crash_resume
@@ -35,7 +38,7 @@ def _kl_by_hand(student, teacher, temperature):
 
 def _task(**keys):
     cfg = load_config(None, dict(smoothing=0.0, **keys))
-    return TrainTask(section(cfg, 'loss'), 'classify', 0, 4)
+    return TrainTask(section(cfg, 'loss'), TASKS['classify'], 0, 4)
 
 
 @pytest.mark.parametrize('temperature', [1.0, 2.5])
@@ -69,9 +72,10 @@ def test_an_elastic_step_through_the_task_and_the_loop_sums_each_prefixs_loss():
         half = torch.nn.functional.cross_entropy(model(x), y)
     expected = torch.autograd.grad(whole + half, list(model.parameters()))
     cfg = load_config(None, dict(smoothing=0.0, elastic_fractions=[0.5, 1.0], elastic_sampling='all'))
-    task = TrainTask(section(cfg, 'loss'), 'classify', 0, 10)
+    task = TrainTask(section(cfg, 'loss'), TASKS['classify'], 0, 10)
     state = _ModelState(model)
-    parts = loop_mod._Step(_Data(), task, None, None, Processes(0, 1, device_plan('cpu')))
+    parts = loop_mod._Step(_Data(), task, None, None, Processes(0, 1, device_plan('cpu')),
+                           RunLog('unused', [], main=False, epochs=1))
     loop_mod._forward_backward(state, parts, x, y, 0, 0, scale=1.0, sync_grads=True)
     for p, g in zip(model.parameters(), expected):
         torch.testing.assert_close(p.grad, g, rtol=1e-9, atol=1e-12)
@@ -133,6 +137,35 @@ def test_an_old_checkpoint_config_with_a_removed_key_reads_and_resumes_only_as_t
                          "key)"]
     _, forbidden = config_changes(dict(today, distillation='inplace'), today)
     assert len(forbidden) == 1 and forbidden[0].startswith("distillation 'inplace' -> removed (in-place")
+
+
+@pytest.mark.parametrize('removed', [dict(elastic_start=0.2), dict(elastic_tau='follow'),
+                                     dict(distillation='inplace')])
+def test_a_run_that_trained_with_a_removed_option_is_refused_on_resume_and_still_serves(tmp_path, removed):
+    """A ``last.pth`` whose config holds a removed key or value it trained with (a delayed start, tau following the
+    prefix, in-place distillation): resuming it is refused naming the key (its config is compared as saved, before
+    migration drops the key), while the finished model still validates (``tkvision-validate`` of its ``last.pth``,
+    and of its ``last.safetensors`` through the folder's ``config.yaml``) and serves as a teacher."""
+    import yaml
+
+    from tkvision.cli.train import validate_main
+    from tkvision.engine.checkpoint import load_teacher
+    cfg = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64)
+    train_mod.train(cfg)
+    out = cfg['output']
+    ckpt = torch.load(os.path.join(out, 'last.pth'), weights_only=True)
+    ckpt['config'] = dict(ckpt['config'], **removed)
+    torch.save(ckpt, os.path.join(out, 'last.pth'))
+    written = yaml.safe_load(open(os.path.join(out, 'config.yaml')))
+    with open(os.path.join(out, 'config.yaml'), 'w') as f:
+        yaml.safe_dump(dict(written, **removed), f)
+    name = next(iter(removed))
+    with pytest.raises(ConfigError, match=f'cannot change when resuming.*{name} .* -> removed'):
+        train_mod.train(dict(cfg, epochs=2), resume=True)
+    assert validate_main(['--checkpoint', os.path.join(out, 'last.pth'), '--val_subset', '64']) == 0
+    assert validate_main(['--checkpoint', os.path.join(out, 'last.safetensors'), '--val_subset', '64']) == 0
+    teacher = load_teacher(os.path.join(out, 'last.safetensors'), torch.device('cpu'))
+    assert teacher.num_classes == 10 and not teacher.training
 
 
 @pytest.mark.parametrize('nesting, shrunk', [('all', {'patch', 'qkv', 'proj', 'ffn'}), ('ffn', {'ffn'})])
@@ -234,7 +267,8 @@ def test_a_resume_whose_teacher_changed_is_refused_naming_the_file(tmp_path, mon
 def test_a_teacher_that_cannot_teach_this_run_is_refused_before_any_work(tmp_path, teacher_kwargs, words):
     """A teacher of 3 classes for a 10-class run, of 3-channel images for 1-channel ones, or an MAE: a raw
     RuntimeError / AttributeError at the first step. Each is one ConfigError naming the mismatch, before a step."""
-    from tkvision.engine.checkpoint import save_weights, save_yaml
+    from tkvision.engine.checkpoint import save_weights
+    from tkvision.engine.runlog import save_yaml
     from tkvision.engine.config import model_for_config, resolve_run_config
 
     from .helpers import TINY_FMNIST

@@ -144,7 +144,7 @@ sys.exit(train_main({_args(str(out))!r}))
     assert p.returncode == -signal.SIGKILL, p.stderr
     stale = [f for f in os.listdir(out) if f.endswith('.tmp')]
     assert stale and stale[0].startswith('.last.pth.'), os.listdir(out)
-    assert rundir.run_files(str(out)) and not any(f.endswith('.tmp') for f in rundir.run_files(str(out)))
+    assert rundir.run_files(str(out), ()) and not any(f.endswith('.tmp') for f in rundir.run_files(str(out), ()))
     p = subprocess.run([sys.executable, os.path.join(ROOT, 'tools/train.py'), *_args(str(out)), '--resume'], cwd=ROOT,
                        capture_output=True, text=True)
     assert p.returncode == 0 and 'resumed from' in p.stdout, p.stderr

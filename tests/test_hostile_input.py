@@ -116,21 +116,21 @@ def test_a_run_killed_between_a_growth_step_and_its_checkpoint_resumes_bit_ident
     """The step happened, the checkpoint after it did not: the resumed run replays that epoch, grows the
     same tokens again (seeded by derive_seed) and ends as the uninterrupted run."""
     import torch
-    from tkvision.engine import trainer
+    from tkvision.engine.runlog import RunLog
     g = dict(schedule=[dict(at_epoch=2, to={'qkv': 24, 'ffn': 96}, warmup_epochs=0.25, lr_scale=0.5)])
     common = dict(epochs=3, train_subset=256, val_subset=64, growth=g, model_ema=True)
     full = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'full'), **common))
-    real = trainer.log_epoch
+    real = RunLog.epoch
 
-    def killed_after_growing(run, history, row):
+    def killed_after_growing(log, row, state):
         if 'grown' in row:
             raise KeyboardInterrupt('killed after the growth step, before its checkpoint')
-        real(run, history, row)
+        real(log, row, state)
     cfg = fmnist_cfg(tmp_path, output=str(tmp_path / 'killed'), **common)
-    monkeypatch.setattr(trainer, 'log_epoch', killed_after_growing)
+    monkeypatch.setattr(RunLog, 'epoch', killed_after_growing)
     with pytest.raises(KeyboardInterrupt):
         train_mod.train(cfg)
-    monkeypatch.setattr(trainer, 'log_epoch', real)
+    monkeypatch.setattr(RunLog, 'epoch', real)
     resumed = train_mod.train(cfg, resume=True)
     a, b = full['model'].state_dict(), resumed['model'].state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -16,6 +16,7 @@ from tkvision.engine import checkpoint as ckpt
 from tkvision.engine import loop as loop_mod, trainer as train_mod
 from tkvision.engine.config import ConfigError, load_config
 from tkvision.engine.distributed import Processes, device_plan
+from tkvision.engine.runlog import RunLog
 from tkvision.utils.errors import RunError
 
 from .helpers import ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, wait_for_checkpoint
@@ -356,8 +357,47 @@ def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkey
     data = SimpleNamespace(seed=0, batches_per_epoch=4, accum=1, train_loader=SlowLoader(), loss_scale=lambda images: 1.0)
     optim = SimpleNamespace(step=lambda state: None)
     clock = SimpleNamespace(log_interval=1, check=lambda state: False)
-    parts = loop_mod._Step(data, None, optim, clock, processes)
+    parts = loop_mod._Step(data, None, optim, clock, processes, RunLog('unused', [], main=False, epochs=1))
     loop_mod._run_batches(state, parts, 0, SimpleNamespace(update=lambda n: None, n=0, disable=True))
     assert 0.2 <= meter['data_seconds'] <= meter['seconds'] and state.batches_done == 4
     stats = loop_mod._epoch_stats(state, processes)
     assert stats['data_wait'] == pytest.approx(meter['data_seconds'] / meter['seconds']) and stats['data_wait'] > 0.6
+
+
+def test_the_model_is_built_once_and_the_trainer_reads_its_config_in_place(tmp_path, monkeypatch):
+    """A run builds its model once (``timm.create_model`` is called once: the model the input check refuses is the
+    one that trains), and the ``Trainer`` keeps its parts and its ``TrainConfig`` as attributes (torchtitan's
+    shape), no copies of its values beside them."""
+    import timm
+
+    from tkvision.engine.config import TrainConfig
+    calls = []
+    real = timm.create_model
+
+    def counting(name, **kwargs):
+        calls.append(name)
+        return real(name, **kwargs)
+    monkeypatch.setattr(timm, 'create_model', counting)
+    trainer = train_mod.Trainer(fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64))
+    trainer.train()
+    assert calls == ['tokenformer_vit_ti16']
+    assert isinstance(trainer.config, TrainConfig) and trainer.config.optim.epochs == 1
+    for part in ('processes', 'data', 'step', 'clock', 'optim', 'evaluator', 'state', 'log', 'task'):
+        assert getattr(trainer, part) is not None, part
+    assert not hasattr(trainer, 'epochs') and not hasattr(trainer, 'out')
+
+
+def test_a_checkpoint_of_another_world_size_is_refused_naming_both(tmp_path):
+    """A requeued job that comes back with fewer processes (2 -> 1) would continue another data order and other
+    updates (each process's share of the data depends on the count): refused in one line naming both sizes and
+    the ways on; the checkpoint is left as it was. Every ``last.pth`` records the processes that wrote it."""
+    cfg = fmnist_cfg(tmp_path, epochs=2, train_subset=128, val_subset=64)
+    path = os.path.join(cfg['output'], 'last.pth')
+    train_mod.train(dict(cfg, epochs=1))
+    state = torch.load(path, weights_only=True)
+    assert state['world_size'] == 1
+    torch.save(dict(state, world_size=2), path)
+    before = open(path, 'rb').read()
+    with pytest.raises(RunError, match=r'written by a job of 2 process\(es\) and this job has 1.*resume it with 2'):
+        train_mod.train(cfg, resume=True)
+    assert open(path, 'rb').read() == before

@@ -52,7 +52,8 @@ import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tin
 from studies import ROOT, portable_command
 from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
-from tkvision.engine.checkpoint import LAST_WEIGHTS, METRICS_FILE, model_for_checkpoint
+from tkvision.engine.checkpoint import LAST_WEIGHTS, model_for_checkpoint
+from tkvision.engine.runlog import METRICS_FILE
 from tkvision.engine.config import TrainConfig, load_config, resolve_run_config, section
 from tkvision.engine.evaluate import evaluate
 from tkvision.engine.plotting import plt

@@ -105,7 +105,9 @@ def sweep_parser() -> argparse.ArgumentParser:
                                                              'requeued (1440)'),
                              ('--partition', str, 'SLURM partition'),
                              ('--array-parallelism', positive_int, 'SLURM array tasks at once (256)'),
-                             ('--max-timeouts', positive_int, 'time-outs before a point is not requeued (3)')):
+                             ('--max-timeouts', positive_int, 'time-outs before a point is not requeued (3)'),
+                             ('--signal-delay-s', positive_int, 'SLURM: seconds before the time limit at which a '
+                                                                'point is signalled to checkpoint and requeue (90)')):
         group.add_argument(flag, type=kind, default=None, help=what)
     group.add_argument('--slurm-option', action='append', default=[], metavar='NAME=VALUE',
                        help='a further #SBATCH option (account=..., qos=...); repeatable')
@@ -119,7 +121,7 @@ def _launcher(args: argparse.Namespace) -> Launcher:
                           '--executor local as submitit jobs (--tasks-per-node N for several processes)')
     fields = read_launcher_file(args.launcher) if args.launcher else {}
     for name in ('executor', 'parallel', 'nodes', 'gpus_per_node', 'tasks_per_node', 'cpus_per_task', 'timeout_min',
-                 'partition', 'array_parallelism', 'max_timeouts'):
+                 'partition', 'array_parallelism', 'max_timeouts', 'signal_delay_s'):
         if getattr(args, name) is not None:
             fields[name] = getattr(args, name)
     for option in args.slurm_option:

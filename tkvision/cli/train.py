@@ -8,22 +8,14 @@ from typing import Optional, Sequence, Tuple, Union
 import torch.distributed as dist
 
 from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
-from ..engine.trainer import check_model_input
-from ..engine.checkpoint import (
-    BEST_WEIGHTS,
-    CURVES_FILE,
-    LAST_CHECKPOINT,
-    LAST_WEIGHTS,
-    METRICS_FILE,
-    RECONSTRUCTION_FILE,
-    checkpoint_config,
-    model_for_checkpoint,
-)
-from ..engine.config import DEFAULTS, load_config, parse_overrides, resolve_run_config
+from ..engine.checkpoint import BEST_WEIGHTS, LAST_CHECKPOINT, LAST_WEIGHTS, checkpoint_config, model_for_checkpoint
+from ..engine.config import DEFAULTS, load_config, parse_overrides, read_run_config, resolve_run_config
 from ..engine.distributed import init_distributed, setup_threads
 from ..engine.evaluate import evaluate
 from ..engine.recipes import format_recipes, list_recipes
-from ..engine.trainer import train
+from ..engine.runlog import CONFIG_FILE, CURVES_FILE, METRICS_FILE, RECONSTRUCTION_FILE
+from ..engine.task import task_named
+from ..engine.trainer import check_model_input, train
 from ..utils.errors import UsageError
 from .common import run_cli
 
@@ -115,19 +107,23 @@ def _validate(argv) -> int:
     ap.add_argument('--model', help='timm model name (default: the config\'s)')
     ap.add_argument('--checkpoint', required=True, help='.safetensors weights or a training .pth checkpoint')
     ap.add_argument('--config',
-                    help="training config (data, img_size, mean/std, model_kwargs; default: a last.pth's own)")
+                    help="training config (data, img_size, mean/std, model_kwargs; default: a last.pth's own, or "
+                         "the config.yaml of the weights' run folder)")
     ap.add_argument('--data-dir', help='ImageNet folder with val/, or Fashion-MNIST files')
     ap.add_argument('--no-ema', action='store_true', help='use the model weights, not EMA, of a .pth checkpoint')
     ap.add_argument('--split', choices=('val', 'test'), default='val',
                     help="'val': the validation split (carved from train when val_split_fraction > 0, as "
                          "Fashion-MNIST's default); 'test': the dataset's own evaluation split in that case")
     args, rest = ap.parse_known_args(argv)
+    # a run folder's config.yaml reads as a checkpoint's: what it trained with that was since removed is done
+    base_of_run = read_run_config(args.config) if args.config and os.path.basename(args.config) == CONFIG_FILE \
+        else None
     overrides = list(rest) + (['--data_dir', args.data_dir] if args.data_dir else [])
     if args.model:
         overrides += ['--model', args.model]
-    base = checkpoint_config(args.checkpoint) if args.checkpoint.endswith('.pth') else None
-    config = resolve_run_config(load_config(args.config, overrides, base=None if args.config else base))
-    if config.run.task == 'mae':
+    config = resolve_run_config(load_config(None if base_of_run else args.config, overrides,
+                                            base=base_of_run or _run_config(args.checkpoint)))
+    if not task_named(config.run.task).predicts_classes:
         raise UsageError(f'{args.checkpoint} is a masked-autoencoder run (task: mae): it has no classifier to '
                          'validate; its validation reconstruction loss is in the run\'s metrics.csv, and '
                          'tkvision-mae-visualize draws its reconstructions')
@@ -137,12 +133,13 @@ def _validate(argv) -> int:
     ds = build_dataset(data, args.split, seed, rank, world, class_to_idx=train_class_map(data))
     # a run that grew during training: its config builds the model it started from, grown to the file's size
     model, grown = model_for_checkpoint(config.to_dict(), args.checkpoint, use_ema=not args.no_ema)
-    check_model_input(config.model, data)
+    check_model_input(model, config.model.model, data)
     if grown and not rank:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
     loader = build_loader(ds, data, train=False, seed=seed, rank=rank, world_size=world,
                           pin_memory=processes.plan.pin_memory)
-    res = evaluate(model.to(device), loader, device, BatchPreprocessor(*data.mean_std(), device), config.process.amp)
+    res = evaluate(model.to(device), loader, device, BatchPreprocessor(*data.mean_std(), device),
+                   processes.plan.autocast_dtype)
     if rank:
         return 0
     print(f"{config.model.model} on {res['count']} {args.split} images: top-1 {res['top1']:.2f}%  "
@@ -150,6 +147,15 @@ def _validate(argv) -> int:
           f"loss {res['loss']:.4f}  {res['img_per_s']:.0f} img/s" +
           (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))
     return 0
+
+
+def _run_config(checkpoint: str) -> Optional[dict]:
+    """The config of a weights file's run: a ``last.pth``'s own, or the ``config.yaml`` of the folder it lies in
+    (as ``tkvision-train`` wrote it); None for a file outside a run folder."""
+    if checkpoint.endswith('.pth'):
+        return checkpoint_config(checkpoint)
+    beside = os.path.join(os.path.dirname(os.path.abspath(checkpoint)), CONFIG_FILE)
+    return read_run_config(beside) if os.path.isfile(beside) else None
 
 
 def validate_main(argv: Optional[Sequence[str]] = None) -> int:

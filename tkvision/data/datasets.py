@@ -25,7 +25,7 @@ from torch.utils.data import Dataset, Subset
 from .config import DataConfig
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
-from .fashion_mnist import ArrayDataset, load_fashion_mnist
+from .fashion_mnist import FASHION_MNIST_STATS, FASHION_MNIST_VAL_FRACTION, ArrayDataset, load_fashion_mnist
 from .loader import SeededDataset
 from .registry import DataSource, data_source, data_source_names, register_data_source
 from .readers import ReaderDataset, check_same_classes, create_split_reader, data_root
@@ -33,7 +33,7 @@ from .shards import ShardStream, read_info
 from .transforms import build_transform
 
 __all__ = ['build_dataset', 'holdout_indices', 'has_test_split', 'train_class_map', 'default_num_classes',
-           'data_source_channels',
+           'data_source_of',
            'dataset_size', 'dataset_classes']
 
 SPLITS = ('train', 'val', 'test')
@@ -135,7 +135,8 @@ def _shard_classes(data: DataConfig) -> Optional[Dict[str, int]]:
 
 #: The built-in sources (``tkvision.data.registry``): Fashion-MNIST in memory, timm's readers, WebDataset shards.
 register_data_source('fashion_mnist', DataSource(_fashion_mnist_split, _fashion_mnist_carve, needs_data_dir=False,
-                                                 num_classes=10, channels=1))
+                                                 num_classes=10, channels=1, image_settings=FASHION_MNIST_STATS,
+                                                 val_split_fraction=FASHION_MNIST_VAL_FRACTION))
 for _name in ('folder', 'imagenet'):
     register_data_source(_name, DataSource(_reader_split, _reader_carve, class_map=_folder_classes))
 register_data_source('tar', DataSource(_reader_split, _reader_carve))
@@ -211,10 +212,14 @@ def train_class_map(data: DataConfig) -> Optional[Dict[str, int]]:
     return _source(data).class_map(data)
 
 
-def data_source_channels(data: DataConfig) -> int:
-    """The channels of the images the data section's source gives (``DataSource.channels``: 1 for Fashion-MNIST, 3
-    for every decoded image)."""
-    return _source(data).channels
+def data_source_of(data: DataConfig) -> DataSource:
+    """The source that reads the data section's dataset (``tkvision.data.registry.DataSource``: its channels, the
+    image settings it fixes, its classes).
+
+    Raises:
+        ConfigError: no source reads the dataset, naming the registered ones.
+    """
+    return _source(data)
 
 
 def default_num_classes(data: DataConfig) -> int:

@@ -4,7 +4,7 @@ read it (``tkvision.data.datasets`` registers the built-in ones). The module imp
 data section's rule (``tkvision.data.config``) reads it without a cycle.
 """
 import dataclasses
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 __all__ = ['DataSource', 'register_data_source', 'data_source', 'data_source_names']
 
@@ -24,6 +24,11 @@ class DataSource:
         num_classes: the source's classes when fixed (Fashion-MNIST's 10), else None (from `class_map`, or 1000).
         channels: the channels of its images as the source gives them (3: RGB, as ``decode_image`` decodes).
         prefix: a family of names ``'<name>/<anything>'`` (``'wds/'``, ``'hfds/'``) rather than one name.
+        image_settings: what the source fixes of its images (``img_size``, ``mean``, ``std``, ``crop_pct``,
+            ``interpolation``: Fashion-MNIST's 28 px and statistics), which the data section's null keys take instead
+            of the model's ``pretrained_cfg``; and a model must take images of its ``img_size``. None: the model's.
+        val_split_fraction: the share of the training images a validation split is carved from when the config
+            leaves ``val_split_fraction`` null (0: the source's own ``'val'`` split).
     """
     split: Callable[..., Any]
     carve: Optional[Callable[..., Tuple[Any, List[int]]]] = None
@@ -32,6 +37,8 @@ class DataSource:
     num_classes: Optional[int] = None
     channels: int = 3
     prefix: bool = False
+    image_settings: Optional[Mapping[str, Any]] = None
+    val_split_fraction: float = 0.0
 
 
 _SOURCES: Dict[str, DataSource] = {}

@@ -26,14 +26,14 @@ from timm.data.random_erasing import RandomErasing
 
 from ..utils.config_fields import frozen_value
 from .config import DataConfig, ImageSettings
-from .fashion_mnist import FASHION_MNIST_STATS, FASHION_MNIST_VAL_FRACTION
+from .registry import data_source
 
 if TYPE_CHECKING:  # imported where a pipeline is built (module docstring)
     import albumentations
 
 __all__ = ['DATA_CFG_KEYS', 'RAND_AUGMENT_MAGNITUDE_MAX', 'build_transform', 'BatchPreprocessor', 'resolve_data_cfg']
 
-#: Data keys resolved from the model's pretrained_cfg (or FASHION_MNIST_STATS) when null.
+#: Data keys resolved from the model's pretrained_cfg (or the data source's image settings) when null.
 DATA_CFG_KEYS = ImageSettings._fields
 
 
@@ -169,21 +169,20 @@ def resolve_data_cfg(
         model: str,
         model_kwargs: Mapping[str, Any],
 ) -> DataConfig:
-    """A copy of the data section ``data`` with every null key of `DATA_CFG_KEYS` filled in: from
-    `FASHION_MNIST_STATS` for Fashion-MNIST, else from the
-    ``pretrained_cfg`` of ``timm.create_model(model, **model_kwargs)`` with
-    ``timm.data.resolve_data_config`` (built on the meta device: no memory, no weights); ``img_size``
-    from ``model_kwargs['img_size']`` when given; ``val_split_fraction`` from
-    `FASHION_MNIST_VAL_FRACTION` for Fashion-MNIST, else 0. Keys the
-    config sets are kept."""
+    """A copy of the data section ``data`` with every null key of `DATA_CFG_KEYS` filled in: from the data source's
+    ``image_settings`` where it fixes them (``tkvision.data.registry.DataSource``: Fashion-MNIST's), else from the
+    ``pretrained_cfg`` of ``timm.create_model(model, **model_kwargs)`` with ``timm.data.resolve_data_config`` (built
+    on the meta device: no memory, no weights); ``img_size`` from ``model_kwargs['img_size']`` when given; a null
+    ``val_split_fraction`` from the source's (``DataSource.val_split_fraction``). Keys the config sets are kept."""
+    source = data_source(data.dataset)
     if data.val_split_fraction is None:
-        data = dataclasses.replace(
-            data, val_split_fraction=FASHION_MNIST_VAL_FRACTION if data.dataset == 'fashion_mnist' else 0.0)
+        data = dataclasses.replace(data, val_split_fraction=source.val_split_fraction if source else 0.0)
     unset = [k for k in DATA_CFG_KEYS if getattr(data, k) is None]
     if not unset:
         return data
-    if data.dataset == 'fashion_mnist':
-        found = dict(FASHION_MNIST_STATS, img_size=model_kwargs.get('img_size', 28))
+    if source is not None and source.image_settings is not None:
+        found = dict(source.image_settings)
+        found['img_size'] = model_kwargs.get('img_size', found['img_size'])
     else:
         with torch.device('meta'):
             net = timm.create_model(model, **model_kwargs)

@@ -1,8 +1,8 @@
 """Checkpoints: the one owner of what a run writes, under which name, and how it is read back.
 
-Files of a run directory (names: the constants below)::
+Checkpoint files of a run directory (names: the constants below; the config, metrics, pictures and loggers' files
+are the run log's, ``tkvision.engine.runlog``)::
 
-    config.yaml         the resolved config (flat keys, `tkvision.engine.config`)
     last.pth            the training state (format: ``tkvision.engine.state.TrainState.state_dict``), every
                         ``save_every`` epochs, every ``checkpoint_every_steps`` updates, every
                         ``checkpoint_every_minutes`` and on SIGTERM / SIGUSR1
@@ -11,7 +11,7 @@ Files of a run directory (names: the constants below)::
                         pretrained_cfg_overlay=dict(file=...))``
     best.safetensors    the weights of the best evaluation (`keep_best`; ``source``, ``epoch``
                         and the metric in the metadata)
-    metrics.csv, curves.png, reconstruction.png (MAE), tb/ (TensorBoard), .lock (`rundir`)
+    .lock               the run's lock (``tkvision.engine.rundir``)
 
 Every file is written atomically (`tkvision.utils.files.atomic_write`): a crash leaves the old
 file or the new one. Reading never unpickles code: ``torch.load(weights_only=True)`` or safetensors.
@@ -21,36 +21,32 @@ attention-distance tool, growing a file) goes through `load_fitting_weights`: ad
 family's checkpoint filter, grow the model to the checkpoint's size if the run grew, check the fit
 (naming every tensor that differs), load.
 """
-import csv
 import json
 import os
 import pickle
 from typing import Any, Dict, Mapping, Optional, Tuple, Union
 
 import torch
-import yaml
 from safetensors.torch import save_file
 
 from ..growth import grow, grow_to_checkpoint, load_grown_state_dict, token_counts
 from ..models import adapt_state_dict, check_fit, encoder_weights, is_mae_state_dict, load_state_dict_file
 from ..utils.errors import ConfigError, UsageError, refused_pickle
 from ..utils.files import atomic_write, safetensors_os_errors
-from .config import load_config, migrate, model_for_config
+from .config import migrate, model_for_config, read_run_config
+from .runlog import CONFIG_FILE
+from .task import Task, task_named
 from .state import FORMAT_VERSION
 
-__all__ = ['CONFIG_FILE', 'LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'METRICS_FILE', 'CURVES_FILE',
-           'RECONSTRUCTION_FILE', 'FORMAT_VERSION', 'save_training_checkpoint',
-           'load_training_checkpoint', 'checkpoint_config', 'save_weights', 'save_yaml', 'save_rows', 'keep_best',
+__all__ = ['LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'FORMAT_VERSION', 'save_training_checkpoint',
+           'load_training_checkpoint', 'checkpoint_config', 'save_weights', 'keep_best',
            'read_weights', 'load_fitting_weights', 'model_for_checkpoint', 'load_teacher', 'load_init_weights',
            'grow_weights_file']
 
-CONFIG_FILE = 'config.yaml'
 LAST_CHECKPOINT = 'last.pth'
 LAST_WEIGHTS = 'last.safetensors'
 BEST_WEIGHTS = 'best.safetensors'
-METRICS_FILE = 'metrics.csv'
-CURVES_FILE = 'curves.png'
-RECONSTRUCTION_FILE = 'reconstruction.png'
+
 
 def save_training_checkpoint(checkpoint: Mapping[str, Any], path: str) -> None:
     """Write a ``last.pth`` dict (``tkvision.engine.state.TrainState.state_dict``: the format) to ``path``
@@ -60,7 +56,8 @@ def save_training_checkpoint(checkpoint: Mapping[str, Any], path: str) -> None:
 
 def load_training_checkpoint(path: str, map_location: Union[str, torch.device] = 'cpu', mmap: bool = False) -> dict:
     """A ``last.pth`` (``weights_only=True``), its config migrated to today's keys
-    (`tkvision.engine.config.migrate`).
+    (`tkvision.engine.config.migrate`) and, under ``saved_config``, as it was saved (what a resume compares:
+    ``tkvision.engine.config.config_changes`` refuses a removed key or value the run trained with).
 
     Raises:
         FileNotFoundError: no file at ``path``. UsageError: a truncated file, or not a training checkpoint.
@@ -83,6 +80,7 @@ def load_training_checkpoint(path: str, map_location: Union[str, torch.device] =
     if not isinstance(ckpt, dict) or 'config' not in ckpt:
         raise UsageError(f'{path} is not a training checkpoint of tkvision (no config in it); '
                          'for a weights file use --config or --model')
+    ckpt['saved_config'] = ckpt['config']
     ckpt['config'] = migrate(ckpt['config'])
     return ckpt
 
@@ -129,24 +127,6 @@ def _sort_metadata(path: str) -> None:
             return
         f.seek(8)
         f.write(text.ljust(size, b' '))
-
-
-def save_yaml(obj: object, path: str) -> None:
-    """Write ``obj`` as YAML atomically (keys in their order)."""
-    atomic_write(path, lambda f: yaml.safe_dump(obj, f, sort_keys=False), text=True)
-
-
-def save_rows(rows: list, path: str) -> None:
-    """Write a list of dicts as CSV atomically; the columns are every key, in order of appearance."""
-    keys = []
-    for row in rows:
-        keys += [k for k in row if k not in keys]
-
-    def write(f):
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    atomic_write(path, write, text=True)
 
 
 def keep_best(
@@ -256,16 +236,16 @@ def load_teacher(
     if not os.path.isfile(config_file):
         raise ConfigError(f'teacher: {path} has no {CONFIG_FILE} beside it to build its model; give the weights of '
                           'a run folder written by tkvision-train')
-    config = load_config(config_file)
-    if config['task'] == 'mae':
-        raise ConfigError(f"teacher: {path} is a masked autoencoder's (task: mae in {config_file}): it predicts "
-                          'pixels, not classes; give a finished classifier run\'s weights')
+    config = read_run_config(config_file)
+    if not task_named(config['task']).predicts_classes:
+        raise ConfigError(f"teacher: {path} is a masked autoencoder's (task: {config['task']} in {config_file}): it "
+                          'predicts pixels, not classes; give a finished classifier run\'s weights')
     model, _ = model_for_checkpoint(config, path, use_ema=False)
     model.requires_grad_(False)
     return model.eval().to(device)
 
 
-def load_init_weights(model: torch.nn.Module, path: str, task: str) -> Tuple[dict, str]:
+def load_init_weights(model: torch.nn.Module, path: str, task: Task) -> Tuple[dict, str]:
     """``init_from``: start ``model`` from the weights at ``path``: an MAE checkpoint's encoder for a
     classifier (`tkvision.models.mae.encoder_weights`), else a same-size or smaller model's
     weights; a smaller TokenFormer's tokens go into the first rows
@@ -278,7 +258,7 @@ def load_init_weights(model: torch.nn.Module, path: str, task: str) -> Tuple[dic
         FileNotFoundError: no file. WeightsMismatchError: tensors that do not fit (named).
     """
     weights = read_weights(path)
-    if is_mae_state_dict(weights) and task != 'mae':
+    if is_mae_state_dict(weights) and not task.reconstructs:
         encoder = encoder_weights(model, weights)
         grown = load_grown_state_dict(model, encoder['weights'])
         report = (f"MAE encoder from {path}: loaded {len(encoder['loaded'])} tensors, dropped "

@@ -35,19 +35,27 @@ import yaml
 
 from ..data import DataConfig, default_num_classes, resolve_data_cfg
 from ..utils.config_fields import (boolean, choice, field_rules, integer, key, number, plain_value, resume_mutable,
-                                   section_defaults, section_from_mapping, string)
+                                   rule, section_defaults, section_from_mapping, string)
 from ..utils.errors import ConfigError
 from .build import MaeConfig, ModelConfig, build_model
+from .config_history import RENAMED, REPLACED_KEYS, RETIRED_KEYS, RETIRED_VALUES
 from .config_rules import check_joined_keys
 from .distributed import ProcessConfig
+from .loggers import LOGGERS
 from .loss import LossConfig
 from .optim import GrowthConfig, OptimConfig
 from .recipes import config_path
+from .task import TASKS, task_named
 
 __all__ = ['RunConfig', 'TrainConfig', 'SECTION_CLASSES', 'SECTIONS', 'DEFAULTS', 'RULES', 'RESUME_MUTABLE',
-           'RENAMED', 'RETIRED_KEYS', 'RETIRED_VALUES', 'section', 'load_config', 'validate_config',
-           'resolve_run_config', 'model_for_config', 'parse_overrides', 'merge', 'migrate', 'config_changes',
-           'ConfigError']
+           'RENAMED', 'RETIRED_KEYS', 'REPLACED_KEYS', 'RETIRED_VALUES', 'section', 'load_config', 'validate_config',
+           'resolve_run_config', 'read_run_config', 'model_for_config', 'parse_overrides', 'merge', 'migrate',
+           'config_changes', 'ConfigError']
+
+
+def _is_logger_list(value: Any) -> bool:
+    return (isinstance(value, (list, tuple)) and all(isinstance(v, str) and v in LOGGERS for v in value)
+            and len(set(value)) == len(value))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,9 +63,10 @@ class RunConfig:
     """What a run trains, where it writes, and when it evaluates, saves and reports (the ``run`` section): the
     trainer's own keys (``tkvision.engine.trainer``)."""
 
-    task: str = key('classify', allowed=choice('classify', 'mae', 'linprobe'))
-    """``'classify'`` (supervised), ``'mae'`` (masked-autoencoder pretraining, no labels read) or ``'linprobe'``
-    (the ``init_from`` encoder frozen, BatchNorm + linear head: MAE's linear probing)."""
+    task: str = key('classify', allowed=choice(*TASKS))
+    """What is trained (``tkvision.engine.task.TASKS``): ``'classify'`` (supervised), ``'mae'`` (masked-autoencoder
+    pretraining, no labels read) or ``'linprobe'`` (the ``init_from`` encoder frozen, BatchNorm + linear head: MAE's
+    linear probing)."""
     seed: int = key(0, allowed=integer(0))
     """The run's seed: initial weights, data order, augmentation and every random draw derive from it."""
     output: str = key('runs/default', allowed=string(), resume=True)
@@ -70,8 +79,11 @@ class RunConfig:
     """Also write ``last.pth`` every N optimizer updates (mid-epoch); null: off."""
     checkpoint_every_minutes: Optional[float] = key(None, allowed=number(0, lo_open=True, null=True), resume=True)
     """Also write ``last.pth`` when this many minutes passed since the last one; null: off."""
-    tensorboard: bool = key(False, allowed=boolean(), resume=True)
-    """Write TensorBoard scalars to ``<output>/tb`` (needs the ``tensorboard`` extra)."""
+    loggers: Tuple[str, ...] = key((), allowed=rule(_is_logger_list, f"a list of loggers ({', '.join(LOGGERS)})"),
+                                   resume=True)
+    """Where the run's scalars go besides ``metrics.csv``, any number at once (``tkvision.engine.loggers``):
+    ``tensorboard`` (``<output>/tb``), ``wandb`` (Weights & Biases), ``mlflow``; e.g. ``[tensorboard, wandb]``.
+    Each needs its extra (``pip install 'tkvision[wandb]'``); a resumed run continues the same tracker runs."""
     log_interval: int = key(50, allowed=integer(1), resume=True)
     """Optimizer updates between progress updates, loss checks and signal checks."""
     progress: bool = key(True, allowed=boolean(), resume=True)
@@ -157,30 +169,6 @@ RULES = {k: r for name, cls in SECTION_CLASSES.items() for k, r in _keyed(name, 
 RESUME_MUTABLE = frozenset(k for name, cls in SECTION_CLASSES.items() for k in _keyed(name, dict.fromkeys(
     resume_mutable(cls))))
 
-#: Keys renamed since an earlier release: ``{old name: new name}``; the old name still reads.
-RENAMED = {'freeze_old_tokens': 'freeze_loaded_tokens'}  # one name per concept: growth.freeze_old_tokens differs
-
-#: Keys removed since an earlier release: ``{key: (the value that did what today's code does, what to do)}``. A
-#: file or the command line naming one is refused; an old checkpoint's config drops it when it holds that value.
-RETIRED_KEYS = {
-    'elastic_tau': ('kept', "prefixes keep the whole layer's tau ('follow' was lower at every prefix, docs/elastic.md);"
-                            ' delete the key'),
-    'elastic_start': (0.0, 'the smaller prefixes train from the first step (a delayed start, with in-place '
-                           'distillation, was lower at every prefix, docs/elastic.md); delete the key'),
-}
-
-#: Values removed since an earlier release: ``{(key, value): what to use}``.
-RETIRED_VALUES = {
-    ('distillation', 'inplace'): 'in-place distillation was lower than plain elastic training at every prefix '
-                                 '(docs/elastic.md); use distillation: none, or teacher with a trained model',
-    ('backward_mode', 'compiled'): "it never beat closed_form (docs/performance.md); use closed_form, and compile: "
-                                   'true to compile the whole model',
-    ('elastic_sampling', 'sandwich'): 'it was never trained and cost the most per step; use largest_plus_random '
-                                      '(the default), all or random',
-    ('elastic_nesting', 'no_attention'): 'it was never trained; use all (the default) or ffn',
-}
-
-
 def model_for_config(
         config: Union[TrainConfig, Mapping[str, Any]],
         num_classes: Optional[int] = None,
@@ -190,7 +178,7 @@ def model_for_config(
     ``num_classes`` (default: ``tkvision.data.default_num_classes`` of its data section)."""
     if not isinstance(config, TrainConfig):
         config = TrainConfig.from_dict(migrate(config))
-    mae = config.mae if config.run.task == 'mae' else None
+    mae = config.mae if task_named(config.run.task).reconstructs else None
     return build_model(config.model, mae, num_classes or default_num_classes(config.data))
 
 
@@ -223,6 +211,8 @@ def merge(
             name = RENAMED[name]
         if schema is DEFAULTS and name in RETIRED_KEYS:
             raise ConfigError(f'{name} was removed: {RETIRED_KEYS[name][1]} (in {where})')
+        if schema is DEFAULTS and name in REPLACED_KEYS:
+            raise ConfigError(f'{name} was replaced: {REPLACED_KEYS[name][0]} (in {where})')
         if name not in schema:
             raise ConfigError(f'unknown config key {name!r} in {where}; known keys: {", ".join(sorted(schema))}')
         if isinstance(schema[name], dict) and isinstance(value, dict):
@@ -270,6 +260,26 @@ def _read_yaml(path: str, seen=()) -> dict:
         return merge(DEFAULTS, data, path)
     base_cfg = _read_yaml(os.path.normpath(os.path.join(os.path.dirname(path), base)), seen + (path,))
     return merge(base_cfg, data, path)
+
+
+def read_run_config(path: str) -> dict:
+    """The ``config.yaml`` a run wrote into its folder, read as a checkpoint's config is (`migrate`: keys and values
+    removed since it trained are dropped or set to today's default), so a finished run's model still builds (a
+    teacher, validation), whatever it trained with.
+
+    Raises:
+        ConfigError: no such file, a file that is not YAML or not a mapping, or a key no release had (named).
+    """
+    if not os.path.isfile(path):
+        raise ConfigError(f'config file not found: {path}')
+    with open(path) as f:
+        try:
+            data = yaml.load(f, Loader=_StrictLoader) or {}
+        except (yaml.YAMLError, ConfigError) as e:
+            raise ConfigError(f'{path} is not a run\'s config.yaml: ' + ' '.join(str(e).split())) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f'{path}: a run\'s config.yaml is a YAML mapping')
+    return migrate(data)
 
 
 def parse_overrides(args: Any) -> dict:
@@ -331,27 +341,30 @@ def load_config(
     return validate_config(cfg)
 
 
-def validate_config(cfg: dict) -> dict:
+def validate_config(cfg: Mapping[str, Any]) -> dict:
     """Check every key of the flat config ``cfg`` against its field's rule (`RULES`), refuse a removed value
     (`RETIRED_VALUES`), then the rules that join keys (``tkvision.engine.config_rules.check_joined_keys``).
-    Integral floats (``300.0``) of integer keys become ints. Returns ``cfg``.
+
+    Returns:
+        a normalised copy (``cfg`` is left as it was): each value as its rule stores it (``Rule.normalize``:
+        ``300.0`` of an integer key as ``300``), the growth schedule's steps placed and filled
+        (``tkvision.engine.optim.check_growth``).
 
     Raises:
         ConfigError: the first bad value, naming the key, the value and what is allowed (or what replaced it).
     """
+    out: Dict[str, Any] = copy.deepcopy(dict(cfg))
     for (name, value), why in RETIRED_VALUES.items():
-        if cfg.get(name) == value:
+        if out.get(name) == value:
             raise ConfigError(f'{name}: {value!r} was removed: {why}')
-    for name, (check, allowed) in RULES.items():
+    for name, allowed in RULES.items():
         parent, _, leaf = name.rpartition('.')
-        node = cfg[parent] if parent else cfg
+        node = out[parent] if parent else out
         value = node[leaf]
-        if not check(value):
-            raise ConfigError(f'{name} must be {allowed}, got {value!r}')
-        if allowed.startswith('an integer') and value is not None:
-            node[leaf] = int(value)
-    check_joined_keys(cfg, section(cfg, 'optim'))
-    return cfg
+        if not allowed.check(value):
+            raise ConfigError(f'{name} must be {allowed.words}, got {value!r}')
+        node[leaf] = allowed.normalize(value)
+    return check_joined_keys(out, section(out, 'optim'))
 
 
 def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfig:
@@ -371,9 +384,9 @@ def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfi
             if not isinstance(part, cls):
                 raise ConfigError(f'TrainConfig({name}=...) must be a {cls.__name__}, got a {type(part).__name__}: '
                                   f'build it as {cls.__name__}(...) ({cls.__module__})')
-        flat = validate_config(copy.deepcopy(cfg.to_dict()))
+        flat = validate_config(cfg.to_dict())
     else:
-        flat = validate_config(merge(DEFAULTS, copy.deepcopy(dict(cfg)), 'the config mapping'))
+        flat = validate_config(merge(DEFAULTS, dict(cfg), 'the config mapping'))
     config = TrainConfig.from_dict(flat)
     return dataclasses.replace(config, data=resolve_data_cfg(config.data, config.model.model,
                                                              config.model.model_kwargs))
@@ -382,9 +395,17 @@ def resolve_run_config(cfg: Union[Mapping[str, Any], TrainConfig]) -> TrainConfi
 def migrate(cfg: Mapping[str, Any]) -> dict:
     """A config saved by an earlier release (a checkpoint's) with today's key names (`RENAMED`)
     and today's defaults for keys it did not have; ``val_split_fraction`` 0 where it is absent (earlier
-    releases validated on the dataset's own evaluation split); keys removed since (`RETIRED_KEYS`) dropped (a
-    resume refuses one that did other than today's code: `config_changes`)."""
-    kept = {name: value for name, value in cfg.items() if name not in RETIRED_KEYS}
+    releases validated on the dataset's own evaluation split); keys replaced since (`REPLACED_KEYS`) translated; keys
+    removed since (`RETIRED_KEYS`) dropped and values removed since (`RETIRED_VALUES`) set to today's default, so
+    that a finished run's config still builds its model (validation, export, a teacher). A resume refuses a removed
+    key or value the run trained with: `config_changes` compares the config as it was saved."""
+    kept = {name: value for name, value in cfg.items() if name not in RETIRED_KEYS and name not in REPLACED_KEYS}
+    for name, (_, translate) in REPLACED_KEYS.items():
+        if name in cfg:
+            kept.update(translate(cfg[name]))
+    for name, value in RETIRED_VALUES:  # what it trained with is done; what reads it (validate, a teacher) builds
+        if kept.get(name) == value:
+            kept[name] = DEFAULTS[name]
     return merge(DEFAULTS, {'val_split_fraction': 0.0, **kept}, 'checkpoint config')
 
 

@@ -13,7 +13,6 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from timm.utils import unwrap_model
 
-from ..utils.precision import AMP_DTYPES
 from ..utils.seeding import derive_seed
 
 __all__ = ['evaluate', 'evaluate_mae', 'mask_noise']
@@ -25,9 +24,11 @@ def evaluate(
         loader: Iterable,
         device: Union[str, torch.device],
         preprocess: Callable,
-        amp: Optional[str] = None,
+        autocast_dtype: Optional[torch.dtype] = None,
 ) -> dict:
-    """Top-1 / top-5 accuracy (%), mean cross-entropy and img/s of ``model`` over ``loader``.
+    """Top-1 / top-5 accuracy (%), mean cross-entropy and img/s of ``model`` over ``loader``, under
+    ``torch.autocast`` of ``autocast_dtype`` (None: float32), the training precision of the device's plan
+    (``tkvision.engine.distributed.DevicePlan.autocast_dtype``).
 
     ``loader`` yields ``(uint8 images [B, C, H, W], labels [B], bad_paths)``
     (`tkvision.data.collate_skip_bad`); ``preprocess`` (a `tkvision.data.BatchPreprocessor`)
@@ -41,7 +42,7 @@ def evaluate(
     device = torch.device(device)
     totals = torch.zeros(5, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, count, skipped
     start = time.perf_counter()
-    dtype = AMP_DTYPES[amp]
+    dtype = autocast_dtype
     for images, labels, bad in loader:
         totals[4] += len(bad)
         if images is None:
@@ -83,7 +84,7 @@ def evaluate_mae(
         loader: Iterable,
         device: Union[str, torch.device],
         preprocess: Callable,
-        amp: Optional[str] = None,
+        autocast_dtype: Optional[torch.dtype] = None,
         seed: int = 0,
 ) -> dict:
     """Mean MAE reconstruction loss of ``model`` (a
@@ -99,7 +100,7 @@ def evaluate_mae(
     device = torch.device(device)
     totals = torch.zeros(3, dtype=torch.float64, device=device)  # loss_sum, count, skipped
     start = time.perf_counter()
-    dtype = AMP_DTYPES[amp]
+    dtype = autocast_dtype
     for i, (images, _labels, bad) in enumerate(loader):
         totals[2] += len(bad)
         if images is None:

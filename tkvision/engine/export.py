@@ -19,6 +19,7 @@ from ..utils.errors import ConfigError, UsageError
 from ..utils.files import atomic_folder, holds_files, safetensors_os_errors
 from .checkpoint import load_training_checkpoint, model_for_checkpoint
 from .config import load_config
+from .task import task_named
 
 __all__ = ['EXPORT_FILES', 'export_model', 'export_checkpoint', 'check_export_target']
 
@@ -114,10 +115,10 @@ def export_checkpoint(
     if checkpoint.endswith('.pth'):
         state = load_training_checkpoint(checkpoint)
         cfg = state['config']
-        if cfg.get('task') == 'mae':
-            raise UsageError(f'{checkpoint} is a masked-autoencoder checkpoint (task: mae), not a classifier: '
-                             'fine-tune it first (a classifier config with init_from: its last.safetensors), then '
-                             'export that run')
+        if not task_named(cfg['task']).predicts_classes:
+            raise UsageError(f"{checkpoint} is a masked-autoencoder checkpoint (task: {cfg['task']}), not a "
+                             'classifier: fine-tune it first (a classifier config with init_from: its '
+                             'last.safetensors), then export that run')
         cfg = dict(cfg, model=model or cfg['model'], model_kwargs={**cfg['model_kwargs'], **kwargs}, drop_path_rate=0.0)
         source = 'ema' if use_ema and state.get('model_ema') else 'model'
         data_config = {k: cfg[k] for k in ('mean', 'std', 'crop_pct', 'interpolation') if cfg.get(k) is not None}

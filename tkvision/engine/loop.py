@@ -32,6 +32,7 @@ from .distributed import Processes
 from .loss import TrainTask
 from .optim import RunOptim
 from .run_data import RunData
+from .runlog import RunLog
 from .state import TrainState
 
 __all__ = ['train_one_epoch', 'seed_step', 'NonFiniteLossError', 'Preempted']
@@ -61,6 +62,7 @@ def train_one_epoch(
         optim: RunOptim,
         clock: RunClock,
         processes: Processes,
+        log: RunLog,
         epoch: int,
         *,
         epochs: int,
@@ -79,6 +81,7 @@ def train_one_epoch(
         optim: the optimizer's update (clipping, schedule, EMA).
         clock: checks, checkpoints and stop signals.
         processes: this process among the job's (its device and its precision plan).
+        log: the run log (each update's loss and lr, sent at the sync points).
         epoch: the epoch, counted from 0.
         epochs: the run's epochs (for the progress bar).
         progress: show a progress bar (rank 0 only).
@@ -99,7 +102,7 @@ def train_one_epoch(
     bar = tqdm(total=data.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{epochs}",
                leave=False, disable=not (processes.main and progress), dynamic_ncols=True)
     try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
-        _run_batches(state, _Step(data, task, optim, clock, processes), epoch, bar)
+        _run_batches(state, _Step(data, task, optim, clock, processes, log), epoch, bar)
     finally:
         bar.close()
     clock.check(state, force=True)
@@ -113,13 +116,15 @@ class _Step(NamedTuple):
     optim: RunOptim
     clock: RunClock
     processes: Processes
+    log: RunLog
 
 
 def _run_batches(state: TrainState, parts: _Step, epoch: int, bar):
     """The micro-batches of ``epoch`` from ``state.batches_done``: forward, backward, updates, checks."""
-    data, clock, processes = parts.data, parts.clock, parts.processes
+    data, clock, processes, log = parts.data, parts.clock, parts.processes, parts.log
     n, accum, meter = data.batches_per_epoch, data.accum, state.meter
     t0 = time.perf_counter() - meter['seconds']
+    log.mark(state)
     batches = iter(data.train_loader)
     for i in itertools.count(state.batches_done):
         waited = time.perf_counter()  # the host blocks here only when the loader is behind the device
@@ -145,9 +150,12 @@ def _run_batches(state: TrainState, parts: _Step, epoch: int, bar):
         parts.optim.step(state)
         state.batches_done = i + 1
         meter['seconds'] = time.perf_counter() - t0
+        log.update(state)
         if clock.check(state):
             raise Preempted(f'stopped by {clock.stop_signal} at update {state.num_updates}; state saved to '
                             f'{clock.checkpoint_path}: continue with --resume', clock.stop_signal)
+        if state.num_updates % clock.log_interval == 0:  # a sync point already: the kept updates cost no other
+            log.flush(state)
         if bar.n and state.num_updates % clock.log_interval == 0 and not bar.disable:
             bar.set_postfix(loss=f"{meter['loss_sum'].item() / max(meter['seen'], 1):.3f}",
                             lr=f"{state.optimizer.param_groups[0]['lr']:.2e}",

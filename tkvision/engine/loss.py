@@ -28,6 +28,7 @@ from ..models import input_shape
 from ..utils.config_fields import choice, is_number, key, number, rule, string
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
+from .task import Task
 
 __all__ = ['LossConfig', 'TrainTask', 'StepLoss', 'distillation_loss', 'check_teacher']
 
@@ -134,7 +135,7 @@ class TrainTask:
 
     Args:
         loss: the config's loss section.
-        task: ``'classify'``, ``'mae'`` or ``'linprobe'`` (MAE's loss is the model's own).
+        task: what is trained (``tkvision.engine.task.Task``): a masked autoencoder's loss is the model's own.
         seed: the run's seed (the elastic draws' stream).
         num_classes: the classifier's outputs (ignored for ``'mae'``).
         teacher: the trained model to distil from (``distillation: teacher``; in eval mode, no gradients), or None.
@@ -146,12 +147,12 @@ class TrainTask:
     def __init__(
             self,
             loss: LossConfig,
-            task: str,
+            task: Task,
             seed: int,
             num_classes: int,
             teacher: Optional[torch.nn.Module] = None,
     ):
-        self.name, self.seed, self.teacher = task, seed, teacher
+        self.task, self.seed, self.teacher = task, seed, teacher
         self.fractions, self.sampling = loss.elastic_fractions, loss.elastic_sampling
         self.nesting = loss.elastic_nesting
         self.temperature, self.task_weight = loss.distillation_temperature, loss.distillation_task_weight
@@ -159,7 +160,7 @@ class TrainTask:
         if (loss.distillation == 'teacher') != (teacher is not None):
             raise ConfigError("distillation: teacher needs the teacher's model (key teacher: a finished run's weights)")
         self.mixup: Optional[Mixup] = None
-        if task != 'mae' and (loss.mixup > 0 or loss.cutmix > 0):
+        if task.predicts_classes and (loss.mixup > 0 or loss.cutmix > 0):
             self.mixup = Mixup(mixup_alpha=loss.mixup, cutmix_alpha=loss.cutmix, prob=loss.mixup_prob,
                                switch_prob=loss.mixup_switch_prob, label_smoothing=loss.smoothing,
                                num_classes=num_classes)
@@ -214,7 +215,7 @@ class TrainTask:
         Yields:
             `StepLoss`; the model runs at every token again once the last is yielded (or the caller stops).
         """
-        if self.name != 'mae':
+        if self.task.predicts_classes:
             images, labels = self._targets(images, labels)
         with autocast():
             teacher = self._teacher_logits(images)
@@ -225,7 +226,7 @@ class TrainTask:
                     elastic.set_prefix(model, fraction, self.nesting)
                 with autocast():
                     output = net(images)  # an MAE draws its masks from the micro-batch's seed (exact resume)
-                    value = output[0] if self.name == 'mae' else self.loss(output, labels, teacher)
+                    value = output[0] if self.task.reconstructs else self.loss(output, labels, teacher)
                 yield StepLoss(value, len(labels), len(prefixes), j + 1 == len(prefixes))
         finally:
             if self.fractions:  # every token, as evaluation and checkpoints expect

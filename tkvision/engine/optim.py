@@ -35,6 +35,7 @@ import math
 from types import MappingProxyType
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+import timm
 import torch
 from timm.optim import create_optimizer_v2
 from timm.scheduler import create_scheduler_v2
@@ -44,14 +45,15 @@ from torch.utils.hooks import RemovableHandle
 
 from .. import growth
 from ..growth import elastic
-from ..layers import Pattention
-from ..utils.config_fields import boolean, choice, integer, key, mapping, number, numbers, rule, string
+from ..layers import PATTENTION_KINDS, Pattention
+from ..utils.config_fields import (boolean, choice, integer, is_number, key, mapping, number, numbers, rule,
+                                   string)
 from ..utils.errors import ConfigError, RunError
 from .state import TrainState, UpdateSchedule
 
-__all__ = ['OptimConfig', 'GrowthConfig', 'SCHEDULERS', 'SCHEDULE_STEP', 'resolve_lr', 'resolve_accum_steps',
-           'RunOptim', 'build_optimizer', 'split_parameter_tokens', 'build_scheduler', 'StagedScheduler',
-           'RewarmScheduler', 'growth_stages']
+__all__ = ['OptimConfig', 'GrowthConfig', 'check_growth', 'SCHEDULERS', 'SCHEDULE_STEP', 'resolve_lr',
+           'resolve_accum_steps', 'RunOptim', 'build_optimizer', 'split_parameter_tokens', 'build_scheduler',
+           'StagedScheduler', 'RewarmScheduler', 'growth_stages']
 
 #: timm schedulers usable per optimizer update (``timm.scheduler.create_scheduler_v2``; 'plateau'
 #: steps per epoch on a metric and is not offered).
@@ -59,7 +61,7 @@ SCHEDULERS = ('cosine', 'tanh', 'poly', 'step', 'multistep', 'wsd', 'rsqrt', 'co
 #: Keys of one ``growth.schedule`` step and their defaults (None: required). ``at_fraction`` (a fraction of the
 #: run's epochs) may stand for ``at_epoch``: the config check places the step at the nearest epoch.
 SCHEDULE_STEP = {'at_epoch': None, 'to': None, 'warmup_epochs': 0.0, 'lr_scale': 1.0}
-#: ``growth.schedule`` is a list; each step's keys are checked with the run's epochs (``tkvision.engine.config_rules``).
+#: ``growth.schedule`` is a list; each step's keys are checked with the run's epochs (`check_growth`).
 SCHEDULE_RULE = rule(lambda v: isinstance(v, (list, tuple)),
                      'a list of steps {at_epoch or at_fraction, to[, warmup_epochs, lr_scale]}')
 
@@ -155,6 +157,149 @@ class GrowthConfig:
     eval_after_step: bool = key(False, allowed=boolean())
     """Evaluate right after each growth step: the loss jump (``metrics.csv``'s ``val_loss_after_growth``,
     ``top1_after_growth``)."""
+
+
+def check_growth(
+        growth: Mapping[str, Any],
+        epochs: int,
+        warmup_epochs: float,
+) -> dict:
+    """The growth section's checks that its keys' own rules cannot make (the run's ``epochs`` and ``warmup_epochs``
+    joined in): the token kinds of ``add_tokens``, each ``schedule`` step's keys, its place (``at_fraction`` placed
+    at the nearest epoch, `SCHEDULE_STEP`'s defaults filled in) and the options that go with a schedule.
+
+    Args:
+        growth: the config's ``growth`` mapping (each key's own rule checked).
+        epochs: the run's epochs.
+        warmup_epochs: the run's warmup.
+
+    Returns:
+        a normalised copy of ``growth`` (the mapping given is left as it was): the schedule's steps placed by epoch,
+        with every key.
+
+    Raises:
+        ConfigError: an unknown kind or a bad count in ``add_tokens``; a step that is not a mapping, an unknown or
+            missing key (named), a bad ``at_fraction`` (`_place_by_fraction`), ``at_epoch`` not increasing within
+            ``1 .. epochs - 1``, a ``warmup_epochs`` not shorter than its stage, a bad ``to``; a growth option that
+            contradicts the schedule (`_check_growth_options`).
+    """
+    for kind, n in growth['add_tokens'].items():
+        if kind not in PATTENTION_KINDS:
+            raise ConfigError(f'growth.add_tokens: unknown token kind {kind!r}; kinds are '
+                              f'{", ".join(PATTENTION_KINDS)}')
+        if not (is_number(n) and float(n).is_integer() and n >= 0):
+            raise ConfigError(f'growth.add_tokens.{kind} must be an integer >= 0, got {n!r}')
+    steps = [_place_by_fraction(step, epochs, f'growth.schedule[{i}]') for i, step in enumerate(growth['schedule'])]
+    _check_growth_options(growth, steps)
+    first = steps[0].get('at_epoch') if steps and isinstance(steps[0], dict) else None
+    if first is not None and is_number(first) and warmup_epochs >= first:
+        raise ConfigError(f'warmup_epochs {warmup_epochs} must be shorter than the first stage of growth.schedule '
+                          f'({first} epochs)')
+    steps = _step_epochs(steps, epochs)
+    for i, step in enumerate(steps):
+        end = steps[i + 1]['at_epoch'] if i + 1 < len(steps) else epochs
+        _check_step(step, f'growth.schedule[{i}]', end)
+    return dict(growth, schedule=steps)
+
+
+def _step_epochs(steps: list, epochs: int) -> list:
+    """Each step as a new mapping with every key of `SCHEDULE_STEP` (defaults filled), its ``at_epoch`` an integer.
+
+    Raises:
+        ConfigError: a step that is not a mapping, an unknown or missing key, or ``at_epoch`` not increasing within
+            ``1 .. epochs - 1``.
+    """
+    out, prev = [], 0
+    for i, step in enumerate(steps):
+        where = f'growth.schedule[{i}]'
+        if not isinstance(step, Mapping):
+            raise ConfigError(f'{where} must be a mapping {{at_epoch or at_fraction, to[, warmup_epochs, lr_scale]}}, '
+                              f'got {step!r}')
+        unknown = sorted(set(step) - set(SCHEDULE_STEP))
+        if unknown:
+            keys = ', '.join(['at_epoch', 'at_fraction'] + [k for k in SCHEDULE_STEP if k != 'at_epoch'])
+            raise ConfigError(f'{where}: unknown key {unknown[0]!r}; keys are {keys}')
+        missing = [k for k, v in SCHEDULE_STEP.items() if v is None and k not in step]
+        if missing:
+            alternative = " (or 'at_fraction', a fraction of the epochs)" if missing[0] == 'at_epoch' else ''
+            raise ConfigError(f'{where}: missing {missing[0]!r}{alternative}')
+        step = {**SCHEDULE_STEP, **step}
+        at = step['at_epoch']
+        if not (is_number(at) and float(at).is_integer() and prev < at < epochs):
+            raise ConfigError(f'{where}.at_epoch must be an integer in {prev + 1} .. {epochs - 1} (increasing, '
+                              f'before the last epoch), got {at!r}')
+        step['at_epoch'] = prev = int(at)
+        out.append(step)
+    return out
+
+
+def _check_step(step: Mapping[str, Any], where: str, end: int) -> None:
+    """One placed step's warmup (shorter than its stage, which ends at epoch ``end``), lr scale and target.
+
+    Raises:
+        ConfigError: naming the step's key and what it allows.
+    """
+    if not (is_number(step['warmup_epochs']) and 0 <= step['warmup_epochs'] < end - step['at_epoch']):
+        raise ConfigError(f"{where}.warmup_epochs must be >= 0 and shorter than its stage, got "
+                          f"{step['warmup_epochs']!r}")
+    if not (is_number(step['lr_scale']) and step['lr_scale'] > 0):
+        raise ConfigError(f"{where}.lr_scale must be a number > 0, got {step['lr_scale']!r}")
+    to = step['to']
+    if isinstance(to, Mapping):
+        for kind, n in to.items():
+            if kind not in PATTENTION_KINDS + ('mlp_hidden',):
+                raise ConfigError(f'{where}.to: unknown kind {kind!r}; kinds are {", ".join(PATTENTION_KINDS)} '
+                                  '(or mlp_hidden for a timm ViT)')
+            if not (is_number(n) and float(n).is_integer() and n >= 1):
+                raise ConfigError(f'{where}.to.{kind} must be an integer >= 1, got {n!r}')
+    elif not (isinstance(to, str) and to):
+        raise ConfigError(f'{where}.to must be a registered variant name or a mapping {{kind: tokens}}, got {to!r}')
+    elif not timm.is_model(to):
+        raise ConfigError(f'{where}.to: {to!r} is not a registered model (timm.list_models("tokenformer_*") '
+                          'lists them)')
+
+
+def _place_by_fraction(step, epochs: int, where: str):
+    """``step`` with ``at_fraction`` (a fraction of the run's ``epochs``) replaced by ``at_epoch``, the nearest
+    epoch (halves round up), so that a recipe keeps its stage placement when its budget changes; any other step
+    as it is.
+
+    Raises:
+        ConfigError: both ``at_epoch`` and ``at_fraction``, a fraction outside (0, 1), or one that lands on epoch
+            0 or the last epoch (named with the epoch it gives).
+    """
+    if not (isinstance(step, Mapping) and 'at_fraction' in step):
+        return step
+    fraction = step['at_fraction']
+    if 'at_epoch' in step:
+        raise ConfigError(f'{where} gives both at_epoch and at_fraction: place the step by one of them')
+    if not (is_number(fraction) and 0 < fraction < 1):
+        raise ConfigError(f'{where}.at_fraction must be a number in (0, 1), a fraction of the {epochs} epochs, '
+                          f'got {fraction!r}')
+    epoch = math.floor(fraction * epochs + 0.5)
+    if not 1 <= epoch <= epochs - 1:
+        raise ConfigError(f'{where}.at_fraction {fraction} of {epochs} epochs is epoch {epoch}: a growth step '
+                          f'needs an epoch before and after it (1 .. {epochs - 1})')
+    placed = {k: v for k, v in step.items() if k != 'at_fraction'}
+    placed['at_epoch'] = epoch
+    return placed
+
+
+def _check_growth_options(growth: Mapping[str, Any], steps: list):
+    """The ``growth`` options that go with a schedule or against one.
+
+    Raises:
+        ConfigError: a schedule together with ``growth.every_epochs``, or ``growth.freeze_old_tokens`` /
+            ``growth.new_token_lr_scale`` without a schedule.
+    """
+    if steps and growth['every_epochs']:
+        raise ConfigError('growth.schedule and growth.every_epochs both grow the model: use one of them')
+    if growth['freeze_old_tokens'] and not steps:
+        raise ConfigError('growth.freeze_old_tokens freezes the tokens of earlier stages: it needs growth.schedule '
+                          '(to train only new tokens of a grown checkpoint, use freeze_loaded_tokens with init_from)')
+    if growth['new_token_lr_scale'] != 1.0 and not steps:
+        raise ConfigError(f"growth.new_token_lr_scale {growth['new_token_lr_scale']} scales the lr of the tokens a "
+                          'growth.schedule step appends: it needs growth.schedule')
 
 
 def resolve_accum_steps(

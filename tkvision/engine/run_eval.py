@@ -7,11 +7,12 @@ Each figure comes from ``tkvision.engine.evaluate`` (top-1 / top-5 and loss, or 
 reconstruction loss with the run's fixed masks) on the run's device, preprocessing and precision (`net`).
 """
 import os
-from typing import Iterable, Optional
+from typing import Iterable
 
 import torch
 
 from .checkpoint import keep_best, model_for_checkpoint
+from .distributed import Processes
 from .evaluate import evaluate, evaluate_mae
 from .loss import TrainTask
 from .run_data import RunData
@@ -25,29 +26,26 @@ class RunEvaluator:
 
     Args:
         data: the run's loaders and preprocessing.
-        task: the training task (its name, and the elastic prefixes to report).
-        device: where the model runs.
-        amp: ``None``, ``'bf16'`` or ``'fp16'``.
+        task: the training task (what it evaluates, and the elastic prefixes to report).
+        processes: this process among the job's: its device, its precision (the plan's ``autocast_dtype``) and
+            whether it is rank 0 (it writes ``best.safetensors``).
         seed: the run's seed (an MAE's fixed evaluation masks).
         model_name: the model's registry name (the best weights' metadata).
         best_path: the run's ``best.safetensors`` (written by rank 0, read by every rank at the end).
-        main: whether this process is rank 0.
     """
 
     def __init__(
             self,
             data: RunData,
             task: TrainTask,
-            device: torch.device,
-            amp: Optional[str],
+            processes: Processes,
             seed: int,
             model_name: str,
             best_path: str,
-            main: bool,
     ):
-        self.data, self.task, self.device, self.amp, self.seed = data, task, device, amp, seed
-        self.model_name, self.best_path, self.main = model_name, best_path, main
-        self.mae = task.name == 'mae'
+        self.data, self.task, self.seed, self.model_name, self.best_path = data, task, seed, model_name, best_path
+        self.device, self.dtype, self.main = processes.device, processes.plan.autocast_dtype, processes.main
+        self.mae = task.task.reconstructs
 
     def epoch(
             self,
@@ -69,9 +67,9 @@ class RunEvaluator:
         models = [('model', state.net, state.model)] + ([('ema', state.ema.module, state.ema.module)]
                                                           if state.ema else [])
         results = {source: self.net(net, loader) for source, net, _ in models}
-        metric, mode = ('val_loss', 'min') if mae else ('top1', 'max')
+        metric, mode = self.task.task.best
         candidates = [(source, results[source]['loss' if mae else 'top1'], model) for source, _, model in models]
-        metadata = dict(model=self.model_name, epoch=epoch, **(dict(task='mae') if mae else {}))
+        metadata = dict(model=self.model_name, epoch=epoch, **(dict(task=self.task.task.name) if mae else {}))
         state.best = keep_best(state.best, candidates, metric, mode, self.best_path if self.main else None, metadata)
         main = results['model']
         row = (dict(val_loss=main['loss'], val_skipped=main['skipped']) if mae else
@@ -92,8 +90,8 @@ class RunEvaluator:
         """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks) of
         ``net`` on ``loader`` with the run's device, preprocessing and precision."""
         if self.mae:
-            return evaluate_mae(net, loader, self.device, self.data.preprocess, self.amp, self.seed)
-        return evaluate(net, loader, self.device, self.data.preprocess, self.amp)
+            return evaluate_mae(net, loader, self.device, self.data.preprocess, self.dtype, self.seed)
+        return evaluate(net, loader, self.device, self.data.preprocess, self.dtype)
 
     def prefixes(
             self,

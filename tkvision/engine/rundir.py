@@ -3,7 +3,8 @@
 A run owns ``cfg['output']``. Starting a run in a directory that already holds a run's files fails
 with a message naming the directory and the two ways out (``--resume`` to continue it, or another
 ``--output``); a directory that holds only the ``config.yaml`` of a run killed before its first
-checkpoint is not a run to protect (there is nothing to continue), so it may start again there: we chose failing over
+checkpoint (what ``tkvision.engine.runlog.RunLog.early_files`` names: its config and its loggers' files) is not a run
+to protect (there is nothing to continue), so it may start again there: we chose failing over
 timm's ``<output>/<date>-<model>`` subdirectories because a
 pre-empted job that is requeued with ``--resume`` must find its own files at a fixed path.
 
@@ -40,7 +41,7 @@ import os
 import re
 import socket
 import stat
-from typing import Optional, Tuple, Union
+from typing import Collection, Optional, Tuple, Union
 
 from ..utils.errors import RunError
 from ..utils.files import FILE_MODE
@@ -51,8 +52,6 @@ __all__ = ['LOCK_NAME', 'RESTART_COUNTS', 'RunDirLock', 'claim_output', 'claim_o
            'job_identity', 'restarts_this_run', 'output_dir_in_use']
 
 LOCK_NAME = '.lock'
-#: What a run writes before its first checkpoint (``config.yaml``; TensorBoard's folder).
-_BEFORE_FIRST_CHECKPOINT = (LOCK_NAME, 'config.yaml', 'tb')
 
 
 #: Environment variables by which a launcher tells a worker it was restarted (a count above 0): torchrun's
@@ -63,12 +62,13 @@ RESTART_COUNTS = ('TORCHELASTIC_RESTART_COUNT', 'SLURM_RESTART_COUNT')
 _TEMPORARY = re.compile(r'^\..+\.tmp$')
 
 
-def run_files(out: str) -> list:
-    """The files of ``out`` that hold a run's work (all but the lock, ``config.yaml``, ``tb/`` and the
-    temporaries of interrupted writes), sorted."""
+def run_files(out: str, early: Collection[str]) -> list:
+    """The files of ``out`` that hold a run's work, sorted: all but the lock, the temporaries of interrupted writes
+    and ``early``, what a run writes before its first checkpoint (``tkvision.engine.runlog.RunLog.early_files``:
+    its config and its loggers' files)."""
     if not os.path.isdir(out):
         return []
-    return sorted(f for f in os.listdir(out) if f not in _BEFORE_FIRST_CHECKPOINT and not _TEMPORARY.match(f))
+    return sorted(f for f in os.listdir(out) if f != LOCK_NAME and f not in early and not _TEMPORARY.match(f))
 
 
 def remove_stale_temporaries(out: str) -> list:
@@ -160,12 +160,14 @@ class RunDirLock:
             self.fd = None
 
 
-def claim_output_dir(out: str, resume: bool) -> RunDirLock:
+def claim_output_dir(out: str, resume: bool, early: Collection[str] = ()) -> RunDirLock:
     """Create ``out`` if needed and lock it for this run.
 
     Args:
         out: the run's output directory.
         resume: the run continues the one in ``out`` (its files are expected there).
+        early: what a run writes before its first checkpoint (`run_files`): a folder holding no more is no run to
+            protect.
 
     Raises:
         RunError: another process holds the lock (its host and pid are named), or ``out`` already
@@ -187,7 +189,7 @@ def claim_output_dir(out: str, resume: bool) -> RunDirLock:
         os.close(fd)
         raise RunError(f'output directory {out} is in use by a running job ({holder}); wait for it to end, '
                        'or pass another --output') from None
-    others = run_files(out)
+    others = run_files(out, early)
     if others and not resume:
         fcntl.lockf(fd, fcntl.LOCK_UN)
         os.close(fd)
@@ -247,6 +249,7 @@ def claim_output(
         processes: Processes,
         checkpoint: str,
         resume: Union[None, bool, str],
+        early: Collection[str] = (),
 ) -> Tuple[Optional[RunDirLock], Union[None, bool, str]]:
     """Claim ``output`` for a run of ``processes`` (a ``tkvision.engine.distributed.Processes``): rank 0 locks it
     ([`claim_output_dir`][tkvision.engine.rundir.claim_output_dir]); every rank fails if it could not. A run resumed
@@ -259,6 +262,7 @@ def claim_output(
         processes: this process among the job's.
         checkpoint: the file name of the run's checkpoint in ``output`` (``last.pth``).
         resume: the ``resume`` argument of ``tkvision.engine.trainer.train``: None, True or a checkpoint path.
+        early: what a run writes before its first checkpoint (`run_files`).
 
     Returns:
         ``(lock, resume)``: the lock (rank 0; None elsewhere) and ``resume``, True where the restart decided it.
@@ -277,7 +281,7 @@ def claim_output(
     lock, error = None, None
     if main:
         try:
-            lock = claim_output_dir(output, resume=in_place)
+            lock = claim_output_dir(output, resume=in_place, early=early)
         except RunError as e:
             error = e
     if not all_ranks_agree(error is None, device):

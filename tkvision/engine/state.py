@@ -19,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import growth
 from .distributed import Processes
+from .task import Task
 
 __all__ = ['TrainState', 'UpdateSchedule', 'EpochMeter', 'FORMAT_VERSION']
 
@@ -63,7 +64,7 @@ class TrainState:
         scheduler: the lr schedule of that optimizer (`tkvision.engine.optim.RunOptim.scheduler`).
         processes: this process among the job's (``tkvision.engine.distributed.Processes``): where the model
             lives, and its device's plan for the scaler, ``torch.compile`` and DDP.
-        task: ``'classify'``, ``'mae'`` or ``'linprobe'``.
+        task: what is trained (``tkvision.engine.task.Task``): which evaluation is best (``Task.best``).
         ema_decay: the EMA's decay per update, or None for no EMA (``model_ema``).
         config_record: the whole config, read-only, written into every ``last.pth`` (a resumed run compares
             its own with it); nothing here reads settings from it.
@@ -93,7 +94,7 @@ class TrainState:
             scheduler: UpdateSchedule,
             *,
             processes: Processes,
-            task: str,
+            task: Task,
             ema_decay: Optional[float] = None,
             config_record: Optional[Mapping] = None,
             started: Optional[float] = None,
@@ -101,7 +102,7 @@ class TrainState:
             init_report: str = '',
             inputs: Optional[Mapping[str, Mapping[str, str]]] = None,
     ):
-        self.task, self.device, self.world, self.plan = task, processes.device, processes.world, processes.plan
+        self.device, self.world, self.plan = processes.device, processes.world, processes.plan
         self.config_record = MappingProxyType(dict(config_record or {}))
         self.seconds_before, self._started = 0.0, time.monotonic() if started is None else started
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -110,8 +111,8 @@ class TrainState:
         self.epochs_done = self.batches_done = self.num_updates = 0
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.plan.grad_scaler)
         self.ema = ModelEmaV3(self.model, decay=ema_decay) if ema_decay is not None else None
-        self.best = (dict(val_loss=math.inf, epoch=-1, source='model') if task == 'mae'
-                     else dict(top1=-1.0, epoch=-1, source='model'))
+        metric, mode = task.best
+        self.best = {metric: math.inf if mode == 'min' else -1.0, 'epoch': -1, 'source': 'model'}
         self.reset_meter()
         self.wrap()
 
@@ -162,7 +163,8 @@ class TrainState:
         ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``inputs`` (the files it started from,
         with their sha256: ``teacher``, ``init_from``), ``elapsed_seconds`` (the run's wall
         seconds so far, all processes that trained it: `elapsed_seconds`; files without it count from their
-        resume), ``format_version`` (`FORMAT_VERSION`). The scheduler is not saved:
+        resume), ``world_size`` (the processes that wrote it: a resume needs as many), ``format_version``
+        (`FORMAT_VERSION`). The scheduler is not saved:
         it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
         """
         m = self.meter
@@ -172,7 +174,8 @@ class TrainState:
                     best=self.best, token_counts=self.size(), config=dict(self.config_record),
                     meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'],
                                seconds=m['seconds'], data_seconds=m['data_seconds']),
-                    inputs=self.inputs, elapsed_seconds=self.elapsed_seconds(), format_version=FORMAT_VERSION)
+                    inputs=self.inputs, elapsed_seconds=self.elapsed_seconds(), world_size=self.world,
+                    format_version=FORMAT_VERSION)
 
     def restore(self, checkpoint: dict) -> None:
         """The state's own parts of a ``last.pth`` dict: the scaler, the EMA weights, the counters, the best

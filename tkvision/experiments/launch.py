@@ -31,7 +31,8 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 import submitit
 import yaml
 
-from ..engine.checkpoint import LAST_CHECKPOINT, METRICS_FILE
+from ..engine.checkpoint import LAST_CHECKPOINT
+from ..engine.runlog import METRICS_FILE
 from ..engine.rundir import output_dir_in_use
 from ..utils.errors import ConfigError, RunError
 from ..utils.files import atomic_write
@@ -71,6 +72,9 @@ class Launcher:
         array_parallelism: array tasks running at once (SLURM; None: submitit's default, 256).
         slurm_options: further ``#SBATCH`` options as ``(name, value)`` pairs (``account``, ``qos``).
         max_timeouts: time-outs after which a point is not requeued again (pre-emptions do not count).
+        signal_delay_s: seconds before the time limit at which SLURM sends submitit's USR2 (submitit's
+            ``slurm_signal_delay_s``; None: its 90). A point checkpoints and is requeued on it; a short limit
+            (a test's) needs a short delay.
     """
     executor: str = 'inline'
     parallel: int = 1
@@ -83,11 +87,13 @@ class Launcher:
     array_parallelism: Optional[int] = None
     slurm_options: Tuple[Tuple[str, str], ...] = ()
     max_timeouts: int = 3
+    signal_delay_s: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.executor not in EXECUTORS:
             raise ConfigError(f'--executor {self.executor!r}: use one of {", ".join(EXECUTORS)}')
-        for name in ('parallel', 'nodes', 'timeout_min', 'tasks_per_node', 'cpus_per_task', 'array_parallelism'):
+        for name in ('parallel', 'nodes', 'timeout_min', 'tasks_per_node', 'cpus_per_task', 'array_parallelism',
+                     'signal_delay_s'):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ConfigError(f'launcher {name}: {value!r} is not an integer >= 1')
@@ -117,6 +123,8 @@ class Launcher:
                 params['slurm_partition'] = self.partition
             if self.array_parallelism:
                 params['slurm_array_parallelism'] = self.array_parallelism
+            if self.signal_delay_s:
+                params['slurm_signal_delay_s'] = self.signal_delay_s
         return params
 
 

@@ -18,9 +18,16 @@ __all__ = ['Rule', 'key', 'integer', 'number', 'boolean', 'string', 'mapping', '
 
 
 class Rule(NamedTuple):
-    """What a key allows: ``check(value) -> bool`` and the words an error message says (``'an integer >= 1'``)."""
+    """What a key allows: ``check(value) -> bool``, the words an error message says (``'an integer >= 1'``), and the
+    type an allowed value is stored as (``coerce(value)``: ``int`` for an integer rule, so ``300.0`` is kept as
+    ``300``; None keeps the value as it is)."""
     check: Callable[[Any], bool]
     words: str
+    coerce: Optional[Callable[[Any], Any]] = None
+
+    def normalize(self, value: Any) -> Any:
+        """``value`` (allowed by `check`) as the key stores it: converted by `coerce`, ``None`` kept."""
+        return value if self.coerce is None or value is None else self.coerce(value)
 
 
 def is_number(value: Any) -> bool:
@@ -39,8 +46,8 @@ def _bounds(lo, hi, lo_open, hi_open):
     return ok, words
 
 
-def _nullable(check: Callable[[Any], bool], words: str, null: bool) -> Rule:
-    return Rule(lambda v: null if v is None else check(v), words + (' or null' if null else ''))
+def _nullable(check: Callable[[Any], bool], words: str, null: bool, coerce: Optional[Callable] = None) -> Rule:
+    return Rule(lambda v: null if v is None else check(v), words + (' or null' if null else ''), coerce)
 
 
 def integer(
@@ -51,7 +58,7 @@ def integer(
 ) -> Rule:
     """A whole number within ``[lo, hi]`` (``300.0`` counts; the config-file code stores it as ``300``)."""
     ok, words = _bounds(lo, hi, False, False)
-    return _nullable(lambda v: is_number(v) and float(v).is_integer() and ok(v), 'an integer' + words, null)
+    return _nullable(lambda v: is_number(v) and float(v).is_integer() and ok(v), 'an integer' + words, null, int)
 
 
 def number(

@@ -1,0 +1,307 @@
+"""The run log and the trackers users live in, each read back with its own client: TensorBoard's event reader,
+W&B's own record format (its offline ``.wandb`` files, parsed with W&B's protobuf classes), MLflow's
+``MlflowClient`` against a local store and against a real ``mlflow server`` on 127.0.0.1 started here. Nothing
+touches the network (``WANDB_MODE=offline``)."""
+import csv
+import glob
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+
+from tkvision.engine.config import ConfigError, load_config, migrate
+from tkvision.engine.runlog import RunLog
+
+from .helpers import ROOT, TINY_FMNIST, wait_for_checkpoint
+
+ALL = ['tensorboard', 'wandb', 'mlflow']
+#: 1024 training images in batches of 64: 16 updates an epoch.
+PER_EPOCH = 16
+
+
+def _write_config(tmp_path, name: str = 'tiny', **overrides) -> str:
+    cfg = dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST, rrc_scale=None, epochs=2, batch_size=64,
+               lr=2e-3, warmup_epochs=0.5, train_subset=1024, val_subset=512, threads=1, progress=False,
+               log_interval=2, loggers=ALL)
+    cfg.update(overrides)
+    path = tmp_path / f'{name}.yaml'
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def _env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(('WANDB_', 'MLFLOW_'))}
+    # W&B's transaction log flushed every 0.2 s (15 s by default): what a killed attempt wrote is on disk to read
+    env.update(WANDB_MODE='offline', WANDB_SILENT='true', WANDB__TRANSACTION_LOG_FLUSH_INTERVAL='0.2', PYTHONPATH=ROOT,
+               **extra)
+    return env
+
+
+def _start(config: str, out: str, *args, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, 'tools', 'train.py'), '--config', config,
+                             '--output', out, *args], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env or _env())
+
+
+def _wait_for(path: str, p: subprocess.Popen, timeout: float = 300) -> None:
+    """Until ``path`` exists (polled every 50 ms); fails with the run's output if ``p`` ends first."""
+    deadline = time.time() + timeout
+    while not os.path.exists(path):
+        assert p.poll() is None and time.time() < deadline, p.communicate()[0] if p.poll() is not None else timeout
+        time.sleep(0.05)
+
+
+def _finish(p: subprocess.Popen, code: int = 0) -> str:
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == code, log
+    return log
+
+
+def wandb_history(out: str) -> dict:
+    """``{key: [(step, value), ...]}`` of the W&B run in the offline attempts under ``<out>/wandb`` (oldest first), as
+    W&B keeps it: a step an earlier attempt wrote already is kept once, W&B's rule that a run's steps only increase;
+    ``'_exit'``: each attempt's exit code, ``'_ids'``: the run ids. W&B's transaction log is a LevelDB-style log of
+    32 KiB blocks after a 7-byte header (https://github.com/wandb/wandb/blob/main/core/pkg/leveldb), each record a
+    ``wandb_internal_pb2.Record``."""
+    from wandb.proto import wandb_internal_pb2 as pb
+    found: dict = {'_exit': [], '_ids': set()}
+    for path in sorted(glob.glob(os.path.join(out, 'wandb', '*run-*', 'run-*.wandb'))):
+        data = open(path, 'rb').read()
+        assert data[:4] == b':W&B', path
+        pos, pending = 7, b''
+        while pos + 7 <= len(data):
+            block_left = 32768 - pos % 32768
+            if block_left < 7:  # the block's tail is padding
+                pos += block_left
+                continue
+            length, kind = int.from_bytes(data[pos + 4:pos + 6], 'little'), data[pos + 6]
+            if (length == 0 and kind == 0) or pos + 7 + length > len(data):  # the end, or a record being written
+                break
+            pending += data[pos + 7:pos + 7 + length]
+            pos += 7 + length
+            if kind in (1, 4):  # a full record, or the last piece of one
+                record = pb.Record()
+                record.ParseFromString(pending)
+                pending = b''
+                what = record.WhichOneof('record_type')
+                if what == 'history':
+                    items = {i.key or '/'.join(i.nested_key): json.loads(i.value_json) for i in record.history.item}
+                    for key, value in items.items():
+                        kept = [] if key.startswith('_') else found.setdefault(key, [])
+                        if not (kept and items['_step'] <= kept[-1][0]):
+                            kept.append((items['_step'], value))
+                elif what == 'exit':
+                    found['_exit'].append(record.exit.exit_code)
+                elif what == 'run':
+                    found['_ids'].add(record.run.run_id)
+    return found
+
+
+def tensorboard_history(out: str) -> dict:
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    events = EventAccumulator(os.path.join(out, 'tb'))
+    events.Reload()
+    return {tag: [(e.step, e.value) for e in events.Scalars(tag)] for tag in events.Tags()['scalars']}
+
+
+def mlflow_history(uri: str, run_id: str) -> dict:
+    from mlflow.tracking import MlflowClient
+    client = MlflowClient(tracking_uri=uri)
+    run = client.get_run(run_id)
+    return {key: [(m.step, m.value) for m in client.get_metric_history(run_id, key)] for key in run.data.metrics} | \
+        {'_status': run.info.status, '_tags': run.data.tags, '_params': run.data.params}
+
+
+def _steps(history: dict, key: str) -> list:
+    return sorted(step for step, _ in history[key])
+
+
+def _epoch_losses(out: str) -> list:
+    with open(os.path.join(out, 'metrics.csv')) as f:
+        return [float(r['train_loss']) for r in csv.DictReader(f)]
+
+
+def _checkpoint_update(out: str) -> int:
+    return torch.load(os.path.join(out, 'last.pth'), weights_only=True, mmap=True)['num_updates']
+
+
+def _kill_past_checkpoint(p: subprocess.Popen, out: str, logged) -> int:
+    """SIGKILL the run ``p`` once ``logged()`` (the last update every tracker holds) is past its checkpoint's update:
+    the run is stopped (SIGSTOP) to compare the two at one moment, and let go again while they are not. Returns the
+    checkpoint's update."""
+    while True:
+        assert p.poll() is None, p.communicate()[0]
+        if logged() > _checkpoint_update(out):
+            p.send_signal(signal.SIGSTOP)
+            saved = _checkpoint_update(out)
+            if logged() > saved:
+                p.send_signal(signal.SIGKILL)
+                p.communicate(timeout=60)
+                return saved
+            p.send_signal(signal.SIGCONT)
+        time.sleep(0.02)
+
+
+def _assert_each_update_once(out: str, histories: dict, epochs: int = 2):
+    """Every tracker holds ``train/loss`` and ``train/lr`` at each of the run's updates exactly once, and each epoch's
+    figures once; each epoch's mean of the per-update losses is ``metrics.csv``'s training loss (the epoch's images
+    weigh equally: full batches), an independent sum of the same losses."""
+    epoch_losses = _epoch_losses(out)
+    assert len(epoch_losses) == epochs
+    for name, history in histories.items():
+        for key in ('train/loss', 'train/lr'):
+            assert _steps(history, key) == list(range(1, PER_EPOCH * epochs + 1)), (name, key, _steps(history, key))
+        assert _steps(history, 'epoch/top1') == [PER_EPOCH * (e + 1) for e in range(epochs)], name
+        losses = dict(history['train/loss'])
+        for epoch, want in enumerate(epoch_losses):
+            mean = sum(losses[u] for u in range(PER_EPOCH * epoch + 1, PER_EPOCH * (epoch + 1) + 1)) / PER_EPOCH
+            assert abs(mean - want) < 1e-5, (name, epoch, mean, want)
+
+
+def test_every_logger_at_once_logs_each_update_once_across_a_kill(tmp_path):
+    """All loggers on; the run is killed (SIGKILL: nothing closes, nothing flushes) after a mid-epoch checkpoint,
+    then resumed: each tracker run is continued (one W&B id, one MLflow run), holds every update once (none twice,
+    none missing), ends finished, and records the run's folder and best weights."""
+    from mlflow.tracking import MlflowClient  # noqa: F401  (imported before the run starts: the polls are quick)
+    config, out = _write_config(tmp_path, checkpoint_every_steps=10, epochs=4), str(tmp_path / 'run')
+    p = _start(config, out)
+    wait_for_checkpoint(os.path.join(out, 'last.pth'), p, lambda s: s['num_updates'] >= 10)
+    record = json.load(open(os.path.join(out, 'trackers.json')))
+    uri = 'sqlite:///' + os.path.join(out, 'mlflow.db')
+    saved = _kill_past_checkpoint(p, out, lambda: min(max(_steps(wandb_history(out), 'train/loss'), default=0),
+                                                      max(_steps(mlflow_history(uri, record['mlflow']['id']),
+                                                                 'train/loss'), default=0)))
+    assert 10 <= saved < 4 * PER_EPOCH
+    log = _finish(_start(config, out, '--resume'))
+    assert 'resumed from' in log and 'warning' not in log, log
+    assert json.load(open(os.path.join(out, 'trackers.json'))) == record
+    histories = dict(tensorboard=tensorboard_history(out), wandb=wandb_history(out),
+                     mlflow=mlflow_history(uri, record['mlflow']['id']))
+    _assert_each_update_once(out, histories, epochs=4)
+    assert histories['wandb']['_ids'] == {record['wandb']['id']} and histories['wandb']['_exit'][-1] == 0
+    mlflow = histories['mlflow']
+    assert mlflow['_status'] == 'FINISHED' and mlflow['_tags']['output'] == os.path.abspath(out)
+    assert mlflow['_tags']['best_weights'] == os.path.join(os.path.abspath(out), 'best.safetensors')
+    assert mlflow['_params']['lr'] == '0.002' and mlflow['_params']['loggers'] == str(ALL)
+
+
+def test_a_preempted_run_closes_its_trackers_and_continues_them(tmp_path):
+    """SIGUSR1 (a SLURM pre-emption): exit 75 with every logger closed as pre-empted (W&B's exit code 75, MLflow's
+    KILLED), then a requeue that continues the same tracker runs to FINISHED, every update once."""
+    config, out = _write_config(tmp_path, checkpoint_every_steps=4), str(tmp_path / 'run')
+    p = _start(config, out)
+    wait_for_checkpoint(os.path.join(out, 'last.pth'), p, lambda s: s['num_updates'] >= 4)
+    p.send_signal(signal.SIGUSR1)
+    _finish(p, 75)
+    record = json.load(open(os.path.join(out, 'trackers.json')))
+    uri = 'sqlite:///' + os.path.join(out, 'mlflow.db')
+    assert mlflow_history(uri, record['mlflow']['id'])['_status'] == 'KILLED'
+    assert wandb_history(out)['_exit'] == [75]
+    _finish(_start(config, out, '--resume'))
+    histories = dict(tensorboard=tensorboard_history(out), wandb=wandb_history(out),
+                     mlflow=mlflow_history(uri, record['mlflow']['id']))
+    _assert_each_update_once(out, histories)
+    assert histories['mlflow']['_status'] == 'FINISHED' and histories['wandb']['_exit'] == [75, 0]
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_with_every_logger(tmp_path):
+    """Killed after its loggers wrote their files but before any checkpoint: ``--resume`` starts it from scratch,
+    and so does a plain rerun of another such folder, as with no logger (their files are the run log's early files,
+    not a run to protect); the rerun's weights equal a run's with no logger."""
+    config, plain = _write_config(tmp_path), str(tmp_path / 'plain')
+    _finish(_start(_write_config(tmp_path, 'no_logger', loggers=[]), plain))
+    for out, again in ((str(tmp_path / 'a'), ['--resume']), (str(tmp_path / 'b'), [])):
+        p = _start(config, out)
+        _wait_for(os.path.join(out, 'trackers.json'), p)
+        p.send_signal(signal.SIGKILL)
+        p.communicate(timeout=60)
+        assert not os.path.exists(os.path.join(out, 'last.pth'))
+        assert {'tb', 'wandb', 'mlflow.db', 'config.yaml', 'trackers.json'} <= set(os.listdir(out))
+        log = _finish(_start(config, out, *again))
+        assert ('starting the run from scratch' in log) == bool(again), log
+        a, b = load_file(os.path.join(plain, 'last.safetensors')), load_file(os.path.join(out, 'last.safetensors'))
+        assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path):
+    """A real ``mlflow server`` on 127.0.0.1 (a SQLite store and an artifact folder under ``tmp_path``), stopped by
+    its pid."""
+    port = _free_port()
+    server = subprocess.Popen([sys.executable, '-m', 'mlflow', 'server', '--host', '127.0.0.1', '--port', str(port),
+                               '--workers', '1', '--backend-store-uri', f"sqlite:///{tmp_path / 'server.db'}",
+                               '--default-artifact-root', str(tmp_path / 'artifacts')],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    uri = f'http://127.0.0.1:{port}'
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        try:
+            urllib.request.urlopen(uri + '/health', timeout=2)
+            break
+        except OSError:
+            time.sleep(0.5)
+    else:
+        os.killpg(server.pid, signal.SIGKILL)
+        pytest.fail('mlflow server did not answer within 120 s')
+    yield uri, server
+    if server.poll() is None:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=30)
+
+
+def test_mlflow_against_a_real_server_and_a_server_that_goes_away(tmp_path, mlflow_server):
+    """The run logs to the server (read back with ``MlflowClient``: every update once, finished); a second run whose
+    server is stopped mid-run finishes all the same, with one warning naming the logger."""
+    uri, server = mlflow_server
+    config = _write_config(tmp_path, loggers=['mlflow'])
+    out = str(tmp_path / 'run')
+    _finish(_start(config, out, env=_env(MLFLOW_TRACKING_URI=uri, MLFLOW_EXPERIMENT_NAME='served')))
+    record = json.load(open(os.path.join(out, 'trackers.json')))
+    history = mlflow_history(uri, record['mlflow']['id'])
+    assert history['_status'] == 'FINISHED' and not os.path.exists(os.path.join(out, 'mlflow.db'))
+    assert _steps(history, 'train/loss') == list(range(1, 2 * PER_EPOCH + 1))
+    gone = str(tmp_path / 'gone')
+    p = _start(config, gone, env=_env(MLFLOW_TRACKING_URI=uri))
+    _wait_for(os.path.join(gone, 'trackers.json'), p)
+    os.killpg(server.pid, signal.SIGKILL)
+    server.wait(timeout=30)
+    log = _finish(p)
+    assert log.count('warning: logger mlflow failed') == 1 and 'done in' in log, log
+    assert os.path.exists(os.path.join(gone, 'last.safetensors'))
+
+
+def test_a_logger_without_its_client_is_refused_in_one_line_naming_the_extra(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, 'wandb', None)  # as if not installed: import raises ImportError
+    with pytest.raises(ConfigError, match=r"loggers: wandb needs the wandb package: pip install 'tkvision\[wandb\]'"):
+        RunLog(str(tmp_path), ['wandb'], main=True, epochs=1)
+    with pytest.raises(ConfigError, match='loggers must be a list of loggers'):
+        load_config(None, dict(loggers=['neptune']))
+
+
+def test_the_tensorboard_key_is_replaced_by_loggers():
+    """A file or override naming ``tensorboard`` is refused with what to write; an old checkpoint's ``tensorboard:
+    true`` reads as ``loggers: [tensorboard]``."""
+    with pytest.raises(ConfigError, match=r'tensorboard was replaced: write loggers: \[tensorboard\]'):
+        load_config(None, ['--tensorboard', 'true'])
+    assert migrate(dict(tensorboard=True))['loggers'] == ['tensorboard']
+    assert migrate(dict(tensorboard=False))['loggers'] == []
+
+
+def test_early_files_are_the_config_the_record_and_each_loggers_own():
+    assert RunLog.early_files([]) == {'config.yaml', 'trackers.json'}
+    assert RunLog.early_files(ALL) == {'config.yaml', 'trackers.json', 'tb', 'wandb', 'mlflow.db', 'mlartifacts'}

@@ -1,0 +1,254 @@
+"""The run log: every file and scalar a run writes besides its checkpoints, named here once, and the one answer to
+what a run's folder may hold before its first checkpoint (``tkvision.engine.rundir`` asks `RunLog.early_files`).
+
+Files of a run's folder written by the log (rank 0; the checkpoints are ``tkvision.engine.checkpoint``'s)::
+
+    config.yaml         the resolved config (flat keys), at the start
+    metrics.csv         a row per epoch (the columns of `RunLog.epoch`), rewritten atomically
+    curves.png          loss and top-1 against the epoch, at the end
+    reconstruction.png  an MAE's reconstructions, at the end (``tkvision.engine.reconstruction``)
+    trackers.json       each logger's run id and how far it has logged: a resumed run continues the same tracker run
+    tb/, wandb/, ...    each logger's own files (``tkvision.engine.loggers``: ``Logger.files``)
+
+Scalars sent to the loggers, on one step axis, the optimizer update:
+
+- every update: ``train/loss`` (the update's mean loss over rank 0's micro-batches) and ``train/lr``;
+- every ``log_interval`` updates: ``train/img_per_s`` (rank 0's images times the processes, per second) and
+  ``train/data_wait`` (the share of that time rank 0 waited for the loader), over the updates since the last;
+- every epoch: each number of its ``metrics.csv`` row as ``epoch/<column>`` (``epoch/top1``, ``epoch/val_loss``),
+  at the update that ends the epoch.
+
+A resumed run continues each tracker run (``trackers.json`` keeps their ids) and logs from its checkpoint's update
+on; what a killed attempt had logged past that update each tracker keeps once by its own rule (TensorBoard's
+``purge_step`` hides the earlier attempt's events from there on, W&B keeps a run's steps increasing, MLflow's logger
+skips the steps its store holds), and since resume is exact the values are the same. A logger that fails mid-run
+(its server gone) costs one warning and is dropped; the run goes on.
+"""
+import csv
+import json
+import os
+import sys
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence
+
+import torch
+import yaml
+from tqdm import tqdm
+
+from ..utils.files import atomic_write
+from .loggers import FAILED, FINISHED, PREEMPTED, Logger, logger_class
+from .plotting import plot_curves
+from .state import TrainState
+
+__all__ = ['RunLog', 'CONFIG_FILE', 'METRICS_FILE', 'CURVES_FILE', 'RECONSTRUCTION_FILE', 'TRACKERS_FILE',
+           'save_yaml', 'save_rows', 'FINISHED', 'FAILED', 'PREEMPTED']
+
+CONFIG_FILE = 'config.yaml'
+METRICS_FILE = 'metrics.csv'
+CURVES_FILE = 'curves.png'
+RECONSTRUCTION_FILE = 'reconstruction.png'
+TRACKERS_FILE = 'trackers.json'
+
+
+def save_yaml(obj: object, path: str) -> None:
+    """Write ``obj`` as YAML atomically (keys in their order)."""
+    atomic_write(path, lambda f: yaml.safe_dump(obj, f, sort_keys=False), text=True)
+
+
+def save_rows(rows: list, path: str) -> None:
+    """Write a list of dicts as CSV atomically; the columns are every key, in order of appearance."""
+    keys: List[str] = []
+    for row in rows:
+        keys += [k for k in row if k not in keys]
+
+    def write(f):
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    atomic_write(path, write, text=True)
+
+
+class RunLog:
+    """What a run writes besides its checkpoints (module docstring); rank 0 writes, the other ranks' logs do
+    nothing.
+
+    Args:
+        out: the run's folder.
+        loggers: the ``loggers`` key: backends' names (``tkvision.engine.loggers.LOGGERS``).
+        main: whether this process is rank 0.
+        epochs: the run's epochs (the printed line's ``epoch 3/6``).
+
+    Raises:
+        ConfigError: an unknown logger, or one whose client is not installed (the extra named), on every rank,
+            before any work.
+
+    Attributes:
+        history: the ``metrics.csv`` rows so far (rank 0).
+    """
+
+    def __init__(
+            self,
+            out: str,
+            loggers: Sequence[str],
+            main: bool,
+            epochs: int,
+    ):
+        self.out, self.main, self.epochs = out, main, epochs
+        self.classes = [logger_class(name) for name in loggers]
+        for cls in self.classes:
+            cls.check()
+        self.history: List[dict] = []
+        self.loggers: Dict[str, Logger] = {}
+        self._pending: List[tuple] = []
+        self._mark: Optional[tuple] = None
+        self._since: Optional[tuple] = None
+
+    @staticmethod
+    def early_files(loggers: Sequence[str]) -> FrozenSet[str]:
+        """The names a run's folder may hold before its first checkpoint: ``config.yaml``, ``trackers.json`` and the
+        files of the ``loggers`` (``Logger.files``). A folder holding no more (and the lock) is a run killed before
+        its first checkpoint: nothing to continue, so it may start again there."""
+        return frozenset({CONFIG_FILE, TRACKERS_FILE}.union(*(logger_class(n).files for n in loggers)))
+
+    def path(self, name: str) -> str:
+        """``<output>/<name>``."""
+        return os.path.join(self.out, name)
+
+    def start(self, config: Mapping[str, Any], resumed: Optional[TrainState]) -> None:
+        """Write ``config.yaml`` and start each logger (rank 0). ``resumed``: a resumed run's state (its ``metrics.csv``
+        rows of the epochs it holds are kept, its tracker runs continued from its update), None for a new run."""
+        if not self.main:
+            return
+        save_yaml(dict(config), self.path(CONFIG_FILE))
+        self.read_history(resumed.epochs_done if resumed else None)
+        records = self._read_records() if resumed else {}
+        for cls in self.classes:
+            record, update = records.get(cls.name), resumed.num_updates if resumed else 0
+            logger = self._guard(cls.name, lambda: cls(self.out, config, record, update))
+            if isinstance(logger, Logger):
+                self.loggers[cls.name] = logger
+        self._write_records()
+
+    def read_history(self, epochs_done: Optional[int]) -> None:
+        """`history` from ``metrics.csv``: its rows of the first ``epochs_done`` epochs (a resumed run's; None: a new
+        run, no rows; rank 0)."""
+        self.history = []
+        if self.main and epochs_done is not None and os.path.exists(self.path(METRICS_FILE)):
+            with open(self.path(METRICS_FILE)) as f:
+                self.history = [r for r in csv.DictReader(f) if int(r['epoch']) < epochs_done]
+
+    def mark(self, state: TrainState) -> None:
+        """Where the running epoch's sums stand (the loop calls it as it starts or resumes an epoch): the next
+        update's loss is what they gain."""
+        meter = state.meter
+        self._mark = (meter['loss_sum'].clone(), meter['seen'])
+        self._since = (meter['seen'], meter['seconds'], meter['data_seconds'])
+
+    def update(self, state: TrainState) -> None:
+        """After optimizer update ``state.num_updates``: keep its loss (a tensor on the device: no host
+        synchronisation) and lr for the next `flush`."""
+        if not (self.loggers and self._mark is not None):
+            return
+        meter = state.meter
+        loss_sum, seen = self._mark
+        loss = (meter['loss_sum'] - loss_sum) / max(meter['seen'] - seen, 1)
+        self._pending.append((state.num_updates, loss, state.optimizer.param_groups[0]['lr']))
+        self._mark = (meter['loss_sum'].clone(), meter['seen'])
+
+    def flush(self, state: TrainState) -> None:
+        """Send the updates kept since the last flush (one host synchronisation, at the loop's sync points), with
+        the throughput and data wait since then."""
+        if not self._pending:
+            return
+        updates, losses, lrs = zip(*self._pending)
+        self._pending = []
+        for update, loss, lr in zip(updates, torch.stack(losses).tolist(), lrs):
+            self._send(update, {'train/loss': loss, 'train/lr': lr})
+        meter = state.meter
+        if self._since is not None and meter['seconds'] > self._since[1]:
+            seconds = meter['seconds'] - self._since[1]
+            self._send(updates[-1], {'train/img_per_s': (meter['seen'] - self._since[0]) * state.world / seconds,
+                                     'train/data_wait': min((meter['data_seconds'] - self._since[2]) / seconds, 1.0)})
+        self._since = (meter['seen'], meter['seconds'], meter['data_seconds'])
+
+    def epoch(self, row: dict, state: TrainState) -> None:
+        """Append epoch ``row`` to ``metrics.csv`` (atomically rewritten), send its numbers to the loggers at the
+        epoch's last update (after the updates kept until then) and print its line (rank 0)."""
+        if not self.main:
+            return
+        self.flush(state)
+        self.history.append(row)
+        save_rows(self.history, self.path(METRICS_FILE))
+        numbers = {f'epoch/{k}': v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        self._send(state.num_updates, numbers)
+        tqdm.write(epoch_line(row, self.epochs))
+
+    def curves(self, title: str, train_label: str) -> None:
+        """Draw ``curves.png`` of the history (rank 0; nothing before a first epoch)."""
+        if self.main and self.history:
+            plot_curves(self.history, self.path(CURVES_FILE), title=title, train_label=train_label)
+
+    def finish(self, status: str, state: Optional[TrainState], best_weights: str) -> None:
+        """Send what is kept and close every logger, on every way out of a run: `FINISHED`, `FAILED` or `PREEMPTED`
+        (``state``: the run's, for what is kept; None when it never started). Each logger's failure is a warning."""
+        if state is not None:
+            self.flush(state)
+        summary = {'output': os.path.abspath(self.out)}
+        if os.path.isfile(best_weights):
+            summary['best_weights'] = os.path.abspath(best_weights)
+        for name, logger in list(self.loggers.items()):
+            self._guard(name, lambda: logger.finish(status, summary))
+        self.loggers = {}
+
+    def _send(self, step: int, scalars: Mapping[str, float]) -> None:
+        """``scalars`` to each logger at update ``step``."""
+        for name, logger in list(self.loggers.items()):
+            self._guard(name, lambda: logger.log(scalars, step))
+
+    def _guard(self, name: str, call):
+        """``call()``, or on an error one warning and logger ``name`` dropped (False returned)."""
+        try:
+            result = call()
+        except Exception as error:  # a tracker's failure (a server gone) must not cost the run
+            reason = str(error).splitlines()[0][:200] if str(error) else ''
+            print(f'warning: logger {name} failed ({type(error).__name__}: {reason}); it is off for the rest of this '
+                  'run', file=sys.stderr)
+            self.loggers.pop(name, None)
+            return False
+        return True if result is None else result
+
+    def _read_records(self) -> Dict[str, dict]:
+        path = self.path(TRACKERS_FILE)
+        if not os.path.isfile(path) or os.path.islink(path):
+            return {}
+        try:
+            with open(path) as f:
+                records = json.load(f)
+        except (OSError, ValueError):
+            print(f'warning: {path} is not readable JSON: the loggers start new tracker runs', file=sys.stderr)
+            return {}
+        return {k: v for k, v in records.items() if isinstance(v, dict)} if isinstance(records, dict) else {}
+
+    def _write_records(self) -> None:
+        if not self.loggers:
+            return
+        records = {}
+        for name, logger in list(self.loggers.items()):
+            record = self._guard(name, logger.record)
+            if isinstance(record, dict):
+                records[name] = record
+        atomic_write(self.path(TRACKERS_FILE), lambda f: json.dump(records, f, indent=1), text=True)
+
+
+def epoch_line(row: Mapping[str, Any], epochs: int) -> str:
+    """The printed line of an epoch's ``metrics.csv`` row (of ``epochs``)."""
+    skipped = row['skipped'] + row.get('val_skipped', 0)
+    return (f"epoch {row['epoch'] + 1}/{epochs}  train loss {row['train_loss']:.4f}  "
+            + (f"val top-1 {row['top1']:.2f}%  top-5 {row['top5']:.2f}%  " if 'top1' in row else '')
+            + (f"val loss {row['val_loss']:.4f}  " if 'top1' not in row and 'val_loss' in row else '')
+            + (f"ema top-1 {row['ema_top1']:.2f}%  " if 'ema_top1' in row else '')
+            + ''.join(f"{k} {v:.2f}%  " for k, v in row.items() if k.startswith('top1@'))
+            + ''.join(f"{k} {v:.4f}  " for k, v in row.items() if k.startswith('val_loss@'))
+            + (f"test top-1 {row['test_top1']:.2f}% (once, at the end)  " if 'test_top1' in row else '')
+            + f"{row['img_per_s']:.0f} img/s  {row['epoch_time']:.1f}s (data wait {row['data_wait']:.0%})"
+            + (f'  skipped {skipped} unreadable images' if skipped else '')
+            + (f"  grew to {row['grown']}" if 'grown' in row else ''))
