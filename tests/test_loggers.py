@@ -305,3 +305,24 @@ def test_the_tensorboard_key_is_replaced_by_loggers():
 def test_early_files_are_the_config_the_record_and_each_loggers_own():
     assert RunLog.early_files([]) == {'config.yaml', 'trackers.json'}
     assert RunLog.early_files(ALL) == {'config.yaml', 'trackers.json', 'tb', 'wandb', 'mlflow.db', 'mlartifacts'}
+
+
+def test_a_logging_backend_is_one_class_jsonl(tmp_path, monkeypatch):
+    """``loggers: [jsonl]``, the backend added as one class in ``tkvision/engine/loggers.py``: a run writes a JSON
+    object per logged step into ``scalars.jsonl`` (every update's loss once, each epoch's figures); a resumed
+    attempt keeps the lines up to its checkpoint's update and writes the rest again, each step once."""
+    from tkvision.engine.loggers import JsonlLogger
+    from .helpers import fmnist_cfg, train_crash_resume
+    cfg = fmnist_cfg(tmp_path, loggers=['jsonl'], log_interval=2, checkpoint_every_steps=5)
+    train_crash_resume(monkeypatch, cfg, saves=2)
+    lines = [json.loads(line) for line in open(os.path.join(cfg['output'], 'scalars.jsonl'))]
+    losses = [line['step'] for line in lines if 'train/loss' in line]
+    assert losses == list(range(1, 2 * PER_EPOCH + 1))
+    assert [line['step'] for line in lines if 'epoch/top1' in line] == [PER_EPOCH, 2 * PER_EPOCH]
+    path = tmp_path / 'kept'
+    path.mkdir()
+    (path / 'scalars.jsonl').write_text(''.join(json.dumps({'step': s, 'train/loss': 1.0}) + '\n' for s in range(1, 9)))
+    logger = JsonlLogger(str(path), {}, {}, resumed_update=5)  # a killed attempt had logged 8, its checkpoint 5
+    logger.log({'train/loss': 0.5}, 6)
+    logger.finish('finished', {})
+    assert [json.loads(line)['step'] for line in open(path / 'scalars.jsonl')] == [1, 2, 3, 4, 5, 6]

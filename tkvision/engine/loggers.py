@@ -12,6 +12,7 @@ own rule (the same values: resume is exact).
 ============  ==========================================  ===============================  ==================
 name          what                                        in the run's folder              extra
 ============  ==========================================  ===============================  ==================
+jsonl         a line of JSON per step, no dependency      ``scalars.jsonl``                (none)
 tensorboard   TensorBoard's ``SummaryWriter``             ``tb/``                          ``tensorboard``
 wandb         Weights & Biases (``wandb.init``)           ``wandb/``                       ``wandb``
 mlflow        MLflow's ``MlflowClient``                   ``mlflow.db``, ``mlartifacts/``  ``mlflow``
@@ -21,14 +22,16 @@ Settings come from each client's own environment variables, as its users know th
 ``WANDB_ENTITY``, ``WANDB_MODE`` (``offline``: no network), ``WANDB_DIR``; ``MLFLOW_TRACKING_URI`` (unset: a SQLite
 store in the run's folder) and ``MLFLOW_EXPERIMENT_NAME`` (default ``tkvision``).
 """
+import json
 import os
 import time
-from typing import Any, ClassVar, Dict, Mapping, Optional, Tuple, Type
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Tuple, Type
 
 from ..utils.errors import ConfigError
+from ..utils.files import atomic_write
 
-__all__ = ['Logger', 'LOGGERS', 'register_logger', 'logger_class', 'TensorBoardLogger', 'WandbLogger',
-           'MlflowLogger', 'FINISHED', 'FAILED', 'PREEMPTED']
+__all__ = ['Logger', 'LOGGERS', 'register_logger', 'logger_class', 'JsonlLogger', 'TensorBoardLogger',
+           'WandbLogger', 'MlflowLogger', 'FINISHED', 'FAILED', 'PREEMPTED']
 
 #: How a run ended, as `Logger.finish` is told.
 FINISHED, FAILED, PREEMPTED = 'finished', 'failed', 'preempted'
@@ -116,6 +119,37 @@ def logger_class(name: str) -> Type[Logger]:
     if name not in LOGGERS:
         raise ConfigError(f"loggers: {name!r} is no logger; loggers are {', '.join(LOGGERS)}")
     return LOGGERS[name]
+
+
+@register_logger
+class JsonlLogger(Logger):
+    """``<output>/scalars.jsonl``: one JSON object per logged step, ``{"step": u, "train/loss": ...}``, readable
+    with any JSON-lines reader (``pandas.read_json(path, lines=True)``). An attempt keeps the lines of the steps
+    before it starts (a resumed run's checkpoint update; none for a new run) and writes the rest again."""
+    name, module, extra, files = 'jsonl', 'json', '', ('scalars.jsonl',)
+
+    def __init__(
+            self,
+            out: str,
+            config: Mapping[str, Any],
+            record: Optional[Mapping[str, Any]],
+            resumed_update: int,
+    ):
+        super().__init__(out, config, record, resumed_update)
+        self.path = os.path.join(out, 'scalars.jsonl')
+        kept: List[str] = []
+        if record is not None and os.path.isfile(self.path):
+            with open(self.path) as f:
+                kept = [line for line in f if json.loads(line)['step'] <= resumed_update]
+        atomic_write(self.path, lambda f: f.writelines(kept), text=True)
+        self.file = open(self.path, 'a')
+
+    def log(self, scalars: Mapping[str, float], step: int) -> None:
+        self.file.write(json.dumps({'step': step, **scalars}) + '\n')
+        self.file.flush()
+
+    def finish(self, status: str, summary: Mapping[str, str]) -> None:
+        self.file.close()
 
 
 @register_logger
