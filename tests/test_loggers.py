@@ -69,11 +69,11 @@ def _finish(p: subprocess.Popen, code: int = 0) -> str:
 def wandb_history(out: str) -> dict:
     """``{key: [(step, value), ...]}`` of the W&B run in the offline attempts under ``<out>/wandb`` (oldest first), as
     W&B keeps it: a step an earlier attempt wrote already is kept once, W&B's rule that a run's steps only increase;
-    ``'_exit'``: each attempt's exit code, ``'_ids'``: the run ids. W&B's transaction log is a LevelDB-style log of
+    ``'_exit'``: each attempt's exit code, ``'_ids'``: the run ids, ``'_names'``: their display names. W&B's transaction log is a LevelDB-style log of
     32 KiB blocks after a 7-byte header (https://github.com/wandb/wandb/blob/main/core/pkg/leveldb), each record a
     ``wandb_internal_pb2.Record``."""
     from wandb.proto import wandb_internal_pb2 as pb
-    found: dict = {'_exit': [], '_ids': set()}
+    found: dict = {'_exit': [], '_ids': set(), '_names': set()}
     for path in sorted(glob.glob(os.path.join(out, 'wandb', '*run-*', 'run-*.wandb'))):
         data = open(path, 'rb').read()
         assert data[:4] == b':W&B', path
@@ -103,6 +103,7 @@ def wandb_history(out: str) -> dict:
                     found['_exit'].append(record.exit.exit_code)
                 elif what == 'run':
                     found['_ids'].add(record.run.run_id)
+                    found['_names'].add(record.run.display_name)
     return found
 
 
@@ -326,3 +327,24 @@ def test_a_logging_backend_is_one_class_jsonl(tmp_path, monkeypatch):
     logger.log({'train/loss': 0.5}, 6)
     logger.finish('finished', {})
     assert [json.loads(line)['step'] for line in open(path / 'scalars.jsonl')] == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_run_key_is_one_field_and_its_use_run_name(tmp_path, monkeypatch):
+    """``run_name``, the run key added as one field (``RunConfig`` in ``tkvision/engine/config.py``) read in one module
+    (``tkvision/engine/loggers.py``): the trackers' run is named by it, and by the output folder's name without it."""
+    from tkvision.engine.trainer import train
+    from .helpers import fmnist_cfg
+    for name, var in (('WANDB_MODE', 'offline'), ('WANDB_SILENT', 'true')):
+        monkeypatch.setenv(name, var)
+    monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+    named = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64, loggers=['mlflow', 'wandb'],
+                       run_name='lr-sweep-3', output=str(tmp_path / 'named'))
+    plain = dict(named, run_name=None, output=str(tmp_path / 'plain'))
+    for cfg, want in ((named, 'lr-sweep-3'), (plain, 'plain')):
+        train(cfg)
+        record = json.load(open(os.path.join(cfg['output'], 'trackers.json')))
+        uri = 'sqlite:///' + os.path.join(cfg['output'], 'mlflow.db')
+        from mlflow.tracking import MlflowClient
+        assert MlflowClient(tracking_uri=uri).get_run(record['mlflow']['id']).info.run_name == want
+        runs = wandb_history(cfg['output'])
+        assert runs['_ids'] == {record['wandb']['id']} and runs['_names'] == {want}

@@ -84,6 +84,8 @@ class RunConfig:
     """Where the run's scalars go besides ``metrics.csv``, any number at once (``tkvision.engine.loggers``):
     ``tensorboard`` (``<output>/tb``), ``wandb`` (Weights & Biases), ``mlflow``; e.g. ``[tensorboard, wandb]``.
     Each needs its extra (``pip install 'tkvision[wandb]'``); a resumed run continues the same tracker runs."""
+    run_name: Optional[str] = key(None, allowed=string(null=True), resume=True)
+    """The run's name in the trackers (W&B's run name, MLflow's ``run_name``); null: the output folder's name."""
     log_interval: int = key(50, allowed=integer(1), resume=True)
     """Optimizer updates between progress updates, loss checks and signal checks."""
     progress: bool = key(True, allowed=boolean(), resume=True)

@@ -199,7 +199,7 @@ class WandbLogger(Logger):
         import wandb
         self.run = wandb.init(id=(record or {}).get('id'), resume='allow', dir=os.environ.get('WANDB_DIR', out),
                               project=os.environ.get('WANDB_PROJECT', 'tkvision'), config=dict(config),
-                              name=os.path.basename(os.path.abspath(out)),
+                              name=config.get('run_name') or os.path.basename(os.path.abspath(out)),
                               settings=wandb.Settings(console='off', silent=True))
 
     def record(self) -> Dict[str, Any]:
@@ -251,7 +251,8 @@ class MlflowLogger(Logger):
         found = self.client.get_experiment_by_name(name)
         artifacts = 'file://' + os.path.abspath(os.path.join(out, 'mlartifacts')) if local else None
         experiment = found.experiment_id if found else self.client.create_experiment(name, artifact_location=artifacts)
-        self.run_id = self.client.create_run(experiment, run_name=os.path.basename(os.path.abspath(out))).info.run_id
+        run_name = config.get('run_name') or os.path.basename(os.path.abspath(out))
+        self.run_id = self.client.create_run(experiment, run_name=run_name).info.run_id
         params = [Param(k, str(v)[:6000]) for k, v in config.items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 parameters a request
             self.client.log_batch(self.run_id, params=params[i:i + 100])
