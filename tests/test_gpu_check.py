@@ -58,3 +58,16 @@ def test_a_check_never_writes_into_a_folder_that_holds_files(tmp_path):
     with pytest.raises(FileExistsError, match='is not empty'):
         gpu_check.check_gpu('cpu', str(tmp_path), dry_run=True)
     assert (tmp_path / 'earlier.txt').read_text() == 'kept'
+
+
+def test_on_a_machine_without_a_gpu_the_check_names_its_cpu_dry_run(capsys):
+    """``make test-gpu`` where there is no GPU: one line naming the CPU dry run to run instead (exit 2)."""
+    import torch
+
+    from tkvision.cli.experiments import check_gpu_main
+    if torch.cuda.is_available():  # a GPU machine runs the real check: this one is about the others
+        return
+    assert check_gpu_main(['--device', 'cuda']) == 2
+    err = capsys.readouterr().err
+    assert 'no CUDA device here' in err and 'make test-gpu ARGS="--device cpu --dry-run"' in err
+    assert len(err.strip().splitlines()) == 1

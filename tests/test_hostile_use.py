@@ -454,3 +454,82 @@ def test_a_listing_read_by_head_ends_quietly():
                             executable='/bin/bash', capture_output=True, text=True, timeout=120)
     assert result.stdout.splitlines()[-1] == 'status 0' and len(result.stdout.splitlines()) == 2, result.stdout
     assert result.stderr == '', result.stderr
+
+
+def test_a_full_disk_while_writing_a_checkpoint_is_one_line_and_keeps_the_previous(tmp_path, capsys, monkeypatch):
+    """torch's writer reports a full disk as two chained tracebacks of its own; the trainer says it in one line
+    naming the file and what to do, and the ``last.pth`` of the first epoch is intact."""
+    import torch
+
+    from tkvision.engine import checkpoint
+    real, calls = torch.save, []
+
+    def fills_up(obj, path, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 1:  # the first epoch's checkpoint goes through; the second's does not
+            try:
+                raise OSError(28, 'No space left on device')
+            except OSError:
+                raise RuntimeError('[enforce fail at inline_container.cc:664] . unexpected pos 2048 vs 1967\n'
+                                   'PytorchStreamWriter failed writing file data/0: file write failed')
+        return real(obj, path, *args, **kwargs)
+    monkeypatch.setattr(checkpoint.torch, 'save', fills_up)
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, '--epochs', '2'])
+    _one_line_error(capsys, code, 'last.pth', 'file write failed', 'previous checkpoint is kept')
+    assert checkpoint.load_training_checkpoint(str(tmp_path / 'r' / 'last.pth'))['epochs_done'] == 1
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--growth', '5'], 'growth must be a mapping'),
+    (['--decoder', 'abc'], 'decoder must be a mapping'),
+    (['--opt', 'abc'], 'opt must be a timm optimizer name'),
+    (['--auto_augment', 'abc'], 'auto_augment must be a timm RandAugment string'),
+    (['--mean', '[0.5, 0.5]'], 'mean has 2 value(s)'),
+    (['--device', 'meta'], "device must be 'cpu', 'cuda', 'cuda:N' or null"),
+    (['--device', 'mps'], "device must be 'cpu', 'cuda', 'cuda:N' or null"),
+    (['--device', 'xla'], "device must be 'cpu', 'cuda', 'cuda:N' or null"),
+    (['--device', 'garbage'], "device must be 'cpu', 'cuda', 'cuda:N' or null"),
+    (['--device', 'cuda:-1'], "device must be 'cpu', 'cuda', 'cuda:N' or null"),
+    (['--device', 'cuda'], 'device cuda: no CUDA device here; set device: cpu'),
+    (['--growth.new_token_lr_scale', '1e30'], 'growth.new_token_lr_scale must be a number > 0 and <= 100'),
+    (['--global_batch_size', '512'], 'lower global_batch_size or raise train_subset'),
+])
+def test_a_setting_the_trainer_cannot_use_is_one_line_before_any_work(tmp_path, capsys, args, words):
+    """Each failed late, in timm or torch, or as a TypeError, or gave advice that did not help; each is one line
+    naming the key, before any work (nothing written)."""
+    code = train_main(['--output', str(tmp_path / 'r'), *COMMON, *args])
+    _one_line_error(capsys, code, words)
+    assert not os.path.exists(tmp_path / 'r' / 'last.pth')
+
+
+def test_a_data_source_is_registered_under_a_name_and_gives_a_dataset(tmp_path):
+    from tkvision.data.registry import _SOURCES, DataSource, register_data_source
+    from tkvision.engine.config import load_config
+    from tkvision.engine.trainer import train
+    from tkvision.utils.errors import UsageError
+    for name in (None, 123, '', 'a/b'):
+        with pytest.raises(ValueError, match='non-empty name'):
+            register_data_source(name, DataSource(lambda *a: None))
+    register_data_source('nothing', DataSource(lambda *a: None, needs_data_dir=False, num_classes=10, channels=1,
+                                               image_settings=dict(img_size=28, mean=[0.5], std=[0.5], crop_pct=1.0,
+                                                                   interpolation='bicubic')))
+    try:
+        cfg = load_config(None, dict(dataset='nothing', output=str(tmp_path / 'r'), threads=1, rrc_scale=None,
+                                     model_kwargs=TINY_FMNIST))
+        with pytest.raises(UsageError, match="dataset 'nothing' gave no dataset for its 'train' split"):
+            train(cfg)
+    finally:
+        _SOURCES.pop('nothing')
+
+
+def test_resuming_a_finished_run_leaves_its_files_as_they_are(tmp_path, capsys):
+    """``--resume`` of a finished run says there is nothing to train and rewrites nothing (its config.yaml, curves
+    and metrics as the run left them)."""
+    out = tmp_path / 'r'
+    assert train_main(['--output', str(out), *COMMON]) == 0
+    files = ('config.yaml', 'curves.png', 'metrics.csv', 'last.pth', 'last.safetensors')
+    before = {f: ((out / f).read_bytes(), os.stat(out / f).st_mtime_ns) for f in files}
+    capsys.readouterr()
+    assert train_main(['--output', str(out), *COMMON, '--resume']) == 0
+    assert 'nothing to train' in capsys.readouterr().out
+    assert {f: ((out / f).read_bytes(), os.stat(out / f).st_mtime_ns) for f in files} == before

@@ -50,7 +50,7 @@ from tkvision.cli import run_cli
 from tkvision.engine.config import load_config, model_for_config
 from tkvision.engine.plotting import plt
 from tkvision.experiments.benchmark import flop_counter
-from tkvision.experiments.launch import Launcher
+from tkvision.experiments.launcher import Launcher
 from tkvision.experiments.points import point_dir
 from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write

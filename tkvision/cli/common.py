@@ -15,7 +15,8 @@ from ..utils.errors import EXIT_PREEMPTED, USER_ERRORS, Preempted
 __all__ = ['run_cli', 'DEBUG_ENV', 'positive_int', 'non_negative_int', 'yaml_mapping', 'device_name']
 
 #: Errors of the machine a user can fix (disk full, quota, read-only or forbidden path): one line too.
-_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EISDIR, errno.ENOTDIR)
+_ENVIRONMENT_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EISDIR, errno.ENOTDIR,
+                       errno.EIO)
 
 
 #: Set to 1 to see the traceback of a user error too (as ``--debug`` does).

@@ -10,10 +10,11 @@ import torch
 
 from ..experiments.benchmark import parse_model_spec
 from ..experiments.benchmark_parts import PARTS, run_benchmark
-from ..experiments.launch import EXECUTORS, Launcher, point_status, read_jobs, read_launcher_file, read_manifest
+from ..experiments.launch import point_status, read_jobs, read_manifest
+from ..experiments.launcher import EXECUTORS, Launcher, read_launcher_file
 from ..experiments.points import SweepPoint
 from ..experiments.sweep import collect, expand_configs, run_sweep
-from ..utils.errors import EXIT_PREEMPTED, ConfigError
+from ..utils.errors import EXIT_PREEMPTED, ConfigError, UsageError
 from .common import device_name, positive_int, run_cli
 
 __all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'sweep_parser', 'check_gpu_main']
@@ -83,9 +84,10 @@ def sweep_parser() -> argparse.ArgumentParser:
                                              'submitit, and tabulate the results (docs/guide/sweeps.md).')
     ap.add_argument('configs', nargs='*', help='config files (globs are expanded)')
     ap.add_argument('--seeds', nargs='+', type=int, default=[0])
-    ap.add_argument('--grid', nargs='+', default=[], metavar='KEY=V1,V2',
+    ap.add_argument('--grid', nargs='+', action='extend', default=[], metavar='KEY=V1,V2',
                     help='the cartesian product of these values over each config (a key the config does not '
-                         'have is a model keyword: score_norm=l2_norm_gelu,softmax)')
+                         'have is a model keyword: score_norm=l2_norm_gelu,softmax; values are YAML flow items: '
+                         'elastic_fractions=[0.5,1.0],[1.0]); repeatable')
     ap.add_argument('--out', default='runs/ablations', help='the sweep folder')
     ap.add_argument('--status', metavar='OUT', help='print the state of each point of the sweep in OUT and exit')
     ap.add_argument('--collect', metavar='OUT', help='write the table of OUT from the finished points and exit')
@@ -194,12 +196,21 @@ def _check_gpu(argv) -> int:
     from ..experiments.gpu_check import ITEMS, check_gpu, write_check_report
     ap = argparse.ArgumentParser(description='Check a GPU machine: the recipe, MAE, NaFlex, RingFormer, growth, '
                                              'elastic, torchrun, stop and resume, validate, export.')
-    ap.add_argument('--device', type=device_name, default='cuda')
+    ap.add_argument('--device', default='cuda',
+                    help="the GPU to check: 'cuda' or 'cuda:N'; 'cpu' with --dry-run checks the commands themselves")
     ap.add_argument('--dry-run', action='store_true', help='tiny models at 32 px on the CPU (about a minute)')
     ap.add_argument('--items', nargs='+', choices=ITEMS, help='these items only (and the ones they need)')
     ap.add_argument('--work', help='a new folder for the images, runs and logs (default: a temporary one)')
     ap.add_argument('--out', help='write the lines as OUT_<date>.json and .md, e.g. docs/bench/gpu_check')
     args = ap.parse_args(argv)
+    if args.device.startswith('cuda') and not torch.cuda.is_available():
+        raise UsageError(f'{args.device}: no CUDA device here. On a machine without a GPU, the CPU dry run checks '
+                         'the commands: make test-gpu ARGS="--device cpu --dry-run" (tkvision-check-gpu --device cpu '
+                         '--dry-run)')
+    try:
+        args.device = device_name(args.device)
+    except argparse.ArgumentTypeError as error:
+        raise UsageError(f'--device {error}') from None
     work = args.work or tempfile.mkdtemp(prefix='tkvision-gpu-check-')
     print(f'checking {args.device} in {work} (each item\'s log: {work}/logs)')
     results = check_gpu(args.device, work, args.dry_run, args.items)

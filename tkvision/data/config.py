@@ -19,6 +19,21 @@ DATASET_RULE = rule(lambda v: data_source(v) is not None,
                     "(or 'imagenet'), 'tar', 'wds/<name>' or 'hfds/<name>' built in)")
 
 
+
+def _is_rand_augment(value) -> bool:
+    """A RandAugment string timm's ``rand_augment_transform`` reads (``rand-m9-mstd0.5-inc1``), or null."""
+    if value is None:
+        return True
+    if not (isinstance(value, str) and value.startswith('rand')):
+        return False
+    from timm.data.auto_augment import rand_augment_transform
+    try:
+        rand_augment_transform(value, {})
+    except (AssertionError, ValueError, KeyError, IndexError):
+        return False
+    return True
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
     """The images, how they are read, augmented and batched (the ``data`` section)."""
@@ -49,7 +64,8 @@ class DataConfig:
     ``RandomCrop(padding=...)``); 0: off."""
     hflip: float = key(0.5, allowed=number(0, 1))
     """Probability of a horizontal flip."""
-    auto_augment: Optional[str] = key(None, allowed=string(null=True))
+    auto_augment: Optional[str] = key(None, allowed=rule(_is_rand_augment, "a timm RandAugment string such as "
+                                                                          "'rand-m9-mstd0.5-inc1', or null"))
     """A timm RandAugment string, e.g. ``rand-m9-mstd0.5-inc1``; null: off."""
     reprob: float = key(0.0, allowed=number(0, 1))
     """Random erasing probability (timm's ``RandomErasing``, mode ``'pixel'``, on the device)."""

@@ -23,7 +23,7 @@ import numpy as np
 from torch.utils.data import Dataset, Subset
 
 from .config import DataConfig
-from ..utils.errors import ConfigError
+from ..utils.errors import ConfigError, UsageError
 from ..utils.seeding import derive_seed
 from .fashion_mnist import FASHION_MNIST_STATS, FASHION_MNIST_VAL_FRACTION, ArrayDataset, load_fashion_mnist
 from .loader import SeededDataset
@@ -199,6 +199,9 @@ def build_dataset(
         ds = _carve(data, split, seed, class_to_idx)
     else:
         ds = source.split(data, 'train' if split == 'train' else 'val', seed, class_to_idx, rank, world_size)
+    if not (hasattr(ds, '__getitem__') or hasattr(ds, '__iter__')):
+        raise UsageError(f'the data source of dataset {name!r} gave no dataset for its {split!r} split (its split '
+                         f'function returned {type(ds).__name__}): it must return a torch Dataset')
     if isinstance(ds, ShardStream):
         return ds
     limit = {'train': data.train_subset, 'val': data.val_subset, 'test': None}[split]

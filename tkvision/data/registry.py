@@ -51,8 +51,13 @@ def register_data_source(
     """Make ``source`` the reader of ``dataset: <name>`` (with ``source.prefix``: of every ``<name>/<anything>``).
 
     Raises:
-        ValueError: ``name`` is already registered.
+        ValueError: ``name`` is not a non-empty string without ``/``, or is already registered; ``source`` is not
+            a ``DataSource``.
     """
+    if not (isinstance(name, str) and name and '/' not in name):
+        raise ValueError(f'a data source is registered under a non-empty name without "/", got {name!r}')
+    if not isinstance(source, DataSource):
+        raise ValueError(f'register_data_source({name!r}, ...) takes a DataSource, got {type(source).__name__}')
     if name in _SOURCES:
         raise ValueError(f'data source {name!r} is registered already')
     _SOURCES[name] = source

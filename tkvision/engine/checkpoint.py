@@ -21,6 +21,7 @@ attention-distance tool, growing a file) goes through `load_fitting_weights`: ad
 family's checkpoint filter, grow the model to the checkpoint's size if the run grew, check the fit
 (naming every tensor that differs), load.
 """
+import errno
 import json
 import os
 import pickle
@@ -50,8 +51,24 @@ BEST_WEIGHTS = 'best.safetensors'
 
 def save_training_checkpoint(checkpoint: Mapping[str, Any], path: str) -> None:
     """Write a ``last.pth`` dict (``tkvision.engine.state.TrainState.state_dict``: the format) to ``path``
-    atomically (``torch.save``)."""
-    atomic_write(path, lambda tmp: torch.save(dict(checkpoint), tmp))
+    atomically (``torch.save``).
+
+    Raises:
+        OSError: ``ENOSPC`` for a full disk, ``EIO`` for another failed write (``path`` left as it was; the commands
+            print either as one line).
+    """
+    try:
+        atomic_write(path, lambda tmp: torch.save(dict(checkpoint), tmp))
+    except RuntimeError as error:  # torch's writer says a failed write in its own words, two chained tracebacks
+        if 'write' not in str(error).lower():
+            raise
+        folder = os.path.dirname(os.path.abspath(path))
+        usage = os.statvfs(folder)
+        full = usage.f_bavail * usage.f_frsize < 2 ** 26  # under 64 MiB left: the disk, not a fault of the file
+        raise OSError(errno.ENOSPC if full else errno.EIO,
+                      f'{"No space left on the device" if full else "The file system failed"} writing {path} '
+                      f'({str(error).splitlines()[-1][:120]}); the previous checkpoint is kept: make room, then '
+                      'continue with --resume') from None
 
 
 def load_training_checkpoint(path: str, map_location: Union[str, torch.device] = 'cpu', mmap: bool = False) -> dict:

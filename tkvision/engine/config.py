@@ -217,6 +217,9 @@ def merge(
             raise ConfigError(f'{name} was replaced: {REPLACED_KEYS[name][0]} (in {where})')
         if name not in schema:
             raise ConfigError(f'unknown config key {name!r} in {where}; known keys: {", ".join(sorted(schema))}')
+        if isinstance(schema[name], dict) and not isinstance(value, dict) and schema is DEFAULTS:
+            raise ConfigError(f'{name} must be a mapping (in {where}), got {value!r}: write {name}: {{key: value}} in '
+                              f'a file, or --{name}.key value on the command line')
         if isinstance(schema[name], dict) and isinstance(value, dict):
             # a free mapping (empty in the schema) merges key by key without checks
             sub_schema = schema[name] or {**(out.get(name) or {}), **value}

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from timm.utils.distributed import init_distributed_device_so
 
-from ..utils.config_fields import boolean, choice, integer, key, number, string
+from ..utils.config_fields import boolean, choice, integer, key, number, rule
 from ..utils.errors import ConfigError
 from ..utils.memory import available_memory_bytes
 from ..utils.precision import AMP_DTYPES
@@ -33,12 +33,18 @@ __all__ = ['ProcessConfig', 'DevicePlan', 'device_plan', 'Processes', 'init_dist
            'available_cores', 'all_ranks_agree', 'is_peer_failure']
 
 
+def _is_device(value) -> bool:
+    """``cpu``, ``cuda``, ``cuda:N`` (N >= 0) or null: the devices a run trains on."""
+    return value is None or value in ('cpu', 'cuda') or (isinstance(value, str) and value.startswith('cuda:')
+                                                        and value[5:].isdigit())
+
+
 @dataclasses.dataclass(frozen=True)
 class ProcessConfig:
     """Where and how the processes run (the ``process`` section): the ``Config`` of this module, read by
     `setup_threads`, `init_distributed` and `device_plan`."""
 
-    device: Optional[str] = key(None, allowed=string(null=True), resume=True)
+    device: Optional[str] = key(None, allowed=rule(_is_device, "'cpu', 'cuda', 'cuda:N' or null"), resume=True)
     """Where the model runs (``'cpu'``, ``'cuda'``, ``'cuda:1'``); null: CUDA if available, else the CPU."""
     threads: Optional[int] = key(None, allowed=integer(1, null=True), resume=True)
     """``torch.set_num_threads``; null: the cores this process may use (its affinity, shared among a node's
@@ -189,9 +195,12 @@ def init_distributed(process: ProcessConfig, compile: Union[bool, str] = 'auto')
         `Processes`.
 
     Raises:
-        ConfigError: as `device_plan` (checked before the process group starts).
+        ConfigError: a CUDA device where there is none; as `device_plan` (checked before the process group starts).
     """
     device = process.device or ('cuda' if torch.cuda.is_available() else 'cpu')
+    if device.startswith('cuda') and not torch.cuda.is_available():
+        raise ConfigError(f'device {device}: no CUDA device here; set device: cpu (or leave it null: CUDA where '
+                          'there is one, else the CPU)')
     backend = device_plan(device, process.amp, process.tf32, compile).backend
     info = init_distributed_device_so(device=device, dist_backend=backend)
     if dist.is_available() and dist.is_initialized():

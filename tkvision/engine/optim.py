@@ -66,6 +66,11 @@ SCHEDULE_RULE = rule(lambda v: isinstance(v, (list, tuple)),
                      'a list of steps {at_epoch or at_fraction, to[, warmup_epochs, lr_scale]}')
 
 
+def _is_optimizer(value) -> bool:
+    from timm.optim import list_optimizers
+    return isinstance(value, str) and value.lower() in list_optimizers()
+
+
 @dataclasses.dataclass(frozen=True)
 class OptimConfig:
     """The optimizer, its schedule, gradient clipping and the EMA (the ``optim`` section), a ``Config`` of this
@@ -77,8 +82,9 @@ class OptimConfig:
     """Gradient accumulation: global batch = ``batch_size`` x ``accum_steps`` x processes."""
     global_batch_size: Optional[int] = key(None, allowed=integer(1, null=True))
     """If set, ``accum_steps`` = ``global_batch_size`` / (``batch_size`` x processes)."""
-    opt: str = key('adamw', allowed=string())
-    """A timm optimizer name (``timm.optim.create_optimizer_v2``)."""
+    opt: str = key('adamw', allowed=rule(_is_optimizer, "a timm optimizer name (timm.optim.list_optimizers(): "
+                                                         "'adamw', 'sgd', 'lamb', ...)"))
+    """A timm optimizer name (``timm.optim.create_optimizer_v2``; ``timm.optim.list_optimizers()``)."""
     opt_betas: Tuple[float, ...] = key((0.9, 0.999), allowed=numbers(0, 1, hi_open=True))
     """The optimizer's betas."""
     opt_eps: float = key(1.0e-8, allowed=number(0, lo_open=True))
@@ -148,7 +154,7 @@ class GrowthConfig:
     """At a schedule step: ``'keep'`` the old rows' moments or ``'reset'`` the optimizer."""
     freeze_old_tokens: bool = key(False, allowed=boolean())
     """After a schedule step: train only the new tokens (and the head), the paper's §5."""
-    new_token_lr_scale: float = key(1.0, allowed=number(0, lo_open=True))
+    new_token_lr_scale: float = key(1.0, allowed=number(0, 100, lo_open=True))  # beyond 100x: a NaN, not a recipe
     """After a schedule step, the tokens appended at that step train at this multiple of the lr until the next
     step (`tkvision.growth.scale_new_token_updates`; Variance Transfer, arXiv 2306.12700); 1.0: the same lr."""
     tau: str = key('keep', allowed=choice('keep', 'recompute'))

@@ -42,6 +42,8 @@ class RunData:
         seed: the run's seed (sample order and augmentation draws).
         processes: this process among the job's (``tkvision.engine.distributed.Processes``).
         model: the model the batches feed, read only with ``naflex_loader`` (its patch size and shape).
+        global_batch_key: the global batch is set by ``global_batch_size`` (accumulation makes it up): the key a
+            too-small training set names.
 
     Attributes:
         train_ds: the training split.
@@ -68,6 +70,7 @@ class RunData:
             seed: int,
             processes: Processes,
             model: Optional[torch.nn.Module] = None,
+            global_batch_key: bool = False,
     ):
         self._data, self.accum, self.seed, self.processes = data, accum, seed, processes
         self.batch_size, self.has_test_split, self.mean_std = data.batch_size, has_test_split(data), data.mean_std()
@@ -84,9 +87,10 @@ class RunData:
                                     class_to_idx=dataset_classes(self.train_ds))
         self.global_batch = data.batch_size * accum * processes.world
         if dataset_size(self.train_ds) < self.global_batch:
+            lower = 'global_batch_size' if global_batch_key else 'batch_size'
             raise ConfigError(f'the training set has {dataset_size(self.train_ds)} images, fewer than one global batch '
                               f"({self.global_batch} = batch_size {data.batch_size} x accum_steps {accum} x "
-                              f'{processes.world} processes): lower batch_size or raise train_subset')
+                              f'{processes.world} processes): lower {lower} or raise train_subset')
         self.train_loader = self._loader(self.train_ds, train=True)
         self.train_loader.worker_init_fn = _ignore_stop_signals
         self.val_loader = self._loader(self.val_ds, train=False)

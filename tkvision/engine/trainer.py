@@ -129,7 +129,7 @@ class Trainer:
         config, processes, out = self.config, self.processes, self.config.run.output
         data, optim, seed = config.data, config.optim, config.run.seed
         self.data = RunData(data, resolve_accum_steps(optim, data.batch_size, processes.world), seed, processes,
-                            model=built[0])
+                            model=built[0], global_batch_key=optim.global_batch_size is not None)
         self.clock = RunClock(processes, os.path.join(out, LAST_CHECKPOINT), log_interval=config.run.log_interval,
                               every_steps=config.run.checkpoint_every_steps,
                               every_minutes=config.run.checkpoint_every_minutes)
@@ -415,10 +415,15 @@ def check_model_input(
     checked by its encoder.
 
     Raises:
-        ConfigError: naming both shapes and the model_kwargs that fit.
+        ConfigError: naming both shapes and the model_kwargs that fit; a ``mean`` or ``std`` of another length than
+            the model's channels.
     """
     source = data_source_of(data)
     channels, size = input_shape(getattr(net, 'encoder', net))
+    for key, values in (('mean', data.mean), ('std', data.std)):
+        if values is not None and len(values) != channels:
+            raise ConfigError(f'{key} has {len(values)} value(s) and {model_name} takes {channels}-channel images: '
+                              f'give one per channel (or leave {key} null: the model\'s, or the dataset\'s)')
     fixed = source.image_settings is not None
     if channels == source.channels and (not fixed or size in (None, (data.img_size,) * 2)):
         return

@@ -1,7 +1,7 @@
 """Where a sweep's points run: in this process, or as submitit jobs on this machine or on a SLURM cluster.
 
-- `Launcher`: the executor and the resources of each point's job (``--executor``, ``--gpus-per-node``, ...,
-  or a ``launcher:`` block of a YAML file: `read_launcher_file`).
+- ``tkvision.experiments.launcher.Launcher``: the executor and the resources of each point's job (``--executor``,
+  ``--gpus-per-node``, ..., or a ``launcher:`` block of a YAML file).
 - `launch_points`: run or submit every point that is neither finished nor queued or running already. Each
   point is one `tkvision.experiments.points.PointJob`, whatever the executor:
 
@@ -26,132 +26,30 @@ import json
 import os
 import time
 from datetime import datetime, timezone
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 import submitit
 import yaml
 
 from ..engine.checkpoint import LAST_CHECKPOINT
-from ..engine.runlog import METRICS_FILE
+from ..engine.config import load_config, read_run_config, resolve_run_config
+from ..engine.runlog import CONFIG_FILE, METRICS_FILE
 from ..engine.rundir import output_dir_in_use
 from ..utils.errors import ConfigError, RunError
 from ..utils.files import atomic_write
-from .points import FAILED_FILE, RESULT_FILE, PointJob, SweepPoint
+from .points import FAILED_FILE, RESULT_FILE, PointJob, SweepPoint, read_record
+from .launcher import Launcher
+from .scheduler import SACCT_LAG_SECONDS, alive, scheduler_call, slurm_state
 
-__all__ = ['Launcher', 'EXECUTORS', 'read_launcher_file', 'launch_points', 'point_status', 'PointStatus',
-           'read_manifest', 'read_jobs', 'JOBS_FILE', 'MANIFEST_FILE', 'SUBMITIT_FOLDER']
+__all__ = ['launch_points', 'point_status', 'PointStatus',
+           'read_manifest', 'read_jobs', 'check_settings', 'JOBS_FILE', 'MANIFEST_FILE', 'SUBMITIT_FOLDER']
 
-EXECUTORS = ('inline', 'local', 'slurm')
 #: Each point's submitted jobs, in the sweep's folder.
 JOBS_FILE = 'jobs.json'
 #: The sweep's points (configs, grid values, seeds) and overrides, in the sweep's folder.
 MANIFEST_FILE = 'sweep.json'
 #: submitit's folder in the sweep's folder: job scripts, logs, pickled callables and results (private).
 SUBMITIT_FOLDER = 'submitit'
-#: SLURM states of a job that will still run (``squeue``/``sacct`` names); submitit says UNKNOWN before the
-#: accounting knows a job just submitted.
-_SLURM_ALIVE = {'PENDING', 'RUNNING', 'REQUEUED', 'REQUEUE_HOLD', 'REQUEUE_FED', 'CONFIGURING', 'COMPLETING',
-                'RESIZING', 'SUSPENDED', 'SIGNALING', 'STAGE_OUT', 'UNKNOWN'}
-
-
-@dataclasses.dataclass(frozen=True)
-class Launcher:
-    """How each point of a sweep runs.
-
-    Args:
-        executor: ``inline`` (this process), ``local`` (submitit's local executor) or ``slurm``.
-        parallel: points at a time on the local executor.
-        nodes: nodes per point (SLURM).
-        gpus_per_node: GPUs per node of a point (0: a CPU point).
-        tasks_per_node: processes per node of a point (default: one per GPU, else 1); more than one makes the
-            point one distributed training job.
-        cpus_per_task: CPU cores per process (SLURM; None: the cluster's default).
-        timeout_min: the time limit of a job in minutes; a point that reaches it checkpoints and is requeued
-            (submitit's ``max_num_timeout`` times, `max_timeouts`).
-        partition: the SLURM partition (None: the cluster's default).
-        array_parallelism: array tasks running at once (SLURM; None: submitit's default, 256).
-        slurm_options: further ``#SBATCH`` options as ``(name, value)`` pairs (``account``, ``qos``).
-        max_timeouts: time-outs after which a point is not requeued again (pre-emptions do not count).
-        signal_delay_s: seconds before the time limit at which SLURM sends submitit's USR2 (submitit's
-            ``slurm_signal_delay_s``; None: its 90). A point checkpoints and is requeued on it; a short limit
-            (a test's) needs a short delay.
-    """
-    executor: str = 'inline'
-    parallel: int = 1
-    nodes: int = 1
-    gpus_per_node: int = 0
-    tasks_per_node: Optional[int] = None
-    cpus_per_task: Optional[int] = None
-    timeout_min: int = 1440
-    partition: Optional[str] = None
-    array_parallelism: Optional[int] = None
-    slurm_options: Tuple[Tuple[str, str], ...] = ()
-    max_timeouts: int = 3
-    signal_delay_s: Optional[int] = None
-
-    def __post_init__(self) -> None:
-        if self.executor not in EXECUTORS:
-            raise ConfigError(f'--executor {self.executor!r}: use one of {", ".join(EXECUTORS)}')
-        for name in ('parallel', 'nodes', 'timeout_min', 'tasks_per_node', 'cpus_per_task', 'array_parallelism',
-                     'signal_delay_s'):
-            value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
-                raise ConfigError(f'launcher {name}: {value!r} is not an integer >= 1')
-        if not isinstance(self.gpus_per_node, int) or self.gpus_per_node < 0:
-            raise ConfigError(f'launcher gpus_per_node: {self.gpus_per_node!r} is not an integer >= 0')
-        if self.executor != 'slurm' and self.nodes > 1:
-            raise ConfigError(f'launcher nodes: {self.nodes} nodes need --executor slurm (the {self.executor} '
-                              'executor runs on this machine)')
-        if self.executor == 'inline' and self.processes_per_node > 1:
-            raise ConfigError(f'{self.processes_per_node} processes per point need --executor local or slurm (inline '
-                              'runs each point in this one process)')
-
-    @property
-    def processes_per_node(self) -> int:
-        """``tasks_per_node``, else one per GPU, else 1."""
-        return self.tasks_per_node or max(self.gpus_per_node, 1)
-
-    def executor_parameters(self) -> Dict[str, Any]:
-        """The parameters of ``submitit.AutoExecutor.update_parameters`` for this launcher."""
-        params: Dict[str, Any] = dict(timeout_min=self.timeout_min, tasks_per_node=self.processes_per_node,
-                                      gpus_per_node=self.gpus_per_node, name='tkvision-sweep')
-        if self.executor == 'slurm':
-            params.update(nodes=self.nodes, slurm_additional_parameters=dict(self.slurm_options, requeue=True))
-            if self.cpus_per_task:
-                params['cpus_per_task'] = self.cpus_per_task
-            if self.partition:
-                params['slurm_partition'] = self.partition
-            if self.array_parallelism:
-                params['slurm_array_parallelism'] = self.array_parallelism
-            if self.signal_delay_s:
-                params['slurm_signal_delay_s'] = self.signal_delay_s
-        return params
-
-
-def read_launcher_file(path: str) -> Dict[str, Any]:
-    """The ``launcher:`` block of the YAML file ``path``: `Launcher` fields by name (``slurm_options`` a
-    mapping).
-
-    Raises:
-        ConfigError: no such file, no ``launcher:`` mapping in it, or a key `Launcher` does not have (named).
-    """
-    try:
-        with open(path) as f:
-            block = (yaml.safe_load(f) or {}).get('launcher')
-    except OSError as error:
-        raise ConfigError(f'--launcher {path}: cannot read it ({error.strerror})') from None
-    if not isinstance(block, dict):
-        raise ConfigError(f'--launcher {path}: the file needs a mapping under "launcher:" (e.g. launcher: '
-                          '{gpus_per_node: 8, timeout_min: 4320})')
-    known = {f.name for f in dataclasses.fields(Launcher)}
-    for name in block:
-        if name not in known:
-            raise ConfigError(f'--launcher {path}: unknown key launcher.{name}; known: {", ".join(sorted(known))}')
-    if 'slurm_options' in block:
-        block['slurm_options'] = tuple((str(k), str(v)) for k, v in dict(block['slurm_options']).items())
-    return block
-
-
 def read_manifest(out: str) -> Dict[str, Any]:
     """``<out>/sweep.json``: ``points`` (`SweepPoint` records, in the sweep's order) and ``extra`` overrides.
 
@@ -159,10 +57,28 @@ def read_manifest(out: str) -> Dict[str, Any]:
         RunError: ``out`` holds no sweep (named).
     """
     path = os.path.join(out, MANIFEST_FILE)
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         raise RunError(f'{out} holds no sweep ({MANIFEST_FILE} is missing): pass the --out of a tkvision-sweep run')
-    with open(path) as f:
-        return json.load(f)
+    manifest = _read_json(path, 'the sweep\'s record')
+    if not (isinstance(manifest, dict) and isinstance(manifest.get('points'), list)
+            and all(isinstance(p, dict) and 'config' in p and 'seed' in p for p in manifest['points'])):
+        raise RunError(f'{path} is not a sweep\'s record (no list of points): restore it, or pass another --out')
+    return manifest
+
+
+def _read_json(path: str, what: str):
+    """The JSON of ``path``, a file of the sweep's own.
+
+    Raises:
+        RunError: a link, or a file that is not JSON (cut, binary, a pickle), naming it and ``what`` it should be.
+    """
+    try:
+        if os.path.islink(path):
+            raise ValueError('a symbolic link')
+        with open(path, encoding='utf-8') as f:
+            return json.load(f)
+    except (OSError, ValueError) as error:
+        raise RunError(f'{path} is not {what} ({str(error).splitlines()[0][:80]}): restore or remove it') from None
 
 
 def _write_manifest(out: str, points: Sequence[SweepPoint], extra: Sequence[str]) -> None:
@@ -208,9 +124,13 @@ class _JobBook:
     def __init__(self, out: str):
         self.path = os.path.join(out, JOBS_FILE)
         self.jobs: Dict[str, List[Dict[str, str]]] = {}
-        if os.path.exists(self.path):
-            with open(self.path) as f:
-                self.jobs = json.load(f)
+        if os.path.lexists(self.path):
+            jobs = _read_json(self.path, "the sweep's record of its jobs")
+            if not (isinstance(jobs, dict) and all(isinstance(v, list) and all(
+                    isinstance(e, dict) and {'executor', 'job_id'} <= set(e) for e in v) for v in jobs.values())):
+                raise RunError(f'{self.path} is not the sweep\'s record of its jobs: restore or remove it (a job still '
+                               'queued may then be submitted again)')
+            self.jobs = jobs
 
     def latest(self, key: str) -> Optional[Dict[str, str]]:
         return self.jobs[key][-1] if self.jobs.get(key) else None
@@ -225,19 +145,31 @@ class _JobBook:
 def _submitit_folder(out: str) -> str:
     """``<out>/submitit``, created readable and writable by its owner only (it holds pickles)."""
     folder = os.path.join(out, SUBMITIT_FOLDER)
+    if os.path.islink(folder):
+        raise RunError(f'{folder} is a symbolic link (to {os.readlink(folder)!r}): the sweep keeps its jobs\' files '
+                       'in a folder of its own; remove the link')
     os.makedirs(folder, mode=0o700, exist_ok=True)
     os.chmod(folder, 0o700)
     return folder
 
 
 def _job_state(out: str, entry: Optional[Dict[str, str]]) -> str:
-    """The scheduler's word for a recorded job: a SLURM state (``RUNNING``, ``PENDING``, ...), ``RUNNING`` for
-    a local job whose submitit controller process is alive, ``GONE`` otherwise (or for no job)."""
+    """The scheduler's word for a recorded job: its SLURM state from ``sacct`` (``RUNNING``, ``PENDING``,
+    ``CANCELLED``, ...; ``UNKNOWN`` while the accounting does not list a job just submitted), ``RUNNING`` for a local
+    job whose submitit controller process is alive, ``GONE`` otherwise (or for no job).
+
+    Raises:
+        RunError: ``sacct`` is missing, fails or does not answer within `SCHEDULER_SECONDS` (named, one line).
+    """
     if entry is None:
         return 'GONE'
     if entry['executor'] == 'slurm':
-        state = submitit.SlurmJob(os.path.join(out, SUBMITIT_FOLDER, '%j'), entry['job_id']).state.upper()
-        return state if state in _SLURM_ALIVE else 'GONE'
+        state = slurm_state(entry['job_id'])
+        if state is None:  # the accounting has no record: a job just submitted, or one it lost long ago
+            submitted = datetime.fromisoformat(entry.get('submitted', '1970-01-01T00:00:00+00:00'))
+            recent = (datetime.now(timezone.utc) - submitted).total_seconds() < SACCT_LAG_SECONDS
+            return 'UNKNOWN' if recent else 'GONE'
+        return state
     try:  # a local job's id is its controller's pid: alive while that process runs submitit's controller
         with open(f"/proc/{int(entry['job_id'])}/cmdline", 'rb') as f:
             return 'RUNNING' if b'submitit.local._local' in f.read() else 'GONE'
@@ -269,18 +201,22 @@ def launch_points(
         Preempted: (``inline``) a signal stopped the point in this process, its ``last.pth`` written: the sweep
             stops there; rerunning continues it.
     """
+    for point in points:  # every point's folder checked before anything is created or removed
+        point.check_directory(out)
     with _submitter_lock(out):
-        _write_manifest(out, points, extra)
+        check_settings(points, out, extra)
         book = _JobBook(out)
         todo, waiting = [], []
         for point in points:
             if os.path.exists(os.path.join(point.directory(out), RESULT_FILE)):
+                read_record(os.path.join(point.directory(out), RESULT_FILE))
                 log(f'[skip] {point.key}: finished')
-            elif (entry := book.latest(point.key)) is not None and _job_state(out, entry) != 'GONE':
+            elif (entry := book.latest(point.key)) is not None and alive(_job_state(out, entry)):
                 log(f'[wait] {point.key}: job {entry["job_id"]} is queued or running')
                 waiting.append(point)
             else:
                 todo.append(point)
+        _write_manifest(out, points, extra)
         if launcher.executor == 'inline':
             for point in todo:
                 log(f'[run ] {point.key} -> {point.directory(out)}')
@@ -291,6 +227,33 @@ def launch_points(
             _run_local(todo, waiting, out, launcher, extra, book, log, poll_seconds)
 
 
+def check_settings(points: Sequence[SweepPoint], out: str, extra: Sequence[str]) -> None:
+    """Refuse to continue a sweep folder whose points trained (or began) with other settings than this command
+    gives them: a rerun with ``--epochs 2``, or another config file of the same name, would skip the finished points
+    and report their old results as the new settings'. Each point that has a ``config.yaml`` is compared key by key
+    (its folder, seed and progress bar aside).
+
+    Raises:
+        ConfigError: naming each key that differs, the values then and now, and a point of each.
+    """
+    differ: Dict[str, str] = {}
+    for point in points:
+        recorded = os.path.join(point.directory(out), CONFIG_FILE)
+        if not os.path.isfile(recorded):
+            continue
+        then = read_run_config(recorded)
+        now = resolve_run_config(load_config(point.config, [
+            '--seed', str(point.seed), '--output', point.directory(out), '--progress', 'false', *extra,
+            *point.overrides()])).to_dict()
+        for key in sorted(set(then) | set(now)):
+            if key not in ('output', 'progress') and then.get(key) != now.get(key) and key not in differ:
+                differ[key] = f'{key}: {then.get(key)!r} then, {now.get(key)!r} now (point {point.key})'
+    if differ:
+        raise ConfigError(f'{out} holds points trained with other settings than this command gives: '
+                          + '; '.join(differ.values()) + '. Pass another --out, or the settings they trained with; '
+                          'nothing was changed')
+
+
 def _log_record(record: Dict[str, Any], point: SweepPoint, log: Callable[..., None]) -> None:
     if record.get('status') == 'failed':
         log(f'[fail] {point.key}: {record["error"]}')
@@ -298,11 +261,15 @@ def _log_record(record: Dict[str, Any], point: SweepPoint, log: Callable[..., No
 
 def _submit_array(todo: Sequence[SweepPoint], out: str, launcher: Launcher, extra: Sequence[str], book: _JobBook,
                   log: Callable[..., None]) -> None:
+    """Submit ``todo`` as one SLURM job array (``sbatch``, bounded by `SCHEDULER_SECONDS`)."""
     if not todo:
         return
-    executor = _executor(out, launcher)
-    with executor.batch():
-        jobs = [executor.submit(PointJob(point, out, extra)) for point in todo]
+
+    def submit() -> list:
+        executor = _executor(out, launcher)
+        with executor.batch():
+            return [executor.submit(PointJob(point, out, extra)) for point in todo]
+    jobs = scheduler_call(submit, 'sbatch (submitit, the job array)')
     for point, job in zip(todo, jobs):
         book.add(point.key, 'slurm', job.job_id)
         log(f'[sbmt] {point.key}: job {job.job_id}')
@@ -321,7 +288,7 @@ def _run_local(todo: Sequence[SweepPoint], waiting: Sequence[SweepPoint], out: s
         still = []
         for point in active:
             job = own.get(point.key)
-            if (job.state == 'RUNNING') if job is not None else _job_state(out, book.latest(point.key)) != 'GONE':
+            if (job.state == 'RUNNING') if job is not None else alive(_job_state(out, book.latest(point.key))):
                 still.append(point)
             else:
                 _log_end(point, out, log)
@@ -345,8 +312,9 @@ def _log_end(point: SweepPoint, out: str, log: Callable[..., None]) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class PointStatus:
-    """A point's state: ``finished``, ``running``, ``queued``, ``failed``, ``stopped`` (a ``last.pth`` to
-    continue from, no job) or ``not started``; ``detail`` says more (validation top-1, epoch, job, error)."""
+    """A point's state: ``finished``, ``running``, ``queued``, ``cancelled`` (its job cancelled: a rerun submits it
+    again), ``failed``, ``stopped`` (a ``last.pth`` to continue from, no job) or ``not started``; ``detail`` says more
+    (validation top-1, epoch, job, error)."""
     state: str
     detail: str
 
@@ -372,8 +340,7 @@ def point_status(out: str, point: SweepPoint, jobs: Optional[Dict[str, List[Dict
     run_dir = point.directory(out)
     result = os.path.join(run_dir, RESULT_FILE)
     if os.path.exists(result):
-        with open(result) as f:
-            record = json.load(f)
+        record = read_record(result)
         top1, loss = record.get('top1'), record.get('val_loss')
         return PointStatus('finished', f'val top-1 {top1:.2f}' if top1 is not None else
                            f'val loss {loss:.4f}' if loss is not None else 'finished')
@@ -384,12 +351,14 @@ def point_status(out: str, point: SweepPoint, jobs: Optional[Dict[str, List[Dict
     job = f" (job {entry['job_id']})" if entry else ''
     if holder or state == 'RUNNING':
         return PointStatus('running', _progress(run_dir) + job)
-    if state != 'GONE':
+    if alive(state):
         words = 'submitted, not listed by sacct yet' if state == 'UNKNOWN' else state.lower()
         return PointStatus('queued', f'{words}{job}')
+    if state == 'CANCELLED':
+        return PointStatus('cancelled', f'job {entry["job_id"] if entry else "?"} was cancelled; rerun the sweep '
+                                        'command to submit it again')
     if os.path.exists(os.path.join(run_dir, FAILED_FILE)):
-        with open(os.path.join(run_dir, FAILED_FILE)) as f:
-            return PointStatus('failed', json.load(f).get('error', '?'))
+        return PointStatus('failed', str(read_record(os.path.join(run_dir, FAILED_FILE)).get('error', '?')))
     if os.path.exists(os.path.join(run_dir, LAST_CHECKPOINT)):
         return PointStatus('stopped', f'{_progress(run_dir)}; rerun the sweep command to continue it from last.pth')
     return PointStatus('not started', 'ended before its first checkpoint' + job if entry else 'not submitted')

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import submitit
 import torch
+import yaml
 
 from ..engine.checkpoint import LAST_CHECKPOINT
 from ..engine.config import DEFAULTS, load_config
@@ -30,7 +31,8 @@ from ..engine.trainer import train
 from ..utils.errors import ConfigError, Preempted, RunError
 from ..utils.files import atomic_write
 
-__all__ = ['SweepPoint', 'PointJob', 'parse_grid', 'sweep_points', 'point_dir', 'RESULT_FILE', 'FAILED_FILE']
+__all__ = ['SweepPoint', 'PointJob', 'parse_grid', 'sweep_points', 'point_dir', 'read_record', 'RESULT_FILE',
+           'FAILED_FILE', 'SWEEP_OWNED_KEYS']
 
 #: A finished point's record, in its folder.
 RESULT_FILE = 'result.json'
@@ -69,6 +71,29 @@ class SweepPoint:
         """``<out>/<name>/seed<k>``: where the point trains and writes ``result.json``."""
         return os.path.join(out, self.name, f'seed{self.seed}')
 
+    def check_directory(self, out: str) -> str:
+        """`directory`, once it is known to be a folder under ``out`` reached without a symbolic link: its name has
+        no ``.`` / ``..`` / empty part (a grid value such as ``/../victim`` would lead out of the sweep), and no
+        part of it below ``out`` is a link (a planted link would lead elsewhere). Nothing is created or removed.
+
+        Raises:
+            ConfigError: naming the point, the path and what to do.
+        """
+        relative = os.path.join(self.name, f'seed{self.seed}')
+        parts = relative.split(os.sep)
+        if os.path.isabs(relative) or any(part in ('', '.', '..') for part in parts):
+            raise ConfigError(f'point {self.key}: its folder {os.path.join(out, relative)} would not be a folder of '
+                              f'the sweep {out} (a grid value makes an empty, "." or ".." part): use values without '
+                              '"/.." and "//"; nothing was created or removed')
+        path = out
+        for part in parts:
+            path = os.path.join(path, part)
+            if os.path.islink(path):
+                raise ConfigError(f'point {self.key}: {path} is a symbolic link (to {os.readlink(path)!r}); a sweep '
+                                  'trains only in its own folders: remove the link, or pass another --out; nothing '
+                                  'was created or removed')
+        return os.path.join(out, relative)
+
     def overrides(self) -> List[str]:
         """The grid values as ``--key value`` overrides (`tkvision.engine.config.parse_overrides`)."""
         args = []
@@ -92,19 +117,53 @@ def point_dir(out: str, config: str, seed: int) -> str:
     return SweepPoint(config, seed).directory(out)
 
 
+#: Grid keys a point may not set: the sweep sets them itself (``--out``, ``--seeds``).
+SWEEP_OWNED_KEYS = {'output': '--out', 'seed': '--seeds'}
+
+
+def _split_values(values: str) -> List[str]:
+    """``values`` split at the commas outside brackets, braces and quotes (YAML flow items: ``[0.5,1.0],[1.0]`` is two
+    values)."""
+    items, depth, quote, start = [], 0, '', 0
+    for i, char in enumerate(values):
+        if quote:
+            quote = '' if char == quote else quote
+        elif char in '\'"':
+            quote = char
+        elif char in '[{':
+            depth += 1
+        elif char in ']}':
+            depth -= 1
+        elif char == ',' and depth == 0:
+            items.append(values[start:i])
+            start = i + 1
+    items.append(values[start:])
+    return [item.strip() for item in items]
+
+
 def parse_grid(items: Sequence[str]) -> List[Tuple[Tuple[str, str], ...]]:
-    """Every combination of ``key=v1,v2,...`` items (the cartesian product, the first key slowest); ``[()]``
-    for no items.
+    """Every combination of ``key=v1,v2,...`` items (the cartesian product, the first key slowest); ``[()]`` for no
+    items. Values are YAML flow items, as ``--key value`` overrides read them: ``elastic_fractions=[0.5,1.0],[1.0]``
+    is two values.
 
     Raises:
-        ConfigError: an item without ``=`` or without a value, or a key given twice (each named).
+        ConfigError: an item without ``=`` or without a value, a value YAML cannot read, a key given twice, or a key
+            the sweep sets itself (``output``, ``seed``), each named.
     """
     axes: List[Tuple[str, List[str]]] = []
     for item in items:
         key, sep, values = item.partition('=')
-        choices = [v for v in values.split(',') if v != '']
-        if not sep or not key or not choices:
+        choices = _split_values(values) if values else []
+        if not sep or not key or not choices or '' in choices:
             raise ConfigError(f'--grid {item!r}: write key=value1,value2 (e.g. score_norm=l2_norm_gelu,softmax)')
+        if key in SWEEP_OWNED_KEYS:
+            raise ConfigError(f'--grid {item!r}: the sweep sets {key} itself; use {SWEEP_OWNED_KEYS[key]}')
+        for value in choices:
+            try:
+                yaml.safe_load(value)
+            except yaml.YAMLError as error:
+                raise ConfigError(f'--grid {item!r}: the value {value!r} is not YAML '
+                                  f'({getattr(error, "problem", None) or "unreadable"}); quote it') from None
         if key in (k for k, _ in axes):
             raise ConfigError(f'--grid: the key {key!r} is given twice; list all its values in one item')
         axes.append((key, choices))
@@ -120,6 +179,25 @@ def sweep_points(configs: Sequence[str], seeds: Sequence[int], grid: Sequence[st
     if not seeds:
         raise ConfigError('--seeds: give at least one seed')
     return [SweepPoint(config, seed, values) for config in configs for values in parse_grid(grid) for seed in seeds]
+
+
+def read_record(path: str) -> Dict[str, Any]:
+    """A point's ``result.json`` or ``failed.json`` (a JSON object, as `PointJob` writes it).
+
+    Raises:
+        RunError: a file that is not one (cut, binary, not JSON, not an object, a link), naming it and what to do.
+    """
+    try:
+        if os.path.islink(path):
+            raise ValueError('a symbolic link')
+        with open(path, encoding='utf-8') as f:
+            record = json.load(f)
+        if not isinstance(record, dict):
+            raise ValueError('not a JSON object')
+    except (OSError, ValueError) as error:
+        raise RunError(f'{path} is not a point\'s record ({str(error).splitlines()[0][:80]}): remove it, and the '
+                       'point is trained again by the next run of the sweep command') from None
+    return record
 
 
 def _timing(rows: list) -> dict:
@@ -161,11 +239,10 @@ class PointJob:
         self.point, self.out, self.extra = point, out, list(extra)
 
     def __call__(self) -> Dict[str, Any]:
-        run_dir = self.point.directory(self.out)
+        run_dir = self.point.check_directory(self.out)
         done = os.path.join(run_dir, RESULT_FILE)
         if os.path.exists(done):
-            with open(done) as f:
-                return json.load(f)
+            return read_record(done)
         rank = 0
         if _in_submitit_job() and submitit.JobEnvironment().num_tasks > 1:
             rank = submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False).rank
@@ -194,6 +271,7 @@ class PointJob:
     def _train(self, run_dir: str) -> Dict[str, Any]:
         resume = os.path.isfile(os.path.join(run_dir, LAST_CHECKPOINT))
         if not resume and os.path.isdir(run_dir):
+            self.point.check_directory(self.out)  # checked again right before: only the sweep's own folder goes
             shutil.rmtree(run_dir)  # a point that failed before its first checkpoint starts again, empty
         elif os.path.exists(os.path.join(run_dir, FAILED_FILE)):
             os.remove(os.path.join(run_dir, FAILED_FILE))

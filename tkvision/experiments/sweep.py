@@ -13,14 +13,15 @@ is recorded with its error and the others go on. `collect` writes the table from
 """
 import csv
 import glob
-import json
 import os
 import statistics
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..engine.plotting import plt
-from .launch import Launcher, launch_points, read_manifest
-from .points import FAILED_FILE, RESULT_FILE, SweepPoint, sweep_points
+from .launch import launch_points, read_manifest
+from .launcher import Launcher
+from ..utils.files import atomic_write
+from .points import FAILED_FILE, RESULT_FILE, SweepPoint, read_record, sweep_points
 
 __all__ = ['run_sweep', 'collect', 'point_records', 'summarize', 'expand_configs', 'mean_std', 'plus_minus']
 
@@ -34,9 +35,8 @@ def point_records(out: str, points: Sequence[SweepPoint]) -> List[Dict]:
     for point in points:
         for name in (RESULT_FILE, FAILED_FILE):
             path = os.path.join(point.directory(out), name)
-            if os.path.exists(path):
-                with open(path) as f:
-                    records.append(json.load(f))
+            if os.path.lexists(path):
+                records.append(read_record(path))
                 break
     return records
 
@@ -87,18 +87,22 @@ def collect(out: str, title: str = 'Ablation sweep') -> Tuple[List[Dict], int]:
 
 
 def _write_tables(rows: list, records: Sequence[dict], out: str):
-    """``results_points.csv`` (every finished config and seed), ``results.csv`` and ``results.md`` in ``out``."""
+    """``results_points.csv`` (every finished config and seed), ``results.csv`` and ``results.md`` in ``out``, each
+    replaced atomically (a link planted in its place is replaced, never written through)."""
     os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, 'results_points.csv'), 'w',
-              newline='') as f:  # every (config, seed): paired comparisons
+
+    def points(f):  # every (config, seed): paired comparisons
         w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'val_loss', 'minutes'],
                            extrasaction='ignore')
         w.writeheader()
         w.writerows(r for r in records if r.get('status') == 'ok')
-    with open(os.path.join(out, 'results.csv'), 'w', newline='') as f:
+    atomic_write(os.path.join(out, 'results_points.csv'), points, text=True)
+
+    def table(f):
         w = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ['config'])
         w.writeheader()
         w.writerows(rows)
+    atomic_write(os.path.join(out, 'results.csv'), table, text=True)
     loss = any(r['val_loss_mean'] == r['val_loss_mean'] and r['top1_mean'] != r['top1_mean'] for r in rows)
     lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | ' + ('val loss mean ± std | ' if loss
                                                                                   else '')
@@ -109,8 +113,7 @@ def _write_tables(rows: list, records: Sequence[dict], out: str):
         lines.append(f"| {r['config']} | {plus_minus(r['top1_mean'], r['top1_std'])} | "
                      f"{plus_minus(r['test_top1_mean'], r['test_top1_std'])} | {cell}{r['seeds']} | {r['params']} | "
                      f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
-    with open(os.path.join(out, 'results.md'), 'w') as f:
-        f.write('\n'.join(lines) + '\n')
+    atomic_write(os.path.join(out, 'results.md'), lambda f: f.write('\n'.join(lines) + '\n'), text=True)
 
 
 def mean_std(values: list, digits: Optional[int] = None) -> tuple:
@@ -168,7 +171,7 @@ def summarize(records: Sequence[dict], out: str, title: str = 'Ablation sweep') 
     ax.set(ylabel='validation top-1 (%)', title=title)
     ax.grid(axis='y', alpha=.3)
     fig.tight_layout()
-    fig.savefig(os.path.join(out, 'results.png'), dpi=100)
+    atomic_write(os.path.join(out, 'results.png'), lambda tmp: fig.savefig(tmp, dpi=100, format='png'))
     plt.close(fig)
     points = [r for r in rows if r['params'] != '' and r['top1_mean'] == r['top1_mean']]
     if points:  # accuracy against size: the parameter-efficiency view (RingFormer's Tables 2-3)
@@ -181,7 +184,7 @@ def summarize(records: Sequence[dict], out: str, title: str = 'Ablation sweep') 
                title=title)
         ax.grid(alpha=.3)
         fig.tight_layout()
-        fig.savefig(os.path.join(out, 'results_params.png'), dpi=100)
+        atomic_write(os.path.join(out, 'results_params.png'), lambda tmp: fig.savefig(tmp, dpi=100, format='png'))
         plt.close(fig)
     return rows
 
