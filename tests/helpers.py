@@ -1,4 +1,5 @@
 """Helpers shared by the training tests: tiny configs and a small ImageNet-layout folder of real JPEGs."""
+import csv
 import os
 import signal
 import subprocess
@@ -129,34 +130,40 @@ def wait_for_checkpoint(path, p, after=lambda state: True, timeout=300) -> dict:
     raise AssertionError('no such checkpoint before the run ended: ' + (p.stdout.read() if p.poll() is not None else ''))
 
 
-def torchrun_train(args, port: int, extra=(), env=None) -> subprocess.Popen:
-    """``tools/train.py args extra`` under torchrun with 2 CPU ranks (gloo) on ``port`` (in ``env``, default this
-    process's); output piped, as text."""
-    return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port',
+def torchrun_train(args, port: int, extra=(), env=None, nproc: int = 2) -> subprocess.Popen:
+    """``tools/train.py args extra`` under torchrun with ``nproc`` CPU ranks (gloo) on ``port`` (in ``env``, default
+    this process's); output piped, as text."""
+    return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc),
+                             '--master_port',
                              str(port), os.path.join(ROOT, 'tools/train.py'), *args, *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
-def assert_torchrun_resumes_exactly(tmp_path, args_for, port: int, stop_when) -> tuple:
-    """Train ``args_for(out)`` under torchrun uninterrupted (``port``), then again (``port + 1``) stopped by
-    SIGTERM to torchrun at the first checkpoint with ``stop_when(state)``, then resumed (``port + 2``); asserts
-    both ranks stopped, the resume ran and its final weights equal the uninterrupted run's bit for bit.
+def assert_torchrun_resumes_exactly(tmp_path, args_for, port: int, stop_when, nproc: int = 2) -> tuple:
+    """Train ``args_for(out)`` under torchrun with ``nproc`` ranks uninterrupted (``port``), then again (``port + 1``)
+    stopped by SIGTERM to torchrun at the first checkpoint with ``stop_when(state)``, then resumed (``port + 2``);
+    asserts every rank stopped, the resume ran, its final weights equal the uninterrupted run's bit for bit and its
+    ``metrics.csv`` figures (the training loss of the epoch it stopped in included) are the same.
     Returns ``(uninterrupted run's output, the stopped run's checkpoint state)``."""
     full, stopped = str(tmp_path / 'full'), str(tmp_path / 'stopped')
-    p = torchrun_train(args_for(full), port)
+    p = torchrun_train(args_for(full), port, nproc=nproc)
     full_log = p.communicate(timeout=600)[0]
     assert p.returncode == 0, full_log
-    p = torchrun_train(args_for(stopped), port + 1)
+    p = torchrun_train(args_for(stopped), port + 1, nproc=nproc)
     wait_for_checkpoint(os.path.join(stopped, 'last.pth'), p, stop_when)
     p.send_signal(signal.SIGTERM)
     log = p.communicate(timeout=300)[0]
-    assert p.returncode != 0 and log.count('stopped by SIGTERM') == 2, log  # both ranks, then torchrun fails
+    assert p.returncode != 0 and log.count('stopped by SIGTERM') == nproc, log  # every rank, then torchrun fails
     state = ckpt.load_training_checkpoint(os.path.join(stopped, 'last.pth'))
-    p = torchrun_train(args_for(stopped), port + 2, ['--resume'])
+    p = torchrun_train(args_for(stopped), port + 2, ['--resume'], nproc=nproc)
     log = p.communicate(timeout=600)[0]
     assert p.returncode == 0 and 'resumed from' in log, log
     a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(stopped, 'last.safetensors'))
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), k
+    figures = ('epoch', 'train_loss', 'top1', 'val_loss')
+    rows = [[{k: r.get(k) for k in figures} for r in csv.DictReader(open(os.path.join(run, 'metrics.csv')))]
+            for run in (full, stopped)]
+    assert rows[0] == rows[1], rows
     return full_log, state

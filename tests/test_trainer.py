@@ -328,12 +328,16 @@ open(os.path.join({str(tmp_path)!r}, 'rank%d.sha' % dist.get_rank()), 'w').write
     assert os.path.isfile(tmp_path / 'run' / 'last.pth')
 
 
-def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_path):
-    """Two CPU ranks under torchrun: SIGTERM to torchrun reaches both workers, which stop at the same
-    update in the middle of an epoch and write one checkpoint; resumed under torchrun, the weights equal
-    an uninterrupted torchrun run's."""
+@pytest.mark.parametrize('nproc, port', [(2, 29561), (3, 29565)])
+def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_path, nproc, port):
+    """CPU ranks under torchrun: SIGTERM to torchrun reaches every worker, which stop at the same update in the
+    middle of an epoch and write one checkpoint; resumed under torchrun, the weights equal an uninterrupted torchrun
+    run's, and so does the epoch's training loss. Three ranks: the order of a sum of three gradients matters by the
+    last bit, so DDP's bucket layout must be the same after a resume as in the uninterrupted run (it was not: DDP
+    lays out its buckets again after its first step), and each rank's share of the running epoch's loss must be
+    counted once (the checkpoint held rank 0's, and every rank took it back)."""
     _, state = assert_torchrun_resumes_exactly(tmp_path, lambda out: [*_args(out, workers=0), '--log_interval', '2'],
-                                               29561, lambda s: s['batches_done'] >= 5)
+                                               port, lambda s: s['batches_done'] >= 5, nproc=nproc)
     assert state['epochs_done'] < 2 and 0 < state['batches_done'] < 32
 
 

@@ -62,10 +62,11 @@ class RunClock:
         self.stop_signal = signal.Signals(signum).name
 
     def save(self, state: TrainState) -> None:
-        """Write ``last.pth`` of ``state`` (a ``tkvision.engine.state.TrainState``; rank 0, atomic) and restart
-        the checkpoint clock."""
+        """Write ``last.pth`` of ``state`` (a ``tkvision.engine.state.TrainState``; rank 0, atomic; called on every
+        rank: the running epoch's sums are reduced over the processes first) and restart the checkpoint clock."""
+        meter = state.reduced_meter()
         if self.processes.main:
-            save_training_checkpoint(state.state_dict(), self.checkpoint_path)
+            save_training_checkpoint(state.state_dict(meter), self.checkpoint_path)
         self.last_save = time.monotonic()
 
     def check(self, state: TrainState, force: bool = False) -> bool:

@@ -10,6 +10,7 @@ optimizer and the schedule are built by `tkvision.engine.optim.RunOptim` over th
 """
 import math
 import time
+import warnings
 from types import MappingProxyType
 from typing import Mapping, Optional, Protocol, TypedDict, cast
 
@@ -103,6 +104,7 @@ class TrainState:
             inputs: Optional[Mapping[str, Mapping[str, str]]] = None,
     ):
         self.device, self.world, self.plan = processes.device, processes.world, processes.plan
+        self.rank = processes.rank
         self.config_record = MappingProxyType(dict(config_record or {}))
         self.seconds_before, self._started = 0.0, time.monotonic() if started is None else started
         self.model, self.optimizer, self.scheduler = model, optimizer, scheduler
@@ -149,18 +151,36 @@ class TrainState:
             net = cast(torch.nn.Module, torch.compile(self.model))
         if self.world > 1:
             ids = self.plan.ddp_device_ids
-            net = DDP(net, device_ids=list(ids) if ids is not None else None)
+            # DDP lays its buckets out again after the first step of each wrapper (in the gradients' order), and a
+            # sum over 3 or more processes depends on the layout by the last bit: a run resumed mid-way would step
+            # once in the first layout where the uninterrupted run was in the second. find_unused_parameters keeps
+            # the first layout for good (torch's Reducer never rebuilds it then), so a resume is bit-identical.
+            with warnings.catch_warnings():
+                warnings.filterwarnings('ignore', message='.*find_unused_parameters=True.*')
+                net = DDP(net, device_ids=list(ids) if ids is not None else None, find_unused_parameters=True)
         self.net = net
 
-    def state_dict(self) -> dict:
+    def reduced_meter(self) -> dict:
+        """The running epoch's sums over every process (one all-reduce: call it on every rank, at a sync point), as
+        ``state_dict``'s ``meter`` holds them; this process's seconds."""
+        m = self.meter
+        sums = torch.tensor([m['loss_sum'].item(), m['seen'], m['skipped']], dtype=torch.float64, device=self.device)
+        if self.world > 1:
+            torch.distributed.all_reduce(sums)
+        loss_sum, seen, skipped = sums.tolist()
+        return dict(loss_sum=loss_sum, seen=int(seen), skipped=int(skipped), seconds=m['seconds'],
+                    data_seconds=m['data_seconds'])
+
+    def state_dict(self, meter: Optional[dict] = None) -> dict:
         """The ``last.pth`` format: everything a run needs to continue exactly.
 
         Keys: ``model`` (state dict), ``optimizer``, ``scaler`` (GradScaler), ``model_ema`` (state dict or
         None), ``epochs_done`` (completed epochs), ``batches_done`` (micro-batches of epoch ``epochs_done``
         already trained, at an update boundary), ``num_updates`` (optimizer updates), ``best`` (the best
         evaluation: ``dict(top1 | val_loss, epoch, source)``), ``token_counts`` (``growth.model_size``: the
-        size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums:
-        ``loss_sum``, ``seen``, ``skipped``, ``seconds``, ``data_seconds``), ``inputs`` (the files it started from,
+        size the model had grown to), ``config`` (the flat config), ``meter`` (the running epoch's sums over
+        every process, `reduced_meter`, or this process's: ``loss_sum``, ``seen``, ``skipped``; rank 0's ``seconds``,
+        ``data_seconds``), ``inputs`` (the files it started from,
         with their sha256: ``teacher``, ``init_from``), ``elapsed_seconds`` (the run's wall
         seconds so far, all processes that trained it: `elapsed_seconds`; files without it count from their
         resume), ``world_size`` (the processes that wrote it: a resume needs as many), ``format_version``
@@ -168,12 +188,13 @@ class TrainState:
         it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
         """
         m = self.meter
+        meter = meter or dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'],
+                              seconds=m['seconds'], data_seconds=m['data_seconds'])
         return dict(model=self.model.state_dict(), optimizer=self.optimizer.state_dict(),
                     scaler=self.scaler.state_dict(), model_ema=self.ema.module.state_dict() if self.ema else None,
                     epochs_done=self.epochs_done, batches_done=self.batches_done, num_updates=self.num_updates,
                     best=self.best, token_counts=self.size(), config=dict(self.config_record),
-                    meter=dict(loss_sum=m['loss_sum'].item(), seen=m['seen'], skipped=m['skipped'],
-                               seconds=m['seconds'], data_seconds=m['data_seconds']),
+                    meter=meter,
                     inputs=self.inputs, elapsed_seconds=self.elapsed_seconds(), world_size=self.world,
                     format_version=FORMAT_VERSION)
 
@@ -187,4 +208,6 @@ class TrainState:
         self.epochs_done, self.batches_done = checkpoint['epochs_done'], checkpoint['batches_done']
         self.num_updates, self.best = checkpoint['num_updates'], checkpoint['best']
         self.seconds_before = checkpoint.get('elapsed_seconds', 0.0)  # checkpoints before the key: from here on
-        self.reset_meter(**checkpoint['meter'])
+        meter = checkpoint['meter']
+        # the saved sums are every process's (RunClock.save reduces them): rank 0 carries them on, the others from 0
+        self.reset_meter(**(meter if self.rank == 0 else dict(meter, loss_sum=0.0, seen=0, skipped=0)))
