@@ -232,9 +232,9 @@ def test_a_resumed_points_minutes_count_the_time_before_its_preemption(tmp_path,
 
     real_state = TrainState.state_dict
 
-    def slow(state):  # the first part takes `pause` seconds longer before its first checkpoint
+    def slow(state, *args):  # the first part takes `pause` seconds longer before its first checkpoint
         time.sleep(pause)
-        return real_state(state)
+        return real_state(state, *args)
 
     def crash(checkpoint, path):  # then the process dies
         real_save(checkpoint, path)

@@ -420,12 +420,13 @@ def check_model_input(
     """
     source = data_source_of(data)
     channels, size = input_shape(getattr(net, 'encoder', net))
-    for key, values in (('mean', data.mean), ('std', data.std)):
-        if values is not None and len(values) != channels:
-            raise ConfigError(f'{key} has {len(values)} value(s) and {model_name} takes {channels}-channel images: '
-                              f'give one per channel (or leave {key} null: the model\'s, or the dataset\'s)')
     fixed = source.image_settings is not None
     if channels == source.channels and (not fixed or size in (None, (data.img_size,) * 2)):
+        # the shapes agree: a mean or std of another length is then the one mistake left
+        for key, values in (('mean', data.mean), ('std', data.std)):
+            if values is not None and len(values) != channels:
+                raise ConfigError(f'{key} has {len(values)} value(s) and {model_name} takes {channels}-channel images: '
+                                  f'give one per channel (or leave {key} null: the model\'s, or the dataset\'s)')
         return
     if not fixed:
         images = 'RGB images (3 channels)' if source.channels == 3 else f'{source.channels}-channel images'
