@@ -6,7 +6,6 @@ import json
 import os
 import re
 import signal
-import stat
 import subprocess
 import sys
 import time
@@ -149,52 +148,6 @@ def test_rerunning_after_the_submitting_process_was_killed_launches_nothing_twic
     assert [e['job_id'] for e in jobs['point-lr=0.002/seed0']] == [job] and len(jobs['point-lr=0.001/seed0']) == 1
     assert all(os.path.exists(os.path.join(out, name, 'seed0', 'result.json')) for name in ('point-lr=0.002',
                                                                                              'point-lr=0.001'))
-
-
-@pytest.fixture
-def fake_slurm(tmp_path, monkeypatch):
-    """``sbatch`` (keeps what it is given, answers a job id), ``srun`` (present: submitit's check), ``sacct``
-    (knows nothing yet) and ``scancel`` on PATH: nothing is submitted anywhere."""
-    bin_dir, kept = tmp_path / 'bin', tmp_path / 'submitted'
-    bin_dir.mkdir()
-    kept.mkdir()
-    scripts = dict(sbatch=f'#!/bin/sh\ncp "$1" {kept}/$(ls {kept} | wc -l).sh\necho "Submitted batch job 4242"\n',
-                   srun='#!/bin/sh\nexit 0\n', sacct='#!/bin/sh\nexit 0\n', scancel='#!/bin/sh\nexit 0\n')
-    for name, text in scripts.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(stat.S_IRWXU)
-    monkeypatch.setenv('PATH', f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    return kept
-
-
-def test_slurm_executor_submits_one_array_with_requeue_and_never_twice(tmp_path, fake_slurm, capsys):
-    """``--executor slurm``: every (config, grid value, seed) one task of one job array, with the resources of
-    the command line over the --launcher file's, ``--requeue`` and submitit's USR2 signal before the time
-    limit; run again while the jobs are queued, it submits nothing."""
-    launcher = tmp_path / 'cluster.yaml'
-    launcher.write_text(yaml.safe_dump(dict(launcher=dict(gpus_per_node=8, timeout_min=4320, partition='learnfair',
-                                                          slurm_options=dict(account='vision')))))
-    config = _config(tmp_path)
-    out = str(tmp_path / 'sweep')
-    args = [config, '--grid', 'score_norm=l2_norm_gelu,l1_norm_gelu,softmax', '--seeds', '0', '1', '--out', out,
-            '--executor', 'slurm', '--launcher', str(launcher), '--nodes', '2', '--array-parallelism', '4',
-            '--timeout-min', '600']
-    assert sweep_main(args) == 0
-    [sbatch] = [open(fake_slurm / f).read() for f in os.listdir(fake_slurm)]
-    for line in ('#SBATCH --array=0-5%4', '#SBATCH --nodes=2', '#SBATCH --gpus-per-node=8',
-                 '#SBATCH --ntasks-per-node=8', '#SBATCH --partition=learnfair', '#SBATCH --time=600',
-                 '#SBATCH --signal=USR2@90', '#SBATCH --requeue', '#SBATCH --account=vision',
-                 '#SBATCH --open-mode=append'):
-        assert line in sbatch.splitlines(), (line, sbatch)
-    assert 'srun' in sbatch and 'submitit.core._submit' in sbatch
-    jobs = _jobs(out)
-    assert sorted(e[-1]['job_id'] for e in jobs.values()) == [f'4242_{i}' for i in range(6)]
-    assert 'softmax/seed1' in ' '.join(jobs) and 'submitted 6 points as SLURM array 4242' in capsys.readouterr().out
-    assert sweep_main(args) == 0  # queued (the accounting knows nothing yet): waited for, not submitted again
-    assert len(os.listdir(fake_slurm)) == 1 and capsys.readouterr().out.count('[wait]') == 6
-    assert sweep_main(['--status', out]) == 0
-    status = capsys.readouterr().out
-    assert status.count('submitted, not listed by sacct yet (job 4242_') == 6 and status.strip().endswith('6 queued')
 
 
 def test_launcher_settings_are_checked_before_anything_runs(tmp_path, capsys):

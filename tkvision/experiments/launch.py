@@ -39,7 +39,7 @@ from ..utils.errors import ConfigError, RunError
 from ..utils.files import atomic_write
 from .points import FAILED_FILE, RESULT_FILE, PointJob, SweepPoint, read_record
 from .launcher import Launcher
-from .scheduler import SACCT_LAG_SECONDS, alive, scheduler_call, slurm_state
+from .scheduler import SACCT_LAG_SECONDS, alive, scheduler_call, slurm_queue_state, slurm_state
 
 __all__ = ['launch_points', 'point_status', 'PointStatus',
            'read_manifest', 'read_jobs', 'check_settings', 'JOBS_FILE', 'MANIFEST_FILE', 'SUBMITIT_FOLDER']
@@ -165,7 +165,10 @@ def _job_state(out: str, entry: Optional[Dict[str, str]]) -> str:
         return 'GONE'
     if entry['executor'] == 'slurm':
         state = slurm_state(entry['job_id'])
-        if state is None:  # the accounting has no record: a job just submitted, or one it lost long ago
+        if state is None:  # the accounting has no record: ask the controller, which knows a job just submitted
+            queued = slurm_queue_state(entry['job_id'])
+            if queued is not None:
+                return queued or 'GONE'
             submitted = datetime.fromisoformat(entry.get('submitted', '1970-01-01T00:00:00+00:00'))
             recent = (datetime.now(timezone.utc) - submitted).total_seconds() < SACCT_LAG_SECONDS
             return 'UNKNOWN' if recent else 'GONE'
@@ -361,4 +364,7 @@ def point_status(out: str, point: SweepPoint, jobs: Optional[Dict[str, List[Dict
         return PointStatus('failed', str(read_record(os.path.join(run_dir, FAILED_FILE)).get('error', '?')))
     if os.path.exists(os.path.join(run_dir, LAST_CHECKPOINT)):
         return PointStatus('stopped', f'{_progress(run_dir)}; rerun the sweep command to continue it from last.pth')
+    if entry and not os.path.isdir(run_dir):
+        return PointStatus('not started', f"job {entry['job_id']} ended before it started (cancelled while queued?); "
+                                          'rerun the sweep command to submit it again')
     return PointStatus('not started', 'ended before its first checkpoint' + job if entry else 'not submitted')

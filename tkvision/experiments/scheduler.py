@@ -12,7 +12,8 @@ from typing import Any, Callable, List, Optional
 
 from ..utils.errors import RunError
 
-__all__ = ['SLURM_ENDED', 'SCHEDULER_SECONDS', 'SACCT_LAG_SECONDS', 'scheduler_call', 'slurm_state', 'alive']
+__all__ = ['SLURM_ENDED', 'SCHEDULER_SECONDS', 'SACCT_LAG_SECONDS', 'scheduler_call', 'slurm_state',
+           'slurm_queue_state', 'alive']
 
 #: SLURM states of a job that has ended for good (``sacct``'s names): its point may be submitted again. Any other
 #: state (PENDING, RUNNING, REQUEUED, STOPPED, SUSPENDED, a state this list does not know, or none yet) counts as a
@@ -45,6 +46,29 @@ def slurm_state(job_id: str) -> Optional[str]:
         if found.strip() == str(job_id):
             return state.split()[0] if state.split() else 'UNKNOWN'
     return None
+
+
+def slurm_queue_state(job_id: str) -> Optional[str]:
+    """``squeue``'s state of the SLURM job (or array task) ``job_id`` (``PENDING``, ``RUNNING``, ...), ``''`` when the
+    controller holds no such job, or None when ``squeue`` cannot answer (missing, failing, not in time).
+
+    The controller answers at once where the accounting may lag, so a job it does not hold and ``sacct`` does not list
+    has ended without a record: Slurm 22.05 keeps none for an array task cancelled before it was first scheduled
+    (seen on the cluster of ``tools/slurm/local_cluster.sh``; ``tests/test_slurm.py``).
+    """
+    command = ['squeue', '-h', '-j', str(job_id), '-o', '%i|%T']
+    try:
+        process = scheduler_call(lambda: subprocess.run(command, capture_output=True, text=True,
+                                                        timeout=SCHEDULER_SECONDS), ' '.join(command))
+    except RunError:
+        return None
+    if process.returncode:  # an id it never held or has forgotten: "Invalid job id specified"
+        return '' if 'invalid job id' in process.stderr.lower() else None
+    for line in process.stdout.splitlines():
+        found, _, state = line.partition('|')
+        if found.strip() == str(job_id) and state.strip():
+            return state.split()[0]
+    return ''
 
 
 def scheduler_call(call: Callable[[], Any], command: str, seconds: float = SCHEDULER_SECONDS) -> Any:
