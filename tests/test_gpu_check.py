@@ -71,3 +71,19 @@ def test_on_a_machine_without_a_gpu_the_check_names_its_cpu_dry_run(capsys):
     err = capsys.readouterr().err
     assert 'no CUDA device here' in err and 'make test-gpu ARGS="--device cpu --dry-run"' in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_a_check_cut_short_keeps_the_lines_it_measured(tmp_path, monkeypatch):
+    """A lease that runs out kills the check mid-item: the report already holds every item that ended (the
+    2026-12-04 H200 check lost its first 3 lines this way before the report was written per item)."""
+    def one(item, commands, log_path):
+        if item == 'mae_finetune':
+            raise KeyboardInterrupt  # the kill
+        return gpu_check.CheckResult(item, 'pass', seconds=1.0)
+    monkeypatch.setattr(gpu_check, '_one', one)
+    prefix = str(tmp_path / 'bench' / 'gpu_check')
+    with pytest.raises(KeyboardInterrupt):
+        gpu_check.check_gpu('cpu', str(tmp_path / 'w'), dry_run=True, items=['mae_finetune'], log=lambda _: None,
+                            report=lambda results: gpu_check.write_check_report(results, prefix, 'cpu', 'check'))
+    [path] = [p for p in (tmp_path / 'bench').iterdir() if p.suffix == '.json']
+    assert [(i['item'], i['status']) for i in json.load(open(path))['items']] == [('mae', 'pass')]

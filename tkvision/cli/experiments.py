@@ -213,8 +213,12 @@ def _check_gpu(argv) -> int:
         raise UsageError(f'--device {error}') from None
     work = args.work or tempfile.mkdtemp(prefix='tkvision-gpu-check-')
     print(f'checking {args.device} in {work} (each item\'s log: {work}/logs)')
-    results = check_gpu(args.device, work, args.dry_run, args.items)
-    if args.out:
-        command = 'tkvision-check-gpu ' + ' '.join(argv)
-        print('wrote ' + ', '.join(write_check_report(results, args.out, args.device, command)))
+    command = 'tkvision-check-gpu ' + ' '.join(argv)
+    written: list = []
+
+    def report(results) -> None:  # after each item: a check cut short (a lease that ran out) keeps its lines
+        written[:] = write_check_report(results, args.out, args.device, command)
+    results = check_gpu(args.device, work, args.dry_run, args.items, report=report if args.out else None)
+    if written:
+        print('wrote ' + ', '.join(written))
     return 1 if any(r.status == 'fail' for r in results) else 0

@@ -18,8 +18,9 @@ peak on a CPU) and seconds. The items (`ITEMS`):
 - ``growth``: a growth step mid-run (``growth.schedule`` after the first epoch);
 - ``elastic``: an elastic run, each prefix validated.
 
-All but the recipe run eager (``--compile false``) at Ti/16 size, so that the whole check fits in about five
-minutes of one GPU (each compiled model costs a minute or more of compilation: ``docs/performance.md``).
+All but the recipe run eager (``--compile false``) at Ti/16 size; the compiled recipe and its stop and resume still
+take most of the check's time, about 13 minutes of one H200 in all (``docs/bench/gpu_check_2026-12-04.md``: the
+recipe 179 s, its stop and resume 284 s, each eager item 20-40 s).
 ``--dry-run`` runs the same items on the CPU with tiny models at 32 px in about a minute: CI runs it
 (``tests/test_gpu_check.py``), so the command cannot rot before a GPU is lent. ``--out PREFIX`` writes the
 lines as ``PREFIX_<date>.json`` and ``.md`` (e.g. ``docs/bench/gpu_check``). The trainer's augmentations need
@@ -254,9 +255,9 @@ def _validated(output: str, row: dict) -> Optional[str]:
     return match.group(0) + ' on the val split' if match else None
 
 
-def _row_has(column: str, note: str) -> Callable[[str, dict], Optional[str]]:
-    """A ``passed`` test of `_result`: the last metrics row has a value in ``column``."""
-    return lambda output, row: (f'{note} {float(row[column]):.4g}' if row.get(column) else None)
+def _row_has(column: str, note: str, unit: str = '') -> Callable[[str, dict], Optional[str]]:
+    """A ``passed`` test of `_result`: the last metrics row has a value in ``column`` (shown with ``unit``)."""
+    return lambda output, row: (f'{note} {float(row[column]):.4g}{unit}' if row.get(column) else None)
 
 
 _PROBE = ('import sys, torch, torch.distributed as dist; from tkvision.engine.distributed import device_plan; '
@@ -304,7 +305,7 @@ def _commands(c: _Check) -> Dict[str, tuple]:
     grown = '{qkv: 24, proj: 24, ffn: 96}' if dry else '{qkv: 256, proj: 256, ffn: 1024}'
     ti = ('--model', 'tokenformer_vit_ti16')
     base = 'imagenet/tokenformer_vit_b16_matched'
-    top1 = _row_has('top1', 'val top-1')
+    top1 = _row_has('top1', 'val top-1', '%')
     return {
         'validate': ([*_cli('validate'), '--checkpoint', last, '--device', c.device, '--num_workers',
                       str(c.sizes.workers)], None, _validated),
@@ -342,6 +343,7 @@ def check_gpu(
         dry_run: bool = False,
         items: Optional[Sequence[str]] = None,
         log: Callable[[str], None] = print,
+        report: Optional[Callable[[List[CheckResult]], None]] = None,
 ) -> List[CheckResult]:
     """Run the check's ``items`` (default: every one of `ITEMS`) on ``device``, in ``work`` (the synthetic folder,
     each item's run folder and its log under ``work/logs``), printing each line as it ends (``log``).
@@ -350,6 +352,8 @@ def check_gpu(
         device: ``'cuda'`` (``'cuda:N'``) or ``'cpu'``.
         work: a new or empty folder.
         dry_run: the tiny sizes (`SIZES`): the same commands on a CPU in about a minute.
+        log: called with each item's printed line as it ends.
+        report: called with the results so far, in order, after each item (a lease that runs out keeps them).
 
     Returns:
         one `CheckResult` per item, in order; an item whose input failed is ``'skipped'``.
@@ -381,12 +385,13 @@ def check_gpu(
         if need is not None and results.get(need, CheckResult(need, 'fail')).status != 'pass':
             results[item] = CheckResult(item, 'skipped', note=f'needs {need}, which did not pass')
             log(results[item].line())
-            continue
-        if item == 'recipe':
+        elif item == 'recipe':
             results.update({r.item: r for r in _recipe_items(c, log)})
-            continue
-        results[item] = _one(item, commands, os.path.join(work, 'logs', f'{item}.log'))
-        log(results[item].line())
+        else:
+            results[item] = _one(item, commands, os.path.join(work, 'logs', f'{item}.log'))
+            log(results[item].line())
+        if report is not None:
+            report([results[i] for i in wanted if i in results])
     return [results[i] for i in wanted]
 
 
