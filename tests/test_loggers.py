@@ -20,6 +20,7 @@ from safetensors.torch import load_file
 
 from tkvision.engine.config import ConfigError, load_config, migrate
 from tkvision.engine.runlog import RunLog
+from tkvision.utils.errors import RunError
 
 from .helpers import ROOT, TINY_FMNIST, wait_for_checkpoint
 
@@ -214,6 +215,7 @@ def test_a_preempted_run_closes_its_trackers_and_continues_them(tmp_path):
     assert histories['mlflow']['_status'] == 'FINISHED' and histories['wandb']['_exit'] == [75, 0]
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_starts_again_with_every_logger(tmp_path):
     """Killed after its loggers wrote their files but before any checkpoint: ``--resume`` starts it from scratch,
     and so does a plain rerun of another such folder, as with no logger (their files are the run log's early files,
@@ -265,6 +267,7 @@ def mlflow_server(tmp_path):
         server.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_mlflow_against_a_real_server_and_a_server_that_goes_away(tmp_path, mlflow_server):
     """The run logs to the server (read back with ``MlflowClient``: every update once, finished); a second run whose
     server is stopped mid-run finishes all the same, with one warning naming the logger."""
@@ -305,7 +308,8 @@ def test_the_tensorboard_key_is_replaced_by_loggers():
 
 def test_early_files_are_the_config_the_record_and_each_loggers_own():
     assert RunLog.early_files([]) == {'config.yaml', 'trackers.json'}
-    assert RunLog.early_files(ALL) == {'config.yaml', 'trackers.json', 'tb', 'wandb', 'mlflow.db', 'mlartifacts'}
+    assert RunLog.early_files(ALL) == {'config.yaml', 'trackers.json', 'tb', 'wandb', 'mlflow.db', 'mlflow.db-journal',
+                                       'mlflow.db-wal', 'mlflow.db-shm', 'mlartifacts'}
 
 
 def test_a_logging_backend_is_one_class_jsonl(tmp_path, monkeypatch):
@@ -348,3 +352,19 @@ def test_a_run_key_is_one_field_and_its_use_run_name(tmp_path, monkeypatch):
         assert MlflowClient(tracking_uri=uri).get_run(record['mlflow']['id']).info.run_name == want
         runs = wandb_history(cfg['output'])
         assert runs['_ids'] == {record['wandb']['id']} and runs['_names'] == {want}
+
+
+def test_a_folder_killed_during_an_mlflow_write_before_the_first_checkpoint_starts_again(tmp_path):
+    """A run killed while MLflow's SQLite store was mid-transaction, before the first checkpoint, leaves
+    ``mlflow.db-journal`` beside ``mlflow.db`` (seen once in the kill test above, at random): still no run to protect,
+    so the same command starts again there instead of refusing the folder as another run's."""
+    from tkvision.engine.rundir import claim_output_dir
+    out = tmp_path / 'killed'
+    out.mkdir()
+    for name in ('config.yaml', 'trackers.json', 'mlflow.db', 'mlflow.db-journal', 'mlflow.db-wal', 'mlflow.db-shm'):
+        (out / name).write_text('x')
+    (out / 'mlartifacts').mkdir()
+    claim_output_dir(str(out), resume=False, early=RunLog.early_files(['mlflow'])).release()
+    (out / 'metrics.csv').write_text('epoch\n0\n')  # a file only a trained epoch writes: a run to protect
+    with pytest.raises(RunError, match='already holds a run'):
+        claim_output_dir(str(out), resume=False, early=RunLog.early_files(['mlflow']))

@@ -223,7 +223,9 @@ class MlflowLogger(Logger):
     the same run running again and skips, metric by metric, the steps the store holds already. Requests to a server
     that went away give up after a few seconds (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` 2, ``MLFLOW_HTTP_REQUEST_TIMEOUT``
     10 s unless set)."""
-    name, module, extra, files = 'mlflow', 'mlflow', 'mlflow', ('mlflow.db', 'mlartifacts')
+    # with SQLite's companions of the store: a run killed mid-transaction leaves mlflow.db-journal beside it
+    name, module, extra, files = 'mlflow', 'mlflow', 'mlflow', ('mlflow.db', 'mlflow.db-journal', 'mlflow.db-wal',
+                                                                 'mlflow.db-shm', 'mlartifacts')
 
     def __init__(
             self,
