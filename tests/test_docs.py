@@ -343,6 +343,8 @@ TYPED_DECIMALS = {
     ('docs/growth.md', '3.7'): 'a setting: LOSS_GAP_SIGMAS of studies/growth/precondition.py (the loss gap rule)',
     ('docs/growth.md', '1.78'): 'closed form: 128 / 72 tokens per Pattention, the long recipe sizes compared',
     ('docs/growth.md', '0.75'): "a setting: MAE's mask ratio (configs/fashion_mnist/mae_pretrain.yaml)",
+    ('docs/guide/sweeps.md', '22.05'): "a version: Debian 12's Slurm (tools/slurm/local_cluster.sh)",
+    ('docs/guide/imagenet.md', '22.05'): "a version: Debian 12's Slurm (tools/slurm/local_cluster.sh)",
 }
 #: The parts of the pages held to TYPED_DECIMALS: (page, first heading, heading that ends it or None): the README,
 #: the docs' home page, the results pages and the user guide.
@@ -362,7 +364,7 @@ def typed_decimals(text: str) -> list:
     hand, a hand-typed table's cells included."""
     import re
     text = re.sub(r'<!-- table .*? -->.*?<!-- end table -->', '', text, flags=re.S)
-    text = re.sub(r'<!-- value .*? -->.*?<!-- end -->', '', text, flags=re.S)
+    text = re.sub(r'<!-- (?:value|compare) .*? -->.*?<!-- end -->', '', text, flags=re.S)
     text = re.sub(r'```.*?```', '', text, flags=re.S)
     text = re.sub(r'<!--.*?-->', '', text, flags=re.S)
     found = []
@@ -480,3 +482,43 @@ def test_the_long_recipe_reported_is_chosen_on_validation_by_the_stated_rule():
                                top1_mean='99.0'),
                    test_only=dict(long['tokenformer_token_lr_quarter'], config='test_only', test_top1_mean='99.0'))
     assert headline.chosen_long_recipe(planted)['config'] == 'tokenformer_token_lr_quarter_token_decay'
+
+
+def _planted_compare(tmp_path, left: list, right: list, **columns) -> str:
+    """``render_compare`` of two planted points files: ``left`` and ``right`` one top-1 per seed, ``columns``
+    (``machine=('a', 'b')``) a value per side."""
+    import sys
+    sys.path.insert(0, os.path.join(ROOT, 'tools'))
+    import render_docs
+    path = tmp_path / 'points.csv'
+    names = sorted(columns)
+    rows = [','.join(['side', 'seed', 'top1', *names])]
+    for side, values in (('a', left), ('b', right)):
+        rows += [','.join([side, str(seed), str(v), *(columns[n][side == 'b'] for n in names)])
+                 for seed, v in enumerate(values)]
+    path.write_text('\n'.join(rows) + '\n')
+    relative = os.path.relpath(path, ROOT)
+    return render_docs.render_compare(f'{relative}?side=a vs {relative}?side=b | top1 | points')
+
+
+def test_a_comparison_takes_its_verb_from_the_interval_and_says_when_its_sides_ran_apart(tmp_path):
+    """The compare marker: no "ahead" or "behind" unless the 95% interval (Welch, the project's rule in
+    studies/intervals.py) excludes 0, checked against the closed form; a pair from two machines or two commits
+    says so by itself."""
+    from scipy import stats
+    # [1, 2, 3] against [0, 1, 2]: gap 1, each variance 1, so se = sqrt(2/3), Welch's df = 4
+    half = stats.t.ppf(0.975, 4) * (2 / 3) ** 0.5
+    level = _planted_compare(tmp_path, [1, 2, 3], [0, 1, 2])
+    assert level == f'level within the seed spread (+1.00 points, 95% interval {1 - half:+.2f} to {1 + half:+.2f}; ' \
+                    '3 and 3 seeds)'
+    means_only = _planted_compare(tmp_path, [80.0, 82.0, 84.0], [79.0, 79.5, 80.0])
+    assert means_only.startswith('ahead on the means only (+2.50 points') and 'ahead by' not in means_only
+    ahead = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2])
+    assert ahead.startswith('ahead by 1.10 points (95% interval +0.')
+    behind = _planted_compare(tmp_path, [84.0, 84.1, 84.2], [85.1, 85.2, 85.3])
+    assert behind.startswith('behind by 1.10 points')
+    apart = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2], machine=('AMD EPYC', 'Intel Xeon'),
+                             commit=('abc1234', 'abc1234'))
+    assert apart.endswith('(on different CPUs)') and 'different code' not in apart
+    code = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2], commit=('abc1234', 'def5678'))
+    assert code.endswith('(different code)')

@@ -21,6 +21,14 @@ The source is a CSV file, or a JSON file with ``#key`` (``#key.sub``) naming a l
 inline value may also be the difference or the ratio of two such rows (``A minus B | {top1_mean:.1f}``,
 ``A over B | {params:.2f}``): a gap or a ratio typed by hand goes stale when a run is redone, a rendered one
 does not.
+A comparison of two sets of seeds phrases itself: its verb comes from the interval, never from a hand::
+
+    16 tokens are <!-- compare docs/growth/precondition_curves.csv?tokens=16?epoch=6 vs
+    docs/growth/precondition_curves.csv?tokens=8?epoch=6 | top1 | points -->ahead on the means only (...)<!-- end -->
+
+``A vs B | column | unit``: each side keeps one row per seed; the text is `studies.intervals.compare_words` of the
+column's values (ahead / behind only where the 95% interval excludes 0), and where the rows carry ``machine`` or
+``commit`` columns whose values differ between the sides it adds "(on different CPUs)" or "(different code)".
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
 (an integer-valued one as an int; one written with a leading + stays text, sign and all); an empty,
 None or NaN value is shown as –. Rows keep the file's
@@ -39,6 +47,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r'(?P<head><!-- table (?P<spec>.+?) -->\n)(?P<body>.*?)(?P<tail><!-- end table -->)', re.S)
 VALUE = re.compile(r'(?P<head><!-- value (?P<spec>[^\n]+?) -->)(?P<body>[^<\n]*)(?P<tail><!-- end -->)')
+COMPARE = re.compile(r'(?P<head><!-- compare (?P<spec>[^<]+?) -->)(?P<body>[^<\n]*)(?P<tail><!-- end -->)')
 
 
 def _number(value: str):
@@ -154,6 +163,27 @@ def render_value(spec: str) -> str:
     return _Formatter(set(row)).format(fmt, **row)
 
 
+def render_compare(spec: str) -> str:
+    """The words of a ``compare`` marker's ``spec`` (``A vs B | column | unit``; the module docstring).
+
+    Raises:
+        SpecError: a side that keeps no row, or a column a row lacks.
+    """
+    sys.path.insert(0, ROOT)  # run as tools/render_docs.py: the studies package sits at the root
+    from studies.intervals import compare_words
+    sides, column, unit = [c.strip() for c in ' '.join(spec.split()).split(' | ')]
+    left, right = [load_rows(side.strip()) for side in sides.split(' vs ')]
+    for side, rows in zip(sides.split(' vs '), (left, right)):
+        if not rows:
+            raise SpecError(f'{side.strip()} keeps no row; a comparison needs one row per seed a side')
+    words = compare_words([float(r[column]) for r in left], [float(r[column]) for r in right], unit)
+    for key, said in (('machine', 'on different CPUs'), ('commit', 'different code')):
+        values = [{str(r.get(key, 'unknown')) for r in rows} for rows in (left, right)]
+        if any(key in r for r in left + right) and values[0] != values[1]:
+            words += f' ({said})'
+    return words
+
+
 def documents() -> list:
     """README.md, every markdown file under docs/, and every config (a header's measured figure is an inline
     value too)."""
@@ -208,6 +238,7 @@ def update(text: str, path: str = '<text>') -> tuple:
         return replace
 
     text = BLOCK.sub(replacer(render), text)
+    text = COMPARE.sub(replacer(render_compare), text)
     return VALUE.sub(replacer(render_value), text), stale
 
 

@@ -50,6 +50,7 @@ import torch
 
 import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tiny_patch16_224 with timm)
 from studies import ROOT, portable_command
+from studies.intervals import gap_interval
 from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
 from tkvision.engine.checkpoint import LAST_WEIGHTS, model_for_checkpoint
@@ -280,27 +281,6 @@ def summarize(points: list, compute: dict) -> list:
         out.append(dict(method='independent', config='all four sizes', prefix='all',
                         compute_vs_largest=round(sum(compute[c] for c in TWINS.values()) / reference, 3)))
     return out
-
-
-def gap_interval(values: list, twin_values: list, digits: int = 2) -> tuple:
-    """``(gap, low, high)``: the difference of the means of ``values`` and ``twin_values`` (a method's and its
-    twin's top-1 over seeds), and its 95% interval, rounded to ``digits``: Welch's t interval, or where one side
-    has a single seed, that side's spread taken as the other's (``s · √(1 + 1/n)``, n - 1 degrees of freedom).
-    Low and high are None when neither side has two seeds."""
-    from scipy import stats  # albumentations' dependency: the one t quantile of the report
-    gap = statistics.mean(values) - statistics.mean(twin_values)
-    n1, n2 = len(values), len(twin_values)
-    if n1 < 2 and n2 < 2:
-        return round(gap, digits), None, None
-    if n1 < 2 or n2 < 2:
-        spread, n = (statistics.stdev(twin_values), n2) if n1 < 2 else (statistics.stdev(values), n1)
-        se, df = spread * (1 + 1 / n) ** 0.5, n - 1
-    else:
-        a, b = statistics.variance(values) / n1, statistics.variance(twin_values) / n2
-        se = (a + b) ** 0.5
-        df = (a + b) ** 2 / (a ** 2 / (n1 - 1) + b ** 2 / (n2 - 1)) if a + b > 0 else n1 + n2 - 2
-    half = float(stats.t.ppf(0.975, df)) * se
-    return round(gap, digits), round(gap - half, digits), round(gap + half, digits)
 
 
 def _means(points: list) -> list:

@@ -23,7 +23,7 @@ import os
 import statistics
 import sys
 
-from studies.elastic.elastic_study import gap_interval
+from studies.intervals import gap_interval
 from studies.growth.precondition import write_pays
 from tkvision.cli import run_cli
 from tkvision.engine.config import load_config
