@@ -88,6 +88,7 @@ def _last_top1(out: str) -> float:
         return float(list(csv.DictReader(f))[-1]['top1'])
 
 
+@pytest.mark.slow
 def test_a_classifier_starts_resumes_and_validates_on_a_gpu_machine_as_on_a_cpu_one(tmp_path):
     gpu, cpu = str(tmp_path / 'on_gpu_machine'), str(tmp_path / 'here')
     log = _train_then_resume(tmp_path, CLASSIFIER, gpu)
@@ -100,6 +101,7 @@ def test_a_classifier_starts_resumes_and_validates_on_a_gpu_machine_as_on_a_cpu_
     assert top1 == pytest.approx(_last_top1(gpu), abs=0.006), out  # the same weights on the same split
 
 
+@pytest.mark.slow
 def test_mae_pretrains_resumes_and_fine_tunes_on_a_gpu_machine(tmp_path):
     pretrained = str(tmp_path / 'mae')
     log = _train_then_resume(tmp_path, MAE, pretrained)

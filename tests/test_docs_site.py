@@ -44,7 +44,7 @@ def _browse(page: str, profile, screenshot: str = None) -> str:
 def test_the_site_builds_strict_and_its_pages_render_in_a_browser(site, tmp_path):
     home = _browse(site / 'index.html', tmp_path / 'profile', 'docs_home.png')
     assert '<title>tkvision</title>' in home and 'Pattention' in home and 'How good' in home
-    api = _browse(site / 'reference' / 'api' / 'index.html', tmp_path / 'profile', 'docs_api.png')
+    api = _browse(site / 'reference' / 'api.html', tmp_path / 'profile', 'docs_api.png')
     assert '<title>Python API - tkvision</title>' in api and 'Pattention' in api
     assert 'backward_mode' in api and 'prefix_tokens' in api  # from the docstrings
     _assert_each_parameter_listed_alone(api, 'tkvision.layers.block.Block')
@@ -66,7 +66,8 @@ def _assert_each_parameter_listed_alone(dom: str, identifier: str):
 
 
 def test_every_link_between_the_sites_pages_resolves(site):
-    """Each relative link of every built page reaches a file of the site: a results page's link to the report
+    """Each relative link of every built page reaches a file of the site, never a folder (from disk a folder opens as
+    a listing: the site is built with ``use_directory_urls: false``): a results page's link to the report
     behind it (``bench/*.md``, ``growth/report.md``, ...) is a page, not a 404 (those reports were left out
     of the build while the results pages linked them)."""
     import re
@@ -78,8 +79,51 @@ def test_every_link_between_the_sites_pages_resolves(site):
             if parts.scheme or parts.netloc or not parts.path or parts.path.startswith('/'):
                 continue
             target = (page.parent / unquote(parts.path)).resolve()
-            if target.is_dir():
-                target = target / 'index.html'
-            if not target.exists():
+            if target.is_dir():  # opened from disk (file://), a folder shows as a listing, not its page
+                broken.append(f'{page.relative_to(site)} -> {href} (a folder)')
+            elif not target.exists():
                 broken.append(f'{page.relative_to(site)} -> {href}')
     assert not broken, broken[:20]
+
+
+#: A list item's first line in a page's markdown source: ``- x``, ``* x``, ``+ x`` or ``1. x``.
+_LIST_ITEM = r'^\s*(?:[-*+]|\d+\.)\s+\S'
+
+
+def _source_list_items(text: str) -> int:
+    """The list items a page's source holds, outside fenced code and HTML comments (a comment's lines kept as
+    blank lines, so nothing joins across it)."""
+    import re
+    text = re.sub(r'<!--.*?-->', lambda m: '\n' * m.group(0).count('\n'), text, flags=re.S)
+    count, fenced = 0, False
+    for line in text.splitlines():
+        if line.lstrip().startswith('```'):
+            fenced = not fenced
+        elif not fenced and re.match(_LIST_ITEM, line):
+            count += 1
+    return count
+
+
+def test_every_list_in_the_pages_renders_as_a_list(site):
+    """Each list item of a page's source is an ``<li>`` of its built page: a list right after a lead-in line with no
+    blank line, or a list item whose continuation line begins with an inline value marker, rendered as one run-on
+    paragraph ("1. ... 2. ... 3.") while the strict build passed."""
+    import pathlib
+    import re
+    docs = pathlib.Path(ROOT, 'docs')
+    wrong, checked = [], 0
+    for source in sorted(p for p in docs.rglob('*.md') if p.name != 'api.md'):  # api.md: mkdocstrings' own
+        relative = source.relative_to(docs).with_suffix('')
+        page = site / relative.with_suffix('.html')  # use_directory_urls: false
+        if not page.exists():
+            continue
+        checked += 1
+        html = page.read_text(errors='replace')
+        article = html[html.index('<article'):html.index('</article>')]
+        rendered = len(re.findall(r'<li[ >]', article))
+        text = re.sub(r'^--8<-- "([^"]+)"$', lambda m: open(os.path.join(ROOT, m.group(1))).read(),
+                      source.read_text(), flags=re.M)  # a snippet (changelog.md includes CHANGELOG.md)
+        expected = _source_list_items(text)
+        if rendered != expected:
+            wrong.append(f'docs/{relative}.md: {expected} list items in the source, {rendered} rendered')
+    assert checked > 20 and not wrong, (checked, wrong)

@@ -93,3 +93,25 @@ def test_a_pre_empted_run_says_so_on_its_own_line(tmp_path):
     out, err = p.communicate(timeout=120)
     assert p.returncode == train_mod.EXIT_PREEMPTED, err[-2000:]
     assert re.search(r'(^|[\r\n])stopped by SIGTERM', err), err[-300:]
+
+
+def test_train_help_says_every_config_key_is_an_option_and_its_examples_parse(capsys):
+    """``tkvision-train --help`` lists four options of its own; it must also say that every config key is one, where
+    the keys are, and show examples a user can copy: each one parses to the config it names."""
+    import shlex
+
+    from tkvision.cli.train import parse_train_args
+    with pytest.raises(SystemExit):
+        parse_train_args(['--help'])
+    text = capsys.readouterr().out
+    assert 'Every config key is also an option' in text and 'docs/reference/config.md' in text
+    examples = [line.split('tkvision-train', 1)[1] for line in text.splitlines() if line.startswith('  tkvision-train')]
+    assert len(examples) >= 3, text
+    for example in examples:
+        cfg, resume = parse_train_args(shlex.split(example))
+        options = dict(zip(shlex.split(example)[::2], shlex.split(example)[1::2]))
+        assert resume is None and cfg['epochs'] == int(options.get('--epochs', cfg['epochs'])), example
+        if '--model_kwargs' in options:
+            assert cfg['model_kwargs']['num_tokens'] == 96
+        if '--init_from' in options:
+            assert cfg['init_from'] == options['--init_from']

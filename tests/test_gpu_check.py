@@ -10,6 +10,7 @@ import pytest
 from tkvision.experiments import gpu_check
 
 
+@pytest.mark.slow
 def test_the_dry_run_passes_every_item_and_writes_its_report(tmp_path):
     work, out = tmp_path / 'work', tmp_path / 'bench' / 'gpu_check'
     result = subprocess.run([os.path.join(os.path.dirname(sys.executable), 'tkvision-check-gpu'), '--device', 'cpu',

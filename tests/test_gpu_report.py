@@ -6,12 +6,15 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from .helpers import ROOT
 
 REPORT = [sys.executable, '-m', 'studies.performance.gpu_report']
 TINY = ['--device', 'cpu', '--tiny', '--compile-modes', 'eager', '--steps', '1', '--repeats', '1']
 
 
+@pytest.mark.slow
 def test_the_gpu_report_command_runs_on_cpu_and_writes_every_part(tmp_path):
     out = tmp_path / 'gpu'
     subprocess.run([*REPORT, *TINY, '--out', str(out)], cwd=ROOT, check=True, capture_output=True)

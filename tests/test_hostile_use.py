@@ -256,6 +256,7 @@ def test_the_benchmark_refuses_bad_arguments_in_one_line(args, words):
     assert res.returncode == 2 and 'Traceback' not in res.stderr and all(w in res.stderr for w in words), res.stderr
 
 
+@pytest.mark.slow
 def test_the_studies_and_developer_tools_answer_bad_input_in_one_line(tmp_path):
     """The GPU report on a device it does not know, the comparison on an empty run folder or a malformed points
     file, and the docs renderer on a corrupt results file: each names the argument or file."""

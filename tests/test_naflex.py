@@ -287,6 +287,7 @@ def test_the_fixed_grid_is_resampled_from_its_trained_table_at_every_evaluation_
     assert m.patch_embed.grid_size == (6, 6)
 
 
+@pytest.mark.slow
 def test_two_ranks_under_torchrun_read_the_naflex_loader_and_resume_exactly(tmp_path):
     """``naflex_loader`` under torchrun (2 CPU ranks, gloo): timm's distributed NaFlex wrapper gives every rank half
     the images and the same number of batches (else DDP would hang at the epoch's end), and a run stopped by SIGTERM

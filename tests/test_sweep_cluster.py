@@ -86,6 +86,7 @@ def test_a_grid_is_the_cartesian_product_named_by_its_values():
         parse_grid(['lr=1', 'lr=2'])
 
 
+@pytest.mark.slow
 def test_local_points_requeued_after_preemption_end_bit_identical_and_a_failure_is_recorded(tmp_path):
     """Three grid points and a bad one (lr -1) on submitit's local executor. The first is sent SIGUSR2 mid-run, as
     submitit's controller and SLURM signal a job they pre-empt or time out: it saves its state, submitit
@@ -125,6 +126,7 @@ def test_local_points_requeued_after_preemption_end_bit_identical_and_a_failure_
     assert oct(os.stat(os.path.join(out, 'submitit')).st_mode & 0o777) == '0o700'  # its pickles: the owner's only
 
 
+@pytest.mark.slow
 def test_rerunning_after_the_submitting_process_was_killed_launches_nothing_twice(tmp_path, capsys):
     """The submitting process dies (SIGKILL) while its first point's job runs: the job goes on, and the same
     command run again waits for it instead of submitting it again, then runs the point not yet started."""

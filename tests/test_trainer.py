@@ -93,6 +93,7 @@ def _args(out, workers, epochs=2):
             '--checkpoint_every_steps', '5', '--output', out]
 
 
+@pytest.mark.slow
 def test_sigkill_and_sigterm_mid_epoch_with_workers_resume_bit_identical(tmp_path):
     """An uninterrupted run with 0 workers against one with 2 workers that is SIGKILLed in the middle of
     epoch 1, resumed, stopped by SIGTERM in the middle of epoch 2 (checkpoint written, exit 75) and
@@ -328,6 +329,7 @@ open(os.path.join({str(tmp_path)!r}, 'rank%d.sha' % dist.get_rank()), 'w').write
     assert os.path.isfile(tmp_path / 'run' / 'last.pth')
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('nproc, port', [(2, 29561), (3, 29565)])
 def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_path, nproc, port):
     """CPU ranks under torchrun: SIGTERM to torchrun reaches every worker, which stop at the same update in the

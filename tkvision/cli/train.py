@@ -40,7 +40,15 @@ def parse_train_args(argv: Optional[Sequence[str]] = None) -> Tuple[dict, Union[
     Returns:
         ``(cfg, resume)``. Raises ConfigError: a bad key or value (named).
     """
-    ap = argparse.ArgumentParser(description='Train a TokenFormer ViT (or any timm model).', allow_abbrev=False)
+    ap = argparse.ArgumentParser(
+        description='Train a TokenFormer ViT (or any timm model).', allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog='Every config key is also an option, over the recipe: --KEY VALUE, the value read as YAML; a dotted\n'
+               'key reaches into a section. For example:\n'
+               '  tkvision-train --config fashion_mnist/quick --epochs 10 --lr 1e-3 --output runs/mine\n'
+               "  tkvision-train --config fashion_mnist/quick --model_kwargs '{num_tokens: 96}'\n"
+               '  tkvision-train --config imagenet/tokenformer_vit_b16 --init_from mae/last.safetensors\n'
+               'Every key, its default and its rule: docs/reference/config.md (the docs site\'s "Config keys").')
     ap.add_argument('--config',
                     help='YAML recipe: a file, or the name of a shipped recipe (imagenet/tokenformer_vit_b16)')
     ap.add_argument('--list-recipes', action=_ListRecipes, help='list the shipped recipes (name, what each reproduces, '
