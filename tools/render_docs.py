@@ -169,13 +169,15 @@ def render_compare(spec: str) -> str:
     Raises:
         SpecError: a side that keeps no row, or a column a row lacks.
     """
-    sys.path.insert(0, ROOT)  # run as tools/render_docs.py: the studies package sits at the root
+    if ROOT not in sys.path:  # run as tools/render_docs.py: the studies package sits at the root
+        sys.path.insert(0, ROOT)
     from studies.intervals import compare_words
     sides, column, unit = [c.strip() for c in ' '.join(spec.split()).split(' | ')]
-    left, right = [load_rows(side.strip()) for side in sides.split(' vs ')]
-    for side, rows in zip(sides.split(' vs '), (left, right)):
+    names = [side.strip() for side in sides.split(' vs ')]
+    left, right = [load_rows(name) for name in names]
+    for name, rows in zip(names, (left, right)):
         if not rows:
-            raise SpecError(f'{side.strip()} keeps no row; a comparison needs one row per seed a side')
+            raise SpecError(f'{name} keeps no row; a comparison needs one row per seed a side')
     words = compare_words([float(r[column]) for r in left], [float(r[column]) for r in right], unit)
     for key, said in (('machine', 'on different CPUs'), ('commit', 'different code')):
         values = [{str(r.get(key, 'unknown')) for r in rows} for rows in (left, right)]
