@@ -88,3 +88,18 @@ def test_a_check_cut_short_keeps_the_lines_it_measured(tmp_path, monkeypatch):
                             report=lambda results: gpu_check.write_check_report(results, prefix, 'cpu', 'check'))
     [path] = [p for p in (tmp_path / 'bench').iterdir() if p.suffix == '.json']
     assert [(i['item'], i['status']) for i in json.load(open(path))['items']] == [('mae', 'pass')]
+
+
+def test_items_that_need_the_recipe_report_the_stop_and_resume_it_ran(tmp_path, monkeypatch):
+    """The recipe is checked by SIGTERM and ``--resume``, so asking for ``validate`` runs ``stop_resume`` too: its
+    line must be in the results and the report (the 2026-12-04 H200 check printed PASS for it and dropped it)."""
+    def recipe_items(c, log):
+        return [gpu_check.CheckResult('recipe', 'pass', seconds=2.0),
+                gpu_check.CheckResult('stop_resume', 'pass', seconds=3.0)]
+    monkeypatch.setattr(gpu_check, '_recipe_items', recipe_items)
+    monkeypatch.setattr(gpu_check, '_one', lambda item, commands, log_path: gpu_check.CheckResult(item, 'pass'))
+    reports = []
+    results = gpu_check.check_gpu('cpu', str(tmp_path / 'w'), dry_run=True, items=['validate'], log=lambda _: None,
+                                  report=reports.append)
+    assert [r.item for r in results] == ['recipe', 'stop_resume', 'validate']
+    assert [r.item for r in reports[-1]] == ['recipe', 'stop_resume', 'validate']
