@@ -480,6 +480,25 @@ def test_precondition_on_a_loss_needs_a_gap_the_seeds_resolve_and_a_user_notices
     assert not size_rows(mae, ahead)[1]['precondition_met']
 
 
+def test_the_precondition_is_decided_on_unrounded_means_and_a_report_rebuilds_from_its_curves_file(tmp_path):
+    """A gap of 1.497 points is under the 1.5 the rule asks, though its rounded means (80.00, 81.50) differ by 1.50:
+    the decision and the shown gap come from the per-seed values (the report once subtracted rounded means, and
+    docs/growth.md showed 0.61 for a gap of 0.6167). ``--curves`` rebuilds the same rows from the curves file."""
+    from studies.growth.precondition import CANDIDATES, read_curves, size_rows, write_report
+    tokens = CANDIDATES['tokens']._replace(sizes=(16, 32))
+    curves = []
+    for seed in range(3):
+        for n, flops, values in ((16, 1, (70.0, 75.0, 78.0, 80.001)), (32, 2, (68.0, 74.0, 79.0, 81.498))):
+            curves += [dict(tokens=n, seed=seed, epoch=e + 1, top1=v, test_top1=None, cumulative_tflops=flops * (e + 1))
+                       for e, v in enumerate(values)]
+    small, large = size_rows(tokens, curves)
+    assert (small['top1_mean'], large['top1_mean']) == (80.0, 81.5)  # what the table shows
+    assert large['half_ahead_at_its_compute'] and large['gap_to_half'] == 1.5  # 1.497 shown to 2 decimals
+    assert not large['precondition_met']  # 1.497 < 1.5
+    write_report(tokens, curves, [small, large], str(tmp_path))
+    assert size_rows(tokens, read_curves(tokens, str(tmp_path / 'precondition_curves.csv'))) == [small, large]
+
+
 def test_pays_csv_is_what_the_precondition_report_writes_from_the_size_files(monkeypatch):
     """docs/growth/pays.csv, which docs/growth.md renders, equals the rows the study derives today from the size
     reports and the long recipe's comparison files (its gaps' intervals recomputed from the per-seed values)."""

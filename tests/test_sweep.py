@@ -2,6 +2,7 @@
 import csv
 import json
 import os
+import subprocess
 
 import pytest
 import yaml
@@ -9,7 +10,7 @@ import yaml
 from studies.growth.growth_experiment import plan_runs, report, run_all
 from tkvision.cli.experiments import sweep_main
 
-from .helpers import TINY_FMNIST
+from .helpers import ROOT, TINY_FMNIST
 
 
 def _write(path, cfg):
@@ -31,9 +32,16 @@ def test_sweep_runs_skips_finished_and_reports_failures(tmp_path, capsys):
     rows = list(csv.DictReader(open(os.path.join(out, 'results.csv'))))
     assert [r['config'] for r in rows] == ['broken', 'l1']  # _base_ is not a point
     broken, l1 = rows
-    assert 'unknown score_norm' in broken['failed'] and broken['seeds'] == ''
-    assert l1['seeds'] == '0 1' and 10 < float(l1['top1_mean']) <= 100 and float(l1['top1_std']) >= 0
+    assert 'unknown score_norm' in broken['failed'] and broken['seeds'] == '0' and broken['seed_ids'] == ''
+    assert l1['seeds'] == '2' and l1['seed_ids'] == '0 1' and 10 < float(l1['top1_mean']) <= 100 and float(l1['top1_std']) >= 0
     seed_results = [json.load(open(os.path.join(out, 'l1', f'seed{s}', 'result.json')))['top1'] for s in (0, 1)]
+    # every seed says what ran it, so a comparison can name a change of machine or code
+    points = list(csv.DictReader(open(os.path.join(out, 'results_points.csv'))))
+    head = subprocess.run(['git', '-C', ROOT, 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True)
+    dirty = subprocess.run(['git', '-C', ROOT, 'diff', '--quiet', 'HEAD', '--'], capture_output=True).returncode == 1
+    assert {p['commit'] for p in points} == {head.stdout.strip() + ('-dirty' if dirty else '')}
+    cpu = next(line.split(':', 1)[1].strip() for line in open('/proc/cpuinfo') if line.startswith('model name'))
+    assert len(points) == 2 and all(p['machine'].startswith(f'{cpu}, {os.cpu_count()} cores, torch ') for p in points)
     assert abs(float(l1['top1_mean']) - sum(seed_results) / 2) < 1e-6
     assert open(os.path.join(out, 'results.png'), 'rb').read(4) == b'\x89PNG'
     assert open(os.path.join(out, 'results_params.png'), 'rb').read(4) == b'\x89PNG'
@@ -210,7 +218,10 @@ def test_one_seed_is_reported_without_a_spread_and_several_with_the_sample_std(t
     stored = {r['config']: r for r in csv.DictReader(open(tmp_path / 'results.csv'))}
     assert stored['b']['top1_std'] == stored['b']['test_top1_std'] == ''
     table = (tmp_path / 'results.md').read_text()
-    assert '| b | 70.00 (one seed) | 69.00 (one seed) |' in table and '| a | 81.50 ± 2.12 | 79.50 ± 0.71 |' in table
+    assert '| b | 70.00 (one seed) | 69.00 (one seed) |' in table and '| a | 81.50 ± 2.12 | 79.50 ± 0.71 | 0 1 |' in table
+    # the columns say what they hold: which seeds (a count is results.csv's seeds), one seed's training minutes
+    assert '| seed ids | params | img/s | training min per seed | failed |' in table
+    assert stored['a']['seeds'] == '2' and stored['a']['seed_ids'] == '0 1'
     lengths = [dict(config='c', test_set='val', length=64, top1=60.0, img_per_s=9.0)]
     assert summarize_rows(lengths)[0]['top1_std'] is None
 

@@ -108,8 +108,8 @@ def test_local_points_requeued_after_preemption_end_bit_identical_and_a_failure_
     assert 'Requeued job' in log and 'resumed from' in log and 'at epoch 1' not in log.split('resumed from')[0]
     rows = {r['config']: r for r in csv.DictReader(open(os.path.join(out, 'results.csv')))}
     assert list(rows) == ['point-lr=0.002', 'point-lr=0.001', 'point-lr=0.003', 'point-lr=-1']
-    assert all(rows[f'point-lr={lr}']['seeds'] == '0' for lr in ('0.001', '0.002', '0.003'))
-    assert 'lr must be a number > 0' in rows['point-lr=-1']['failed'] and rows['point-lr=-1']['seeds'] == ''
+    assert all(rows[f'point-lr={lr}']['seed_ids'] == '0' for lr in ('0.001', '0.002', '0.003'))
+    assert 'lr must be a number > 0' in rows['point-lr=-1']['failed'] and rows['point-lr=-1']['seeds'] == '0'
     assert len(_jobs(out)['point-lr=0.002/seed0']) == 1  # requeued by submitit, not submitted again
     # the uninterrupted reference: the same point, trained in this process
     reference = str(tmp_path / 'reference')
@@ -124,6 +124,7 @@ def test_local_points_requeued_after_preemption_end_bit_identical_and_a_failure_
     assert re.search(r'point-lr=-1 +0 +failed +ConfigError: lr must be a number > 0', status), status
     assert status.strip().endswith('3 finished, 1 failed')
     assert oct(os.stat(os.path.join(out, 'submitit')).st_mode & 0o777) == '0o700'  # its pickles: the owner's only
+    assert '%j' not in os.listdir(os.path.join(out, 'submitit'))  # submitit's unformatted folder, empty: removed
 
 
 @pytest.mark.slow

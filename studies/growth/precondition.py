@@ -1,9 +1,10 @@
-"""Growth's precondition, measured before any chain: a setting where the largest size is clearly better than half
-of it (docs/growth.md, "Where a bigger model is better").
+"""Growth's precondition, measured before any chain: a setting where a size beats half of it by the gap rule below
+(docs/growth.md, "Where a bigger model is better").
 
     python -m studies.growth.precondition --seeds 0 1 2                   # candidate (a): trains, then reports
     python -m studies.growth.precondition --candidate mae --seeds 0 1 2   # candidate (b)
     python -m studies.growth.precondition --candidate mae --report        # the report from finished runs only
+    python -m studies.growth.precondition --report --curves docs/growth/precondition_curves.csv  # from the file
 
 Each candidate is a size curve: the same model with n parameter tokens per Q/K/V/proj Pattention (4n per FFN),
 n in the candidate's sizes, each size from scratch, trained through the sweep (`run_sweep`: a finished point is
@@ -56,8 +57,8 @@ from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
 __all__ = ['Candidate', 'CANDIDATES', 'IMAGES', 'GAP', 'LOSS_GAP_SIGMAS', 'LOSS_GAP_RELATIVE', 'PAYS_SEEDS',
-           'mae_flops_per_image', 'LONG_SIZES', 'curve_rows', 'size_rows', 'write_report', 'pays_rows', 'plot_long',
-           'write_pays', 'main']
+           'mae_flops_per_image', 'LONG_SIZES', 'curve_rows', 'read_curves', 'size_rows', 'write_report', 'pays_rows',
+           'plot_long', 'write_pays', 'main']
 
 #: Training images per epoch (the 50k of the 60k that are not held out for validation).
 IMAGES = 50000
@@ -132,6 +133,21 @@ def curve_rows(candidate: Candidate, out: str, seeds) -> list:
     return rows
 
 
+def read_curves(candidate: Candidate, path: str) -> list:
+    """The rows of a ``precondition<suffix>_curves.csv`` that `write_report` wrote, in `curve_rows`' form: the report
+    rebuilt from the per-seed curves on file when the runs' folders are gone.
+
+    Raises:
+        FileNotFoundError: no file at ``path``.
+        KeyError: a column the candidate's rows need is missing (names it).
+    """
+    with open(path, encoding='utf-8') as f:
+        return [dict(tokens=int(r['tokens']), seed=int(r['seed']), epoch=int(r['epoch']),
+                     **{candidate.metric: float(r[candidate.metric])},
+                     test_top1=float(r['test_top1']) if r.get('test_top1') else None,
+                     cumulative_tflops=float(r['cumulative_tflops'])) for r in csv.DictReader(f)]
+
+
 def _gap_needed(candidate: Candidate, small: dict, large: dict) -> Optional[float]:
     """The gap ``large`` needs over ``small`` (the module docstring's gap rule); None for a loss without two seeds
     a side."""
@@ -148,16 +164,19 @@ def size_rows(candidate: Candidate, curves: list) -> list:
     """One row per size: seeds, final validation metric mean / std, test top-1 mean (a classifier), the run's
     training TFLOPs, and against the size below (half the tokens) the gap (positive: the larger is better) with its
     95% interval (``gap_low``, ``gap_high``; two seeds a side or more),
-    the larger size's value at the smaller one's compute, and whether the precondition is met."""
+    the larger size's value at the smaller one's compute, and whether the precondition is met. Every gap and
+    threshold is computed from the unrounded per-seed values; only what the row shows is rounded."""
     rows, metric = [], candidate.metric
     last = max((c['epoch'] for c in curves), default=0)
     digits = 2 if candidate.higher_is_better else 4
-    per_seed = {}
+    per_seed, exact = {}, {}
     for n in candidate.sizes:
         finals = [r for r in curves if r['tokens'] == n and r['epoch'] == last]
         if not finals:
             continue
         values = per_seed[n] = [r[metric] for r in finals]
+        exact[n] = {'tokens': n, metric + '_mean': statistics.mean(values),
+                    metric + '_std': statistics.stdev(values) if len(values) > 1 else None}
         tests = [r['test_top1'] for r in finals if r['test_top1'] is not None]
         rows.append({'tokens': n, 'seeds': len(finals), metric + '_mean': round(statistics.mean(values), digits),
                      metric + '_std': round(statistics.stdev(values), digits) if len(values) > 1 else None,
@@ -165,18 +184,20 @@ def size_rows(candidate: Candidate, curves: list) -> list:
                      'train_tflops': round(finals[0]['cumulative_tflops'], 2)})
     sign = 1 if candidate.higher_is_better else -1
     for small, large in zip(rows, rows[1:]):
-        large['gap_to_half'] = round(sign * (large[metric + '_mean'] - small[metric + '_mean']), digits)
+        small_mean, large_mean = exact[small['tokens']][metric + '_mean'], exact[large['tokens']][metric + '_mean']
+        gap = sign * (large_mean - small_mean)
+        large['gap_to_half'] = round(gap, digits)
         pair = (per_seed[large['tokens']], per_seed[small['tokens']])
         if min(map(len, pair)) > 1:  # the gap's 95% interval (Welch), the larger size's advantage
             _, large['gap_low'], large['gap_high'] = gap_interval(*(pair if sign > 0 else pair[::-1]), digits=digits)
         at = _at_compute(curves, metric, large['tokens'], small['train_tflops'])
         large['at_half_compute'] = None if at is None else round(at, digits)
-        large['half_ahead_at_its_compute'] = at is not None and sign * (small[metric + '_mean'] - at) > 0
-        needed = _gap_needed(candidate, small, large)
+        large['half_ahead_at_its_compute'] = at is not None and sign * (small_mean - at) > 0
+        needed = _gap_needed(candidate, exact[small['tokens']], exact[large['tokens']])
         if not candidate.higher_is_better:
             large['gap_needed'] = None if needed is None else round(needed, digits)
         enough_seeds = min(large['seeds'], small['seeds']) >= 3
-        large['precondition_met'] = (needed is not None and large['gap_to_half'] >= needed
+        large['precondition_met'] = (needed is not None and gap >= needed
                                      and large['half_ahead_at_its_compute'] and enough_seeds)
     return rows
 
@@ -369,17 +390,19 @@ def _main(argv) -> int:
     ap.add_argument('--out', default=None, help='the sweep folder (default: runs/growth_precondition[_mae])')
     ap.add_argument('--report', action='store_true', help='report the finished runs; train nothing')
     ap.add_argument('--report-dir', default='docs/growth')
+    ap.add_argument('--curves', default=None, help='the per-seed curves file to report from (the '
+                                                   'runs\' folders gone), e.g. docs/growth/precondition_curves.csv')
     ap.add_argument('--executor', choices=('inline', 'local'), default='inline',
                     help='where the points run (tkvision-sweep --executor)')
     ap.add_argument('--parallel', type=int, default=1, help='points at a time with --executor local')
     args, extra = ap.parse_known_args(argv)
     candidate = CANDIDATES[args.candidate]
     out = args.out or 'runs/growth_precondition' + candidate.suffix
-    if not args.report:
+    if not args.report and not args.curves:
         run_sweep([candidate.configs.format(n) for n in candidate.sizes], args.seeds, out,
                   launcher=Launcher(executor=args.executor, parallel=args.parallel),
                   extra=['--progress', 'false', *extra])
-    curves = curve_rows(candidate, out, args.seeds)
+    curves = read_curves(candidate, args.curves) if args.curves else curve_rows(candidate, out, args.seeds)
     sizes = size_rows(candidate, curves)
     for row in sizes:
         print(row)

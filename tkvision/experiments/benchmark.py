@@ -37,7 +37,7 @@ __all__ = ['COUNTERPARTS', 'ModelStep', 'forward_flops_per_image',
            'parse_model_spec', 'available_memory_mib', 'check_train_memory',
            'matmul_peak_tflops',
            'flop_counter', 'train_flops_per_image', 'saved_activation_mib', 'benchmark_models',
-           'machine_info', 'synchronize', 'time_rounds', 'time_call', 'markdown_table']
+           'machine_info', 'code_commit', 'synchronize', 'time_rounds', 'time_call', 'markdown_table']
 
 #: timm ViT each TokenFormer is compared with (same width and depth; ``_matched``: same parameter count).
 COUNTERPARTS = {
@@ -100,6 +100,25 @@ def machine_info(device: torch.device) -> str:
     except (OSError, StopIteration):
         pass
     return f'{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, {torch.get_num_threads()} threads'
+
+
+def code_commit() -> str:
+    """The git commit of the tkvision checkout that is running (``git rev-parse --short HEAD``), with ``-dirty``
+    when its tracked files differ from that commit; ``'unknown'`` for an installed wheel or without git. What the
+    results files' ``commit`` column holds for a run, so that a comparison can say when two sides ran different
+    code (``tools/render_docs.py``, the compare marker)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if not os.path.exists(os.path.join(root, '.git')):
+        return 'unknown'
+    try:
+        head = subprocess.run(['git', '-C', root, 'rev-parse', '--short', 'HEAD'], capture_output=True, text=True,
+                              timeout=10)
+        dirty = subprocess.run(['git', '-C', root, 'diff', '--quiet', 'HEAD', '--'], capture_output=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return 'unknown'
+    if head.returncode != 0 or not head.stdout.strip():
+        return 'unknown'
+    return head.stdout.strip() + ('-dirty' if dirty.returncode == 1 else '')
 
 
 def synchronize(device: torch.device) -> None:

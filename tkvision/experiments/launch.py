@@ -305,6 +305,15 @@ def _run_local(todo: Sequence[SweepPoint], waiting: Sequence[SweepPoint], out: s
             active.append(point)
         if active:
             time.sleep(poll_seconds)
+    _remove_unformatted_folder(out)
+
+
+def _remove_unformatted_folder(out: str) -> None:
+    """Remove the empty ``submitit/%j`` folder that submitit's local controller creates from the unformatted
+    folder name (its jobs' files go to ``submitit/<job id>/``), so the sweep folder holds only what a reader needs."""
+    folder = os.path.join(out, SUBMITIT_FOLDER, '%j')
+    if os.path.isdir(folder) and not os.path.islink(folder) and not os.listdir(folder):
+        os.rmdir(folder)
 
 
 def _log_end(point: SweepPoint, out: str, log: Callable[..., None]) -> None:

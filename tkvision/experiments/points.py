@@ -28,6 +28,7 @@ from ..engine.checkpoint import LAST_CHECKPOINT
 from ..engine.config import DEFAULTS, load_config
 from ..engine.rundir import output_dir_in_use
 from ..engine.trainer import train
+from .benchmark import code_commit, machine_info
 from ..utils.errors import ConfigError, Preempted, RunError
 from ..utils.files import atomic_write
 
@@ -280,7 +281,8 @@ class PointJob:
         result = train(cfg, resume=resume)
         return dict(top1=result['top1'], best_top1=result['best_top1'], test_top1=result['test_top1'],
                     val_loss=result['val_loss'], params=sum(p.numel() for p in result['model'].parameters()),
-                    **_timing(result['history']), threads=torch.get_num_threads())
+                    **_timing(result['history']), threads=torch.get_num_threads(),
+                    machine=machine_info(next(result['model'].parameters()).device), commit=code_commit())
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> Optional[submitit.helpers.DelayedSubmission]:
         """Called by submitit on its pre-emption or time-out signal: requeue this same point, which then

@@ -92,10 +92,10 @@ def _write_tables(rows: list, records: Sequence[dict], out: str):
     os.makedirs(out, exist_ok=True)
 
     def points(f):  # every (config, seed): paired comparisons
-        w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'val_loss', 'minutes'],
-                           extrasaction='ignore')
-        w.writeheader()
-        w.writerows(r for r in records if r.get('status') == 'ok')
+        w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'val_loss', 'minutes', 'machine',
+                                          'commit'], extrasaction='ignore')
+        w.writeheader()  # machine and commit: what ran each seed ('unknown' for a point recorded without them)
+        w.writerows(dict(dict(machine='unknown', commit='unknown'), **r) for r in records if r.get('status') == 'ok')
     atomic_write(os.path.join(out, 'results_points.csv'), points, text=True)
 
     def table(f):
@@ -106,12 +106,12 @@ def _write_tables(rows: list, records: Sequence[dict], out: str):
     loss = any(r['val_loss_mean'] == r['val_loss_mean'] and r['top1_mean'] != r['top1_mean'] for r in rows)
     lines = ['| config | val top-1 (%) mean ± std | test top-1 (%) mean ± std | ' + ('val loss mean ± std | ' if loss
                                                                                   else '')
-             + 'seeds | params | img/s | min/run | failed |',
+             + 'seed ids | params | img/s | training min per seed | failed |',
              '|---|---|---|---|---|---|---|---|' + ('---|' if loss else '')]
     for r in rows:
         cell = f"{plus_minus(r['val_loss_mean'], r['val_loss_std'], '.4f')} | " if loss else ''
         lines.append(f"| {r['config']} | {plus_minus(r['top1_mean'], r['top1_std'])} | "
-                     f"{plus_minus(r['test_top1_mean'], r['test_top1_std'])} | {cell}{r['seeds']} | {r['params']} | "
+                     f"{plus_minus(r['test_top1_mean'], r['test_top1_std'])} | {cell}{r['seed_ids']} | {r['params']} | "
                      f"{r['img_per_s']:.0f} | {r['minutes']:.1f} | {r['failed']} |")
     atomic_write(os.path.join(out, 'results.md'), lambda f: f.write('\n'.join(lines) + '\n'), text=True)
 
@@ -141,10 +141,12 @@ def plus_minus(mean: float, std: Sequence[float], spec: str = '.2f') -> str:
 def summarize(records: Sequence[dict], out: str, title: str = 'Ablation sweep') -> list:
     """Write ``results.csv`` / ``results.md`` / ``results.png`` (bars) / ``results_params.png`` (top-1 against
     parameters) and ``results_points.csv`` (every finished config and seed) in ``out``; returns one row per config:
-    ``config, seeds, top1_mean, top1_std, test_top1_mean, test_top1_std, val_loss_mean, val_loss_std, params,
-    img_per_s, minutes, failed`` (``top1``: the validation split's, on which a winner is chosen; ``test_top1``:
-    reported beside it, nan without a test split; ``val_loss``: the final validation loss, the measure of an MAE
-    point, which has no top-1)."""
+    ``config, seeds, seed_ids, top1_mean, top1_std, test_top1_mean, test_top1_std, val_loss_mean, val_loss_std,
+    params, img_per_s, minutes, failed`` (``seeds``: how many finished, as in every results file; ``seed_ids``: which,
+    ``'0 1'``; ``top1``: the validation split's, on which a winner is chosen; ``test_top1``: reported beside it, nan
+    without a test split; ``val_loss``: the final validation loss, the measure of an MAE point, which has no top-1;
+    ``minutes``: the mean over its seeds of one seed's training time across resumes, not the sweep's wall time,
+    which points sharing the machine stretch)."""
 
     rows = []
     for config in dict.fromkeys(r['config'] for r in records):
@@ -153,7 +155,7 @@ def summarize(records: Sequence[dict], out: str, title: str = 'Ablation sweep') 
         top1 = mean_std([r['top1'] for r in ok if r.get('top1') is not None] or [float('nan')])
         test = mean_std([r['test_top1'] for r in ok if r.get('test_top1') is not None] or [float('nan')])
         loss = mean_std([r['val_loss'] for r in ok if r.get('val_loss') is not None] or [float('nan')])
-        rows.append(dict(config=config, seeds=' '.join(str(r['seed']) for r in ok),
+        rows.append(dict(config=config, seeds=len(ok), seed_ids=' '.join(str(r['seed']) for r in ok),
                          top1_mean=top1[0], top1_std=top1[1], test_top1_mean=test[0], test_top1_std=test[1],
                          val_loss_mean=loss[0], val_loss_std=loss[1],
                          params=ok[0]['params'] if ok and 'params' in ok[0] else '',
