@@ -1,5 +1,6 @@
 """Every generated table in README.md and docs/ equals its results file (tools/render_docs.py): a
 figure changed in a results file and not in the docs, or typed into a table by hand, fails CI."""
+import csv
 import glob
 import importlib.util
 import json
@@ -482,6 +483,18 @@ def test_the_long_recipe_reported_is_chosen_on_validation_by_the_stated_rule():
                                top1_mean='99.0'),
                    test_only=dict(long['tokenformer_token_lr_quarter'], config='test_only', test_top1_mean='99.0'))
     assert headline.chosen_long_recipe(planted)['config'] == 'tokenformer_token_lr_quarter_token_decay'
+
+
+def test_every_points_file_says_what_ran_each_row():
+    """The per-seed files the compare marker reads keep a machine and a commit on every row (``unknown`` where it
+    was not recorded), so a comparison of two sides that ran apart says so (docs/comparison.md and the others)."""
+    paths = sorted(set(glob.glob(os.path.join(ROOT, 'docs', '**', '*points*.csv'), recursive=True))
+                   | set(glob.glob(os.path.join(ROOT, 'docs', '**', '*_curves.csv'), recursive=True)))
+    assert len(paths) >= 9
+    for path in paths:
+        with open(path, encoding='utf-8') as f:
+            rows = list(csv.DictReader(f))
+        assert rows and all(r.get('machine') and r.get('commit') for r in rows), path
 
 
 def _planted_compare(tmp_path, left: list, right: list, **columns) -> str:

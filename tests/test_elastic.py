@@ -299,11 +299,16 @@ def test_an_earlier_points_file_reads_back_as_the_report_wrote_it(tmp_path):
     """``report --keep-points``: the rows of an earlier ``points.csv`` come back with their numbers (a per-block
     Mix'n'Match prefix stays a string), and a file without the report's columns is refused by name."""
     from studies.elastic import elastic_study as study
-    rows = [dict(method='elastic', config='elastic', seed=1, prefix=0.25, params=171388, top1=85.81, test_top1=84.53),
+    rows = [dict(method='elastic', config='elastic', seed=1, prefix=0.25, params=171388, top1=85.81, test_top1=84.53,
+                 machine='AMD EPYC, 2 cores', commit='abc1234'),
             dict(method='mix_n_match', config='elastic', seed=0, prefix='0.5 0.5 1', params=422830, top1=86.9,
-                 test_top1=85.6)]
+                 test_top1=85.6, machine='unknown', commit='unknown')]
     study._write_csv(rows, str(tmp_path / 'points.csv'), study.POINT_COLUMNS)
     assert study.read_points(str(tmp_path / 'points.csv')) == rows
+    # a file from before the machine and commit columns reads as 'unknown'
+    (tmp_path / 'older.csv').write_text('method,config,seed,prefix,params,top1,test_top1\nelastic,elastic,1,0.25,171388,'
+                                        '85.81,84.53\n')
+    assert study.read_points(str(tmp_path / 'older.csv'))[0] == dict(rows[0], machine='unknown', commit='unknown')
     (tmp_path / 'other.csv').write_text('config,seed\nx,0\n')
     with pytest.raises(Exception, match="lacks the columns"):
         study.read_points(str(tmp_path / 'other.csv'))

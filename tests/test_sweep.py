@@ -179,11 +179,15 @@ def test_a_report_keeps_the_stored_points_it_does_not_measure_again(tmp_path):
     report.mkdir()
     (report / 'points.csv').write_text('config,seed,top1,test_top1,img_per_s,minutes\n'
                                        'ref,0,80.0,79.0,100.0,1.0\nref,1,82.0,81.0,100.0,1.0\n')
-    today = [dict(config='lever', seed=0, top1=90.0, test_top1=89.0, img_per_s=50.0, minutes=2.0),
+    today = [dict(config='lever', seed=0, top1=90.0, test_top1=89.0, img_per_s=50.0, minutes=2.0, machine='AMD EPYC',
+                  commit='abc1234'),
              dict(config='ref', seed=1, top1=84.0, test_top1=83.0, img_per_s=100.0, minutes=1.0)]
     rows = {r['config']: r for r in write_report([ref, lever], today, str(report), reference='ref')}
     assert [(p['config'], p['seed'], p['top1']) for p in read_points(str(report / 'points.csv'))] == [
         ('ref', 0, 80.0), ('ref', 1, 84.0), ('lever', 0, 90.0)]
+    # what ran each point travels with it; a point recorded without it says 'unknown', never a blank
+    assert [(p['machine'], p['commit']) for p in read_points(str(report / 'points.csv'))] == [
+        ('unknown', 'unknown'), ('unknown', 'unknown'), ('AMD EPYC', 'abc1234')]
     assert rows['ref']['top1_mean'] == 82.0 and rows['ref']['seeds'] == 2 and rows['lever']['seeds'] == 1
 
 
@@ -266,3 +270,17 @@ def test_a_resumed_points_minutes_count_the_time_before_its_preemption(tmp_path,
     # the first part's pause counted; more than the rerun's own wall time (all the old code counted), no more
     # than both parts' wall time
     assert 60 * record['minutes'] >= pause and second < 60 * record['minutes'] <= first + second
+
+
+def test_provenance_reads_what_ran_a_point_from_its_record(tmp_path):
+    """The study reports (precondition, chains, elastic) take each run's machine and commit from its
+    ``result.json``; a run without one, or recorded before the fields existed, is 'unknown', never blank."""
+    from tkvision.experiments.points import provenance
+    (tmp_path / 'new').mkdir()
+    (tmp_path / 'new' / 'result.json').write_text(json.dumps(dict(top1=80.0, machine='AMD EPYC, 2 cores',
+                                                                   commit='abc1234')))
+    (tmp_path / 'old').mkdir()
+    (tmp_path / 'old' / 'result.json').write_text(json.dumps(dict(top1=80.0)))
+    assert provenance(str(tmp_path / 'new')) == dict(machine='AMD EPYC, 2 cores', commit='abc1234')
+    assert provenance(str(tmp_path / 'old')) == provenance(str(tmp_path / 'none')) == dict(machine='unknown',
+                                                                                           commit='unknown')

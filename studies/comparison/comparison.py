@@ -65,6 +65,9 @@ __all__ = ['run_comparison', 'collect_points', 'config_changes_from', 'time_conf
 
 #: Columns of ``points.csv``.
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
+#: What ran each point (its record's ``machine`` and ``commit``; ``unknown`` where a point was recorded without
+#: them): written after `POINT_COLUMNS`, so the docs' compare marker can say when two sides differ.
+PROVENANCE_COLUMNS = ['machine', 'commit']
 
 
 def _name(config: str) -> str:
@@ -73,7 +76,8 @@ def _name(config: str) -> str:
 
 def points_from_records(records: list) -> list:
     """The finished sweep records as ``points.csv`` rows (failed points are left out)."""
-    return [{k: r[k] for k in POINT_COLUMNS} for r in records if r.get('status') == 'ok']
+    return [dict({k: r[k] for k in POINT_COLUMNS}, **{k: r.get(k, 'unknown') for k in PROVENANCE_COLUMNS})
+            for r in records if r.get('status') == 'ok']
 
 
 def read_points(path: str) -> list:
@@ -92,7 +96,8 @@ def read_points(path: str) -> list:
         rows = []
         for line, r in enumerate(reader, 2):
             try:
-                rows.append(dict(r, seed=int(r['seed']), **{k: float(r[k]) for k in POINT_COLUMNS[2:]}))
+                rows.append({**{k: 'unknown' for k in PROVENANCE_COLUMNS}, **r, 'seed': int(r['seed']),
+                             **{k: float(r[k]) for k in POINT_COLUMNS[2:]}})
             except (TypeError, ValueError):
                 raise UsageError(f'{path}, row {line}: a seed or figure that is not a number ({dict(r)})') from None
         return rows
@@ -193,7 +198,8 @@ def write_report(configs: list, points: list, report_dir: str, reference: str, w
         points = merge_points(read_points(stored), points)
     rows = comparison_rows(configs, points, reference)
     if write_points:
-        _write_csv(os.path.join(report_dir, 'points.csv'), points, POINT_COLUMNS)
+        known = [{**{k: 'unknown' for k in PROVENANCE_COLUMNS}, **p} for p in points]
+        _write_csv(os.path.join(report_dir, 'points.csv'), known, POINT_COLUMNS + PROVENANCE_COLUMNS)
     if rows:
         _write_csv(os.path.join(report_dir, 'results.csv'), rows, list(rows[0]))
     return rows

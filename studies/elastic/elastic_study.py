@@ -60,7 +60,7 @@ from tkvision.engine.evaluate import evaluate
 from tkvision.engine.plotting import plt
 from tkvision.experiments.benchmark import (benchmark_models, forward_flops_per_image, machine_info,
                                             train_flops_per_image)
-from tkvision.experiments.points import point_dir
+from tkvision.experiments.points import point_dir, provenance
 from tkvision.experiments.sweep import expand_configs, mean_std, run_sweep
 from tkvision.growth import elastic
 from tkvision.utils.errors import RunError, UsageError
@@ -89,7 +89,7 @@ LONG_CONFIG = os.path.join(CONFIGS, 'long', 'elastic_128.yaml')
 LONG_TWINS = {0.5625: 'tokenformer_token_lr_quarter', 0.75: 'tokenformer_num_tokens_96',
               1.0: 'tokenformer_num_tokens_128'}
 LONG_RESULTS = os.path.join(ROOT, 'docs', 'comparison', 'long', 'results.csv')
-POINT_COLUMNS = ['method', 'config', 'seed', 'prefix', 'params', 'top1', 'test_top1']
+POINT_COLUMNS = ['method', 'config', 'seed', 'prefix', 'params', 'top1', 'test_top1', 'machine', 'commit']
 
 
 def teacher_weights(out: str, seed: int) -> str:
@@ -163,7 +163,7 @@ def elastic_points(runs: str, seeds) -> list:
                     model = _model(name, seed, runs)
                     rows.append(dict(method=method, config=name, seed=seed, prefix=fraction,
                                      params=sum(p.numel() for p in model.parameters()), top1=float(last['top1']),
-                                     test_top1=float(last['test_top1'])))
+                                     test_top1=float(last['test_top1']), **provenance(point_dir(runs, name, seed))))
         for name, method in ELASTIC.items():
             last = _last_row(point_dir(runs, name, seed))
             if not last:
@@ -173,7 +173,8 @@ def elastic_points(runs: str, seeds) -> list:
                 key = '' if fraction == 1 else f'@{fraction:g}'
                 rows.append(dict(method=method, config=name, seed=seed, prefix=fraction,
                                  params=elastic.prefix_parameters(model, fraction, nesting),
-                                 top1=float(last[f'top1{key}']), test_top1=float(last[f'test_top1{key}'])))
+                                 top1=float(last[f'top1{key}']), test_top1=float(last[f'test_top1{key}']),
+                                 **provenance(point_dir(runs, name, seed))))
     return rows
 
 
@@ -424,7 +425,8 @@ def read_points(path: str) -> list:
     """The rows of an earlier ``points.csv`` (``report --keep-points``), numbers parsed.
 
     Raises:
-        UsageError: the file is missing, is not UTF-8, or lacks a column of `POINT_COLUMNS`.
+        UsageError: the file is missing, is not UTF-8, or lacks a column of `POINT_COLUMNS` (``machine`` and
+            ``commit`` aside: a file without them reads as ``'unknown'``).
     """
     if not os.path.isfile(path):
         raise UsageError(f'--keep-points {path}: no such file; give an earlier report\'s points.csv')
@@ -434,11 +436,13 @@ def read_points(path: str) -> list:
     except UnicodeDecodeError:
         raise UsageError(f'--keep-points {path} is not UTF-8 text (an earlier report\'s points.csv is): give that '
                          'file, or save this one as UTF-8') from None
-    if rows and set(POINT_COLUMNS) - set(rows[0]):
-        raise UsageError(f'--keep-points {path} lacks the columns {sorted(set(POINT_COLUMNS) - set(rows[0]))}')
+    needed = set(POINT_COLUMNS) - {'machine', 'commit'}  # a file written before them: 'unknown'
+    if rows and needed - set(rows[0]):
+        raise UsageError(f'--keep-points {path} lacks the columns {sorted(needed - set(rows[0]))}')
     number = lambda v: float(v) if any(c in v for c in '.e') else int(v)  # noqa: E731
-    return [dict(r, seed=int(r['seed']), prefix=number(r['prefix']) if ' ' not in r['prefix'] else r['prefix'],
-                 params=int(r['params']), top1=float(r['top1']), test_top1=float(r['test_top1'])) for r in rows]
+    return [{'machine': 'unknown', 'commit': 'unknown', **r, 'seed': int(r['seed']),
+             'prefix': number(r['prefix']) if ' ' not in r['prefix'] else r['prefix'], 'params': int(r['params']),
+             'top1': float(r['top1']), 'test_top1': float(r['test_top1'])} for r in rows]
 
 
 def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = None) -> list:
@@ -461,7 +465,9 @@ def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = No
     if not points:
         raise UsageError(f'--runs {runs}: no finished run of seeds {list(seeds)} there; train them first '
                          '(python -m studies.elastic.elastic_study train)')
-    _write_csv(points, os.path.join(out, 'points.csv'), POINT_COLUMNS)
+    # a point kept from a file written before the machine and commit columns: 'unknown'
+    _write_csv([dict(dict(machine='unknown', commit='unknown'), **p) for p in points], os.path.join(out, 'points.csv'),
+               POINT_COLUMNS)
     finished = {p['config'] for p in points}
     seed = min(p['seed'] for p in points)
     compute = {name: training_compute(_config(name, seed, runs), _config(TWINS[1.0], seed, runs))

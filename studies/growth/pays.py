@@ -29,7 +29,7 @@ from tkvision.cli import run_cli
 from tkvision.engine.config import load_config
 from tkvision.engine.plotting import plt
 from tkvision.experiments.launch import Launcher
-from tkvision.experiments.points import point_dir
+from tkvision.experiments.points import point_dir, provenance
 from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
@@ -70,7 +70,7 @@ def chain_curves(out: str, seeds, folder: str = 'docs/growth') -> list:
             run = point_dir(out, config, seed)
             if not os.path.isfile(os.path.join(run, 'result.json')):
                 continue
-            total = 0.0
+            total, ran = 0.0, provenance(run)
             for r in _read_csv(os.path.join(run, 'metrics.csv')):
                 epoch = int(r['epoch'])
                 tokens = SIZES[sum(epoch >= s for s in starts)]
@@ -78,7 +78,7 @@ def chain_curves(out: str, seeds, folder: str = 'docs/growth') -> list:
                 rows.append(dict(arm=arm, seed=seed, epoch=epoch + 1, tokens=tokens, top1=float(r['top1']),
                                  test_top1=float(r['test_top1']) if r['test_top1'] else None,
                                  cumulative_tflops=round(total, 4),
-                                 minutes=round(float(r['elapsed_minutes']), 2)))
+                                 minutes=round(float(r['elapsed_minutes']), 2), **ran))
     return rows
 
 

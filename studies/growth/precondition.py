@@ -52,7 +52,7 @@ from tkvision.engine.config import load_config, model_for_config
 from tkvision.engine.plotting import plt
 from tkvision.experiments.benchmark import flop_counter
 from tkvision.experiments.launcher import Launcher
-from tkvision.experiments.points import point_dir
+from tkvision.experiments.points import point_dir, provenance
 from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
@@ -123,13 +123,14 @@ def curve_rows(candidate: Candidate, out: str, seeds) -> list:
             folder = point_dir(out, config, seed)
             if not os.path.isfile(os.path.join(folder, 'result.json')):
                 continue
+            ran = provenance(folder)
             with open(os.path.join(folder, 'metrics.csv')) as f:
                 for r in csv.DictReader(f):
                     epoch = int(r['epoch'])
                     value = {candidate.metric: float(r[candidate.metric])}
                     rows.append(dict(tokens=n, seed=seed, epoch=epoch + 1, **value,
                                      test_top1=float(r['test_top1']) if r.get('test_top1') else None,
-                                     cumulative_tflops=flops * IMAGES * (epoch + 1) / 1e12))
+                                     cumulative_tflops=flops * IMAGES * (epoch + 1) / 1e12, **ran))
     return rows
 
 
@@ -145,7 +146,8 @@ def read_curves(candidate: Candidate, path: str) -> list:
         return [dict(tokens=int(r['tokens']), seed=int(r['seed']), epoch=int(r['epoch']),
                      **{candidate.metric: float(r[candidate.metric])},
                      test_top1=float(r['test_top1']) if r.get('test_top1') else None,
-                     cumulative_tflops=float(r['cumulative_tflops'])) for r in csv.DictReader(f)]
+                     cumulative_tflops=float(r['cumulative_tflops']), machine=r.get('machine') or 'unknown',
+                     commit=r.get('commit') or 'unknown') for r in csv.DictReader(f)]
 
 
 def _gap_needed(candidate: Candidate, small: dict, large: dict) -> Optional[float]:

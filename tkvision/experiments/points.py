@@ -32,8 +32,8 @@ from .benchmark import code_commit, machine_info
 from ..utils.errors import ConfigError, Preempted, RunError
 from ..utils.files import atomic_write
 
-__all__ = ['SweepPoint', 'PointJob', 'parse_grid', 'sweep_points', 'point_dir', 'read_record', 'RESULT_FILE',
-           'FAILED_FILE', 'SWEEP_OWNED_KEYS']
+__all__ = ['SweepPoint', 'PointJob', 'provenance', 'parse_grid', 'sweep_points', 'point_dir', 'read_record',
+           'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
 
 #: A finished point's record, in its folder.
 RESULT_FILE = 'result.json'
@@ -212,6 +212,16 @@ def _timing(rows: list) -> dict:
 def _in_submitit_job() -> bool:
     """Whether this process is a task that submitit started (it sets ``SUBMITIT_EXECUTOR``)."""
     return bool(os.environ.get('SUBMITIT_EXECUTOR'))
+
+
+def provenance(run_dir: str) -> Dict[str, str]:
+    """``dict(machine, commit)``: what trained the point in ``run_dir``, from its ``result.json`` (`PointJob` records
+    `tkvision.experiments.benchmark.machine_info` and `code_commit`); ``'unknown'`` for a run without that file or
+    recorded before these fields existed. The results files carry both, so a comparison can say when its two
+    sides ran on different CPUs or code (``tools/render_docs.py``, the compare marker)."""
+    path = os.path.join(run_dir, RESULT_FILE)
+    record = read_record(path) if os.path.isfile(path) else {}
+    return {key: str(record.get(key, 'unknown')) for key in ('machine', 'commit')}
 
 
 class PointJob:
