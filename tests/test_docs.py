@@ -497,6 +497,24 @@ def test_every_points_file_says_what_ran_each_row():
         assert rows and all(r.get('machine') and r.get('commit') for r in rows), path
 
 
+def test_the_retired_elastic_arms_keep_their_seeds_beside_their_means():
+    """docs/elastic/retired.csv (arms removed from the library, measured at commit dd0e6dd) is what its per-seed rows
+    in retired_points.csv give: seeds, means and sample standard deviations, so the compare marker can read them."""
+    import statistics
+    with open(os.path.join(ROOT, 'docs/elastic/retired_points.csv'), encoding='utf-8') as f:
+        points = list(csv.DictReader(f))
+    with open(os.path.join(ROOT, 'docs/elastic/retired.csv'), encoding='utf-8') as f:
+        retired = list(csv.DictReader(f))
+    assert len(retired) == 15
+    for row in retired:
+        seeds = [p for p in points if (p['method'], p['prefix']) == (row['method'], row['prefix'])]
+        for column in ('top1', 'test_top1'):
+            values = [float(p[column]) for p in seeds]
+            assert len(values) == int(row['seeds']), row
+            assert round(statistics.mean(values), 2) == float(row[column + '_mean']), (row, column)
+            assert round(statistics.stdev(values), 2) == float(row[column + '_std']), (row, column)
+
+
 def _planted_compare(tmp_path, left: list, right: list, **columns) -> str:
     """``render_compare`` of two planted points files: ``left`` and ``right`` one top-1 per seed, ``columns``
     (``machine=('a', 'b')``) a value per side."""

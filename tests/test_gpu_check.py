@@ -2,6 +2,7 @@
 command line on the CPU, with tiny models, and each must pass; the GPU commands are what a user runs there."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -24,6 +25,9 @@ def test_the_dry_run_passes_every_item_and_writes_its_report(tmp_path):
     assert [item['item'] for item in report['items']] == list(gpu_check.ITEMS) and report['machine']
     recipe = next(item for item in report['items'] if item['item'] == 'recipe')
     assert recipe['img_per_s'] > 0 and 0 <= recipe['data_wait'] <= 1 and recipe['peak_mem_mib'] > 0
+    # every top-1 a line prints carries its unit (the elastic line printed 'val 100' beside '12.5%')
+    tops = [item['note'] for item in report['items'] if 'top-1' in item['note'] or ': val' in item['note']]
+    assert len(tops) >= 6 and all(re.search(r'top-1 [\d.]+%', note) for note in tops), tops
 
 
 def test_on_a_gpu_the_recipe_is_the_b16_recipe_compiled_at_224_px(tmp_path):

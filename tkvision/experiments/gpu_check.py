@@ -329,7 +329,7 @@ def _commands(c: _Check) -> Dict[str, tuple]:
         'growth': (c.small('growth', base, *ti, '--growth', f'{{schedule: [{{at_epoch: 1, to: {grown}}}]}}'),
                    c.out('growth'), lambda output, row: ('grew mid-run' if 'grew to' in output else None)),
         'elastic': (c.small('elastic', base, *ti, '--elastic_fractions', '[0.25, 0.5, 1.0]'), c.out('elastic'),
-                    _row_has('top1@0.25', 'a quarter of the tokens: val')),
+                    _row_has('top1@0.25', 'a quarter of the tokens: val top-1', '%')),
     }
 
 
