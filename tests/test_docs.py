@@ -515,6 +515,19 @@ def test_the_retired_elastic_arms_keep_their_seeds_beside_their_means():
             assert round(statistics.stdev(values), 2) == float(row[column + '_std']), (row, column)
 
 
+def test_the_headline_says_when_a_row_compares_seeds_run_apart(tmp_path, monkeypatch):
+    """The plain-MLP row set seeds from an Intel Xeon VM and later code against the ViT's from the AMD EPYC VM
+    without a word: the headline now reads the points' machine and commit and says which differ."""
+    spec = importlib.util.spec_from_file_location('headline', f'{ROOT}/tools/headline.py')
+    headline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headline)
+    monkeypatch.setattr(headline, 'ROOT', str(tmp_path))
+    (tmp_path / 'points.csv').write_text('config,seed,machine,commit\nmlp,0,Xeon,b\nmlp,1,Xeon,b\nvit,0,EPYC,a\n'
+                                         'same,0,EPYC,a\n')
+    assert headline._apart('points.csv', 'mlp', 'vit') == "; its seeds ran on other CPUs and other code than the ViT's"
+    assert headline._apart('points.csv', 'same', 'vit') == ''
+
+
 def _planted_compare(tmp_path, left: list, right: list, **columns) -> str:
     """``render_compare`` of two planted points files: ``left`` and ``right`` one top-1 per seed, ``columns``
     (``machine=('a', 'b')``) a value per side."""

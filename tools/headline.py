@@ -29,6 +29,15 @@ def _pm(mean, std) -> str:
     return f'{float(mean):.2f}' + ('' if std in ('', None) else f' ± {float(std):.2f}')
 
 
+def _apart(points: str, left: str, right: str) -> str:
+    """``'; its seeds ran on other CPUs and code than the ViT's'`` (or the part that applies) when the per-seed
+    rows of configs ``left`` and ``right`` in ``points`` name other machines or commits; ``''`` when they agree."""
+    rows = _rows(points)
+    differ = [what for key, what in (('machine', 'other CPUs'), ('commit', 'other code'))
+              if {r.get(key) for r in rows if r['config'] == left} != {r.get(key) for r in rows if r['config'] == right}]
+    return f"; its seeds ran on {' and '.join(differ)} than the ViT's" if differ else ''
+
+
 def _comparison() -> list:
     short = {r['config']: r for r in _rows('docs/comparison/results.csv')}
     t, v = short['tokenformer_equal_params'], short['vit_equal_width']
@@ -45,7 +54,8 @@ def _comparison() -> list:
         rows.append(dict(key='plain_mlp',
                          question='The same, each Pattention a plain GELU MLP (score_norm: gelu, no normalisation): '
                                   f"validation top-1 %, {mlp['seeds']} seeds (the TokenFormer with it: "
-                                  f"{_pm(t['top1_mean'], t['top1_std'])})",
+                                  f"{_pm(t['top1_mean'], t['top1_std'])})"
+                                  + _apart('docs/comparison/points.csv', 'tokenformer_plain_gelu', 'vit_equal_width'),
                          tokenformer=_pm(mlp['top1_mean'], mlp['top1_std']),
                          vit=_pm(v['top1_mean'], v['top1_std']),
                          difference=f"{float(mlp['top1_mean']) - float(v['top1_mean']):+.2f}",
