@@ -139,13 +139,21 @@ def _checkpoint_update(out: str) -> int:
 def _kill_past_checkpoint(p: subprocess.Popen, out: str, logged) -> int:
     """SIGKILL the run ``p`` once ``logged()`` (the last update every tracker holds) is past its checkpoint's update:
     the run is stopped (SIGSTOP) to compare the two at one moment, and let go again while they are not. Returns the
-    checkpoint's update."""
+    checkpoint's update. A run stopped inside MLflow's SQLite transaction holds the database locked: that moment
+    cannot be compared, so the run is let go and the poll goes on (a loaded runner met it)."""
+    def seen() -> int:
+        try:
+            return logged()
+        except Exception as error:  # noqa: BLE001 - MLflow wraps SQLite's error in its own exception types
+            if 'database is locked' not in str(error):
+                raise
+            return -1
     while True:
         assert p.poll() is None, p.communicate()[0]
-        if logged() > _checkpoint_update(out):
+        if seen() > _checkpoint_update(out):
             p.send_signal(signal.SIGSTOP)
             saved = _checkpoint_update(out)
-            if logged() > saved:
+            if seen() > saved:
                 p.send_signal(signal.SIGKILL)
                 p.communicate(timeout=60)
                 return saved
