@@ -33,8 +33,11 @@ def _apart(points: str, left: str, right: str) -> str:
     """``'; its seeds ran on other CPUs and code than the ViT's'`` (or the part that applies) when the per-seed
     rows of configs ``left`` and ``right`` in ``points`` name other machines or commits; ``''`` when they agree."""
     rows = _rows(points)
+
+    def values(config: str, key: str) -> set:
+        return {r.get(key) for r in rows if r['config'] == config}
     differ = [what for key, what in (('machine', 'other CPUs'), ('commit', 'other code'))
-              if {r.get(key) for r in rows if r['config'] == left} != {r.get(key) for r in rows if r['config'] == right}]
+              if values(left, key) != values(right, key)]
     return f"; its seeds ran on {' and '.join(differ)} than the ViT's" if differ else ''
 
 
