@@ -48,7 +48,8 @@ train: env data
 	$(VENV)/bin/tkvision-train --config fashion_mnist/quick $(ARGS) $(PREEMPTED)
 
 # Longer recipe, chosen on validation: its 91% test target is missed (3 seeds: the header of
-# configs/fashion_mnist/long.yaml, rendered from docs/comparison/long/results.csv).
+# configs/fashion_mnist/long.yaml, rendered from docs/comparison/long/results.csv; this target's own run:
+# docs/fashion_mnist/runs.csv, row long_2026_12_04).
 train-long: env data
 	$(VENV)/bin/tkvision-train --config fashion_mnist/long $(ARGS) $(PREEMPTED)
 
