@@ -54,7 +54,7 @@ from tkvision.engine.config import load_config, section
 from tkvision.engine.config import resolve_run_config
 from tkvision.engine.trainer import train
 from tkvision.experiments.benchmark import machine_info
-from tkvision.experiments.points import point_dir
+from tkvision.experiments.points import PROVENANCE_KEYS, point_dir, with_provenance
 from tkvision.experiments.sweep import expand_configs, mean_std, run_sweep
 from tkvision.utils.errors import UsageError
 from tkvision.utils.files import atomic_write
@@ -67,7 +67,7 @@ __all__ = ['run_comparison', 'collect_points', 'config_changes_from', 'time_conf
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
 #: What ran each point (its record's ``machine`` and ``commit``; ``unknown`` where a point was recorded without
 #: them): written after `POINT_COLUMNS`, so the docs' compare marker can say when two sides differ.
-PROVENANCE_COLUMNS = ['machine', 'commit']
+PROVENANCE_COLUMNS = list(PROVENANCE_KEYS)
 
 
 def _name(config: str) -> str:
@@ -76,7 +76,7 @@ def _name(config: str) -> str:
 
 def points_from_records(records: list) -> list:
     """The finished sweep records as ``points.csv`` rows (failed points are left out)."""
-    return [dict({k: r[k] for k in POINT_COLUMNS}, **{k: r.get(k, 'unknown') for k in PROVENANCE_COLUMNS})
+    return [with_provenance({**{k: r[k] for k in POINT_COLUMNS}, **{k: r.get(k) for k in PROVENANCE_COLUMNS}})
             for r in records if r.get('status') == 'ok']
 
 
@@ -96,8 +96,8 @@ def read_points(path: str) -> list:
         rows = []
         for line, r in enumerate(reader, 2):
             try:
-                rows.append({**{k: 'unknown' for k in PROVENANCE_COLUMNS}, **r, 'seed': int(r['seed']),
-                             **{k: float(r[k]) for k in POINT_COLUMNS[2:]}})
+                rows.append(with_provenance({**r, 'seed': int(r['seed']),
+                                             **{k: float(r[k]) for k in POINT_COLUMNS[2:]}}))
             except (TypeError, ValueError):
                 raise UsageError(f'{path}, row {line}: a seed or figure that is not a number ({dict(r)})') from None
         return rows
@@ -198,8 +198,8 @@ def write_report(configs: list, points: list, report_dir: str, reference: str, w
         points = merge_points(read_points(stored), points)
     rows = comparison_rows(configs, points, reference)
     if write_points:
-        known = [{**{k: 'unknown' for k in PROVENANCE_COLUMNS}, **p} for p in points]
-        _write_csv(os.path.join(report_dir, 'points.csv'), known, POINT_COLUMNS + PROVENANCE_COLUMNS)
+        _write_csv(os.path.join(report_dir, 'points.csv'), [with_provenance(p) for p in points],
+                   POINT_COLUMNS + PROVENANCE_COLUMNS)
     if rows:
         _write_csv(os.path.join(report_dir, 'results.csv'), rows, list(rows[0]))
     return rows

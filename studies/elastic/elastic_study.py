@@ -60,7 +60,7 @@ from tkvision.engine.evaluate import evaluate
 from tkvision.engine.plotting import plt
 from tkvision.experiments.benchmark import (benchmark_models, forward_flops_per_image, machine_info,
                                             train_flops_per_image)
-from tkvision.experiments.points import point_dir, provenance
+from tkvision.experiments.points import PROVENANCE_KEYS, point_dir, provenance, with_provenance
 from tkvision.experiments.sweep import expand_configs, mean_std, run_sweep
 from tkvision.growth import elastic
 from tkvision.utils.errors import RunError, UsageError
@@ -436,13 +436,14 @@ def read_points(path: str) -> list:
     except UnicodeDecodeError:
         raise UsageError(f'--keep-points {path} is not UTF-8 text (an earlier report\'s points.csv is): give that '
                          'file, or save this one as UTF-8') from None
-    needed = set(POINT_COLUMNS) - {'machine', 'commit'}  # a file written before them: 'unknown'
+    needed = set(POINT_COLUMNS) - set(PROVENANCE_KEYS)  # a file written before them: 'unknown'
     if rows and needed - set(rows[0]):
         raise UsageError(f'--keep-points {path} lacks the columns {sorted(needed - set(rows[0]))}')
     number = lambda v: float(v) if any(c in v for c in '.e') else int(v)  # noqa: E731
-    return [{'machine': 'unknown', 'commit': 'unknown', **r, 'seed': int(r['seed']),
-             'prefix': number(r['prefix']) if ' ' not in r['prefix'] else r['prefix'], 'params': int(r['params']),
-             'top1': float(r['top1']), 'test_top1': float(r['test_top1'])} for r in rows]
+    return [with_provenance({**r, 'seed': int(r['seed']),
+                             'prefix': number(r['prefix']) if ' ' not in r['prefix'] else r['prefix'],
+                             'params': int(r['params']), 'top1': float(r['top1']), 'test_top1': float(r['test_top1'])})
+            for r in rows]
 
 
 def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = None) -> list:
@@ -466,8 +467,7 @@ def report(runs: str, seeds, out: str, speed: bool = True, keep_points: str = No
         raise UsageError(f'--runs {runs}: no finished run of seeds {list(seeds)} there; train them first '
                          '(python -m studies.elastic.elastic_study train)')
     # a point kept from a file written before the machine and commit columns: 'unknown'
-    _write_csv([dict(dict(machine='unknown', commit='unknown'), **p) for p in points], os.path.join(out, 'points.csv'),
-               POINT_COLUMNS)
+    _write_csv([with_provenance(p) for p in points], os.path.join(out, 'points.csv'), POINT_COLUMNS)
     finished = {p['config'] for p in points}
     seed = min(p['seed'] for p in points)
     compute = {name: training_compute(_config(name, seed, runs), _config(TWINS[1.0], seed, runs))

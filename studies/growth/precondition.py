@@ -52,7 +52,7 @@ from tkvision.engine.config import load_config, model_for_config
 from tkvision.engine.plotting import plt
 from tkvision.experiments.benchmark import flop_counter
 from tkvision.experiments.launcher import Launcher
-from tkvision.experiments.points import point_dir, provenance
+from tkvision.experiments.points import point_dir, provenance, with_provenance
 from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
@@ -143,11 +143,11 @@ def read_curves(candidate: Candidate, path: str) -> list:
         KeyError: a column the candidate's rows need is missing (names it).
     """
     with open(path, encoding='utf-8') as f:
-        return [dict(tokens=int(r['tokens']), seed=int(r['seed']), epoch=int(r['epoch']),
+        return [with_provenance(dict(tokens=int(r['tokens']), seed=int(r['seed']), epoch=int(r['epoch']),
                      **{candidate.metric: float(r[candidate.metric])},
                      test_top1=float(r['test_top1']) if r.get('test_top1') else None,
-                     cumulative_tflops=float(r['cumulative_tflops']), machine=r.get('machine') or 'unknown',
-                     commit=r.get('commit') or 'unknown') for r in csv.DictReader(f)]
+                     cumulative_tflops=float(r['cumulative_tflops']), machine=r.get('machine'),
+                     commit=r.get('commit'))) for r in csv.DictReader(f)]
 
 
 def _gap_needed(candidate: Candidate, small: dict, large: dict) -> Optional[float]:

@@ -28,12 +28,12 @@ from ..engine.checkpoint import LAST_CHECKPOINT
 from ..engine.config import DEFAULTS, load_config
 from ..engine.rundir import output_dir_in_use
 from ..engine.trainer import train
-from .benchmark import code_commit, machine_info
 from ..utils.errors import ConfigError, Preempted, RunError
 from ..utils.files import atomic_write
+from .benchmark import code_commit, machine_info
 
-__all__ = ['SweepPoint', 'PointJob', 'provenance', 'parse_grid', 'sweep_points', 'point_dir', 'read_record',
-           'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
+__all__ = ['SweepPoint', 'PointJob', 'provenance', 'with_provenance', 'PROVENANCE_KEYS', 'parse_grid', 'sweep_points',
+           'point_dir', 'read_record', 'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
 
 #: A finished point's record, in its folder.
 RESULT_FILE = 'result.json'
@@ -214,6 +214,16 @@ def _in_submitit_job() -> bool:
     return bool(os.environ.get('SUBMITIT_EXECUTOR'))
 
 
+#: What ran a point, in its record and in every per-seed results file.
+PROVENANCE_KEYS = ('machine', 'commit')
+
+
+def with_provenance(row: Dict[str, Any]) -> Dict[str, Any]:
+    """A copy of ``row`` whose `PROVENANCE_KEYS` are ``'unknown'`` where it lacks them or holds them empty (a point
+    recorded, or a file written, before they existed)."""
+    return {**row, **{key: str(row.get(key) or 'unknown') for key in PROVENANCE_KEYS}}
+
+
 def provenance(run_dir: str) -> Dict[str, str]:
     """``dict(machine, commit)``: what trained the point in ``run_dir``, from its ``result.json`` (`PointJob` records
     `tkvision.experiments.benchmark.machine_info` and `code_commit`); ``'unknown'`` for a run without that file or
@@ -221,7 +231,7 @@ def provenance(run_dir: str) -> Dict[str, str]:
     sides ran on different CPUs or code (``tools/render_docs.py``, the compare marker)."""
     path = os.path.join(run_dir, RESULT_FILE)
     record = read_record(path) if os.path.isfile(path) else {}
-    return {key: str(record.get(key, 'unknown')) for key in ('machine', 'commit')}
+    return {key: value for key, value in with_provenance(record).items() if key in PROVENANCE_KEYS}
 
 
 class PointJob:

@@ -21,7 +21,7 @@ from ..engine.plotting import plt
 from .launch import launch_points, read_manifest
 from .launcher import Launcher
 from ..utils.files import atomic_write
-from .points import FAILED_FILE, RESULT_FILE, SweepPoint, read_record, sweep_points
+from .points import FAILED_FILE, RESULT_FILE, SweepPoint, read_record, sweep_points, with_provenance
 
 __all__ = ['run_sweep', 'collect', 'point_records', 'summarize', 'expand_configs', 'mean_std', 'plus_minus']
 
@@ -95,7 +95,7 @@ def _write_tables(rows: list, records: Sequence[dict], out: str):
         w = csv.DictWriter(f, fieldnames=['config', 'seed', 'top1', 'test_top1', 'val_loss', 'minutes', 'machine',
                                           'commit'], extrasaction='ignore')
         w.writeheader()  # machine and commit: what ran each seed ('unknown' for a point recorded without them)
-        w.writerows(dict(dict(machine='unknown', commit='unknown'), **r) for r in records if r.get('status') == 'ok')
+        w.writerows(with_provenance(r) for r in records if r.get('status') == 'ok')
     atomic_write(os.path.join(out, 'results_points.csv'), points, text=True)
 
     def table(f):
