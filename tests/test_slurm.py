@@ -264,14 +264,23 @@ def test_a_task_cancelled_while_queued_shows_as_ended_and_only_it_is_submitted_a
     assert '[skip] short-lr=0.002/seed0: finished' in printed and printed.count('[sbmt]') == 1
     assert len(_jobs(out)['short-lr=0.001/seed0']) == 2 and len(_jobs(out)['short-lr=0.002/seed0']) == 1
     again = _jobs(out)['short-lr=0.001/seed0'][-1]['job_id']
-    _wait(lambda: 'PENDING' not in _sh('sacct', '-j', again, '-X', '-n', '-P', '-o', 'State') and
-          _sh('sacct', '-j', again, '-X', '-n', '-P', '-o', 'State').strip(), 60, 'sacct to list the new job')
+    # one sacct call a poll: with two, the first could answer "" (not listed yet, so "not PENDING") and the second
+    # "PENDING", and the job was cancelled while pending, which the accounting may still show as queued for a moment
+    _wait(lambda: _sh('sacct', '-j', again, '-X', '-n', '-P', '-o', 'State').strip() not in ('', 'PENDING'), 60,
+          'sacct to list the new job as started')
     _sh('scancel', again)
     assert sweep_main(['--status', out]) == 0
     text = capsys.readouterr().out
     assert re.search(rf'short-lr=0.001 +0 +(cancelled +job {again} was cancelled|running)', text), text
-    _wait(lambda: 'cancelled' in (sweep_main(['--status', out]), capsys.readouterr().out)[1], 60,
-          'the cancelled job to show as cancelled')
+    seen: list = []
+
+    def cancelled() -> bool:
+        sweep_main(['--status', out])
+        seen.append(capsys.readouterr().out + _sh('sacct', '-j', again, '-X', '-n', '-P', '-o', 'State') +
+                    _sh('pgrep', '-af', out, check=False))  # what it said, the accounting, any process left
+        return any(line.startswith('short-lr=0.001') and 'cancelled' in line for line in seen[-1].splitlines())
+
+    _wait(cancelled, 120, 'the cancelled job to show as cancelled', last=seen)
 
 
 def test_a_stopped_controller_is_one_line_not_a_hang(tmp_path, capsys, monkeypatch):
