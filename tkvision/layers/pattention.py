@@ -240,11 +240,11 @@ class Pattention(nn.Module):
             `BACKWARD_MODES`; the other normalisations always use autograd):
 
             - ``'closed_form'`` (default): Θ's closed-form gradient in one autograd function
-              (``pattention_autograd.py``); the fastest training step measured, on the CPU (1.035-1.08x
-              autograd's) and on a GPU eager (1.58x the lean one's img/s), ``docs/performance.md``.
+              (``pattention_autograd.py``); the fastest training step measured, on the CPU and on a GPU
+              eager (the ratios: ``docs/performance.md``).
             - ``'lean'``: the same math saving one ``[..., n]`` tensor per layer instead of three and
-              recomputing the rest in backward; use it when activation memory limits the batch (B/16:
-              0.87x ViT-B's saved activations instead of 1.6x).
+              recomputing the rest in backward; use it when activation memory limits the batch (its saved
+              activations against ViT-B's: ``docs/performance.md``).
             - ``'autograd'``: plain autograd of `L2NormGELU`, the reference the other two are
               tested against (``tests/test_pattention.py``).
 
