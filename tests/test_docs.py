@@ -113,15 +113,16 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width')],
     ids=['comparison', 'levers', 'long'])
 def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
-    """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables) are what today's code
-    makes of the stored per-seed points and the configs: parameters and GFLOPs counted, means, spreads and
-    ratios."""
+    """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables) and the
+    paired.csv beside each are what today's code makes of the stored per-seed points and the configs: parameters
+    and GFLOPs counted, means, spreads, ratios and the seed-by-seed differences."""
     res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', *configs, '--from-points', f'{report}/points.csv',
                           '--report-dir', str(tmp_path), '--reference', reference],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
-    with open(f'{ROOT}/{report}/results.csv') as stored, open(tmp_path / 'results.csv') as derived:
-        assert derived.read() == stored.read()
+    for name in ('results.csv', 'paired.csv'):
+        with open(f'{ROOT}/{report}/{name}') as stored, open(tmp_path / name) as derived:
+            assert derived.read() == stored.read(), name
 
 
 def test_long_curves_are_derived_from_the_kept_metrics(tmp_path):
@@ -193,14 +194,6 @@ def _importable(importlib, dotted: str) -> bool:
     return False
 
 
-#: Where a listed figure may still lack its source: pages and headers typed before the check read them (their
-#: figures are listed by context, so one planted beside them fails all the same). Every other row names its source.
-NOT_YET_SOURCED = ('docs/comparison/levers/notes.md', 'docs/performance_archive.md', 'docs/reference/background.md',
-                   'tkvision/configs/', 'studies/')
-#: How many listed figures lack a source: a row that gains one lowers it; none may be added without one.
-UNSOURCED_ROWS_AT_MOST = 493
-
-
 def test_every_figure_typed_by_hand_is_listed_by_its_context():
     """In the README, every hand-written page under docs/, the configs' headers and the docstrings the API page
     renders, each figure outside a rendered marker is listed in tests/typed_figures.csv by the words around it; a
@@ -212,12 +205,11 @@ def test_every_figure_typed_by_hand_is_listed_by_its_context():
     assert stale == [], 'listed contexts no longer on their page: remove the rows\n' + '\n'.join(stale)
 
 
-def test_every_listed_figure_names_its_source_outside_the_pages_not_yet_gone_through():
+def test_every_listed_figure_names_its_source():
+    """Each row of tests/typed_figures.csv says where its figure comes from (a setting, a paper's table, a closed
+    form, an archived run's file): an empty source fails, naming the row."""
     from .typed_figures import listed
-    rows = listed()
-    unsourced = [r for r in rows if not r['source'].strip()]
-    assert [r for r in unsourced if not r['where'].startswith(NOT_YET_SOURCED)] == []
-    assert len(unsourced) <= UNSOURCED_ROWS_AT_MOST, f'{len(unsourced)} rows without a source'
+    assert [r for r in listed() if not r['source'].strip()] == []
 
 
 #: Each form the check must catch, as a planted sentence (the figure it must report).
@@ -234,8 +226,9 @@ PLANTED = [
 ]
 
 
-@pytest.mark.parametrize('where', ['docs/comparison.md', 'docs/comparison/levers/notes.md', 'docs/performance_archive.md',
-                                   'docs/reference/background.md', 'README.md', 'docs/guide/training.md',
+@pytest.mark.parametrize('where', ['docs/comparison.md', 'docs/comparison/levers/notes.md',
+                                   'docs/performance_archive.md', 'docs/reference/background.md', 'README.md',
+                                   'docs/guide/training.md',
                                    'tkvision/configs/fashion_mnist/long.yaml',
                                    'docstring tkvision.layers.pattention.Pattention'])
 def test_each_planted_form_is_caught_on_every_kind_of_page(where):

@@ -555,7 +555,10 @@ def test_a_grown_chain_is_counted_stage_by_stage_against_the_largest_from_scratc
     curves = pays.chain_curves(out, [0, 1, 2], str(docs))
     assert [r['tokens'] for r in curves if r['seed'] == 0] == [4, 4, 8, 8, 8, 16]
     assert [r['cumulative_tflops'] for r in curves if r['seed'] == 0] == [1, 2, 4, 6, 8, 12]
-    (row,) = pays.chain_rows(curves, out, str(docs))
+    scratch = pays.scratch_rows(out, [0, 1, 2], str(docs))
+    assert [(r['seed'], r['top1'], r['minutes'], r['size_report_top1']) for r in scratch] == [
+        (0, 80.0, 10.0, 87.0), (1, 80.0, 10.0, 88.0), (2, 80.0, 10.0, 89.0)]
+    (row,) = pays.chain_rows(curves, scratch, str(docs))
     assert row['flops_vs_largest'] == 0.5 and row['wall_vs_largest'] == 0.6
     assert row['scratch_top1_mean'] == 88.0 and row['scratch_top1_std'] == 1.0
     assert row['gap_to_largest'] == pytest.approx(sum(chain_final) / 3 - 88.0, abs=0.006)

@@ -284,3 +284,17 @@ def test_provenance_reads_what_ran_a_point_from_its_record(tmp_path):
     assert provenance(str(tmp_path / 'new')) == dict(machine='AMD EPYC, 2 cores', commit='abc1234')
     assert provenance(str(tmp_path / 'old')) == provenance(str(tmp_path / 'none')) == dict(machine='unknown',
                                                                                            commit='unknown')
+
+
+def test_paired_differences_are_taken_seed_by_seed_over_the_common_seeds():
+    """``paired.csv``'s rows (what a notes page's "paired: +0.43, ..." renders from): each ordered pair, only the
+    seeds both have, ``config`` minus ``against`` in seed order, and how many seeds it validates higher."""
+    from studies.comparison.comparison import paired_rows
+    points = [dict(config='a', seed=s, top1=t, test_top1=u)
+              for s, t, u in ((0, 88.5, 87.0), (1, 88.0, 87.5), (2, 89.0, 86.0))]
+    points += [dict(config='b', seed=s, top1=t, test_top1=u) for s, t, u in ((1, 88.25, 87.0), (2, 89.5, 86.25))]
+    rows = {(r['config'], r['against']): r for r in paired_rows(points)}
+    assert set(rows) == {('a', 'b'), ('b', 'a')}
+    assert rows['a', 'b'] == dict(config='a', against='b', seeds='1 2', top1_diffs='-0.25, -0.50',
+                                  test_top1_diffs='+0.50, -0.25', top1_higher=0)
+    assert rows['b', 'a']['top1_diffs'] == '+0.25, +0.50' and rows['b', 'a']['top1_higher'] == 2

@@ -70,8 +70,10 @@ def readable_text(text: str) -> str:
         text = pattern.sub('{value}', text)
     text = re.sub(r'<!--.*?-->', ' ', text, flags=re.S)
     text = re.sub(r'\]\([^)]*\)', ']', text)
-    text = re.sub(r'```.*?```|``[^`]+``|`[^`\n]*`', lambda m: _CODE_SETTING.sub('{setting}', m.group(0)), text, flags=re.S)
-    text = re.sub(r'§\s?\d+(?:\.\d+)*|\b\d{4}-\d{2}-\d{2}\b|\b\d{4}\.\d{4,5}\b|\bv?\d+\.\d+\.\d+(?:[.+]\w+)*\b', '{id}', text)
+    text = re.sub(r'```.*?```|``[^`]+``|`[^`\n]*`', lambda m: _CODE_SETTING.sub('{setting}', m.group(0)), text,
+                  flags=re.S)
+    text = re.sub(r'§\s?\d+(?:\.\d+)*|\b\d{4}-\d{2}-\d{2}\b|\b\d{4}\.\d{4,5}\b|\bv?\d+\.\d+\.\d+(?:[.+]\w+)*\b',
+                  '{id}', text)
     return ' '.join(text.split())
 
 

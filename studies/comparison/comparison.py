@@ -3,12 +3,13 @@ run): the results files of ``docs/comparison.md``.
 
 ``python -m studies.comparison.comparison studies/comparison/configs/*.yaml --seeds 0 1 2 --out runs/comparison
 --report-dir docs/comparison`` trains every (config, seed) point through
-[`run_sweep`][tkvision.experiments.sweep.run_sweep] (finished points are skipped), then writes two files into
+[`run_sweep`][tkvision.experiments.sweep.run_sweep] (finished points are skipped), then writes three files into
 ``--report-dir``:
 
 - ``points.csv``: one row per finished (config, seed): validation top-1 (what a choice is made on), test
   top-1 (evaluated once, at the end), img/s and the wall minutes of that run (a resumed run's parts summed:
   the sweep's record).
+- ``paired.csv``: every ordered pair of configs, their differences seed by seed (`paired_rows`).
 - ``results.csv``: one row per config: model, parameter tokens, epochs, trainable parameters, training
   GFLOPs per image (forward + backward, counted by ``FlopCounterMode``: `train_flops_per_image`),
   the run's training TFLOPs (GFLOPs x images x epochs), img/s and minutes (means over seeds), validation
@@ -61,7 +62,7 @@ from tkvision.utils.files import atomic_write
 
 __all__ = ['run_comparison', 'collect_points', 'config_changes_from', 'time_configs', 'speed_rows', 'write_speed',
            'points_from_records', 'read_points', 'merge_points', 'comparison_rows', 'write_report', 'keep_metrics',
-           'curve_rows', 'write_curves']
+           'curve_rows', 'write_curves', 'paired_rows']
 
 #: Columns of ``points.csv``.
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
@@ -168,6 +169,29 @@ def comparison_rows(configs: list, points: list, reference: str) -> list:
     return rows
 
 
+def paired_rows(points: list) -> list:
+    """Every ordered pair of configs with seeds in common: ``dict(config, against, seeds, top1_diffs,
+    test_top1_diffs, top1_higher)``, the differences seed by seed (``config`` minus ``against``, points, two
+    decimals, ``'+0.43, +0.40, +0.67'`` in seed order), and in how many of those seeds ``config`` validates higher.
+    What a sentence's "paired: +0.43, +0.40, +0.67" or "below it in every paired seed" renders from
+    (``paired.csv``)."""
+    by_config: dict = {}
+    for p in points:
+        by_config.setdefault(p['config'], {})[p['seed']] = p
+    rows = []
+    for config, mine in by_config.items():
+        for against, theirs in by_config.items():
+            seeds = sorted(set(mine) & set(theirs))
+            if against == config or not seeds:
+                continue
+            diffs = {key: [mine[s][key] - theirs[s][key] for s in seeds] for key in ('top1', 'test_top1')}
+            rows.append(dict(config=config, against=against, seeds=' '.join(map(str, seeds)),
+                             top1_diffs=', '.join(f'{d:+.2f}' for d in diffs['top1']),
+                             test_top1_diffs=', '.join(f'{d:+.2f}' for d in diffs['test_top1']),
+                             top1_higher=sum(d > 0 for d in diffs['top1'])))
+    return rows
+
+
 def _write_csv(path: str, rows: list, columns: list):
     def write(f):
         w = csv.DictWriter(f, fieldnames=columns, lineterminator='\n')
@@ -202,6 +226,8 @@ def write_report(configs: list, points: list, report_dir: str, reference: str, w
                    POINT_COLUMNS + PROVENANCE_COLUMNS)
     if rows:
         _write_csv(os.path.join(report_dir, 'results.csv'), rows, list(rows[0]))
+        paired = paired_rows([p for p in points if p['config'] in {r['config'] for r in rows}])
+        _write_csv(os.path.join(report_dir, 'paired.csv'), paired, list(paired[0]) if paired else ['config'])
     return rows
 
 

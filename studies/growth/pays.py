@@ -14,8 +14,9 @@ The report writes ``docs/growth/chains.csv`` (one row per arm: seeds, final vali
 mean read once, the gap to 16 tokens from scratch with its 95% interval, cumulative training FLOPs and wall clock
 as fractions of the 16-token run's, and whether the target is met: within one seed standard deviation of 16 tokens
 from scratch for at most `FLOPS_TARGET` of its FLOPs and `WALL_TARGET` of its wall clock),
-``chains_curves.csv`` (every epoch of every chain) and ``chains.png`` (the chains' curves over the sizes' curves),
-then rewrites ``docs/growth/pays.csv`` (`studies.growth.precondition.write_pays`).
+``chains_curves.csv`` (every epoch of every chain), ``chains_scratch.csv`` (each 16-token run trained again here:
+its final top-1 beside the size report's, its minutes: the wall clock's denominator) and ``chains.png`` (the chains'
+curves over the sizes' curves), then rewrites ``docs/growth/pays.csv`` (`studies.growth.precondition.write_pays`).
 """
 import argparse
 import csv
@@ -33,7 +34,8 @@ from tkvision.experiments.points import point_dir, provenance
 from tkvision.experiments.sweep import run_sweep
 from tkvision.utils.files import atomic_write
 
-__all__ = ['CHAINS', 'SIZES', 'LARGEST', 'FLOPS_TARGET', 'WALL_TARGET', 'chain_curves', 'chain_rows', 'main']
+__all__ = ['CHAINS', 'SIZES', 'LARGEST', 'FLOPS_TARGET', 'WALL_TARGET', 'chain_curves', 'scratch_rows', 'chain_rows',
+           'main']
 
 #: Arm name -> its config.
 CHAINS = {'grown 4 → 8 → 16 tokens': 'studies/growth/configs/pays/chain_4_to_16.yaml',
@@ -82,25 +84,35 @@ def chain_curves(out: str, seeds, folder: str = 'docs/growth') -> list:
     return rows
 
 
-def _scratch(folder: str, scratch_runs: str, seeds) -> tuple:
-    """16 tokens from scratch: the final validation top-1 per seed (the size report's curves) and the mean wall
-    minutes of its runs in ``scratch_runs`` (None without them)."""
+def scratch_rows(scratch_runs: str, seeds, folder: str = 'docs/growth') -> list:
+    """16 tokens from scratch, trained again in this sweep beside the chains (the wall clock's denominator): per
+    finished seed ``dict(seed, top1, test_top1, minutes, size_report_top1, machine, commit)``, ``top1`` its final
+    validation top-1 and ``size_report_top1`` the same seed's in candidate (a)'s size report
+    (``precondition_curves.csv``), which the chains' gap is measured against."""
     curves = [r for r in _read_csv(os.path.join(folder, 'precondition_curves.csv')) if int(r['tokens']) == LARGEST]
     last = max(int(r['epoch']) for r in curves)
-    finals = [float(r['top1']) for r in curves if int(r['epoch']) == last]
-    minutes = []
+    reported = {int(r['seed']): float(r['top1']) for r in curves if int(r['epoch']) == last}
+    rows = []
     for seed in seeds:
-        path = os.path.join(point_dir(scratch_runs, SCRATCH_CONFIG.format(LARGEST), seed), 'metrics.csv')
-        if os.path.isfile(path):
-            minutes.append(float(_read_csv(path)[-1]['elapsed_minutes']))
-    return finals, statistics.mean(minutes) if minutes else None
+        run = point_dir(scratch_runs, SCRATCH_CONFIG.format(LARGEST), seed)
+        if not os.path.isfile(os.path.join(run, 'result.json')):
+            continue
+        final = _read_csv(os.path.join(run, 'metrics.csv'))[-1]
+        rows.append(dict(seed=seed, top1=float(final['top1']),
+                         test_top1=float(final['test_top1']) if final.get('test_top1') else None,
+                         minutes=round(float(final['elapsed_minutes']), 2), size_report_top1=reported.get(seed),
+                         **provenance(run)))
+    return rows
 
 
-def chain_rows(curves: list, scratch_runs: str, folder: str = 'docs/growth', seeds=(0, 1, 2)) -> list:
-    """One row per arm of ``curves`` (`chain_curves`): against 16 tokens from scratch (its runs' wall clock in
-    ``scratch_runs``), the gap (negative: the chain
-    is lower) with its 95% interval (Welch), FLOPs and wall clock as fractions, and the target."""
-    scratch, scratch_minutes = _scratch(folder, scratch_runs, seeds)
+def chain_rows(curves: list, scratch: list, folder: str = 'docs/growth') -> list:
+    """One row per arm of ``curves`` (`chain_curves`): against 16 tokens from scratch (its size report's finals;
+    ``scratch``, `scratch_rows`, gives the wall clock), the gap (negative: the chain is lower) with its 95% interval
+    (Welch), FLOPs and wall clock as fractions, and the target."""
+    sizes = [r for r in _read_csv(os.path.join(folder, 'precondition_curves.csv')) if int(r['tokens']) == LARGEST]
+    last_epoch = max(int(r['epoch']) for r in sizes)
+    finals_from_scratch = [float(r['top1']) for r in sizes if int(r['epoch']) == last_epoch]
+    scratch_minutes = statistics.mean(r['minutes'] for r in scratch) if scratch else None
     scratch_tflops = _epoch_tflops(folder)[LARGEST] * load_config(SCRATCH_CONFIG.format(LARGEST))['epochs']
     rows = []
     for arm in CHAINS:
@@ -110,13 +122,13 @@ def chain_rows(curves: list, scratch_runs: str, folder: str = 'docs/growth', see
         last = max(r['epoch'] for r in mine)
         finals = [r for r in mine if r['epoch'] == last]
         top1 = [r['top1'] for r in finals]
-        gap, low, high = gap_interval(top1, scratch, digits=2)
+        gap, low, high = gap_interval(top1, finals_from_scratch, digits=2)
         wall = statistics.mean(r['minutes'] for r in finals)
         row = dict(arm=arm, seeds=len(finals), top1_mean=round(statistics.mean(top1), 2),
                    top1_std=round(statistics.stdev(top1), 2) if len(top1) > 1 else None,
                    test_top1_mean=round(statistics.mean(r['test_top1'] for r in finals), 2),
-                   scratch_top1_mean=round(statistics.mean(scratch), 2),
-                   scratch_top1_std=round(statistics.stdev(scratch), 2),
+                   scratch_top1_mean=round(statistics.mean(finals_from_scratch), 2),
+                   scratch_top1_std=round(statistics.stdev(finals_from_scratch), 2),
                    gap_to_largest=gap, gap_low=low, gap_high=high,
                    flops_vs_largest=round(finals[0]['cumulative_tflops'] / scratch_tflops, 3),
                    wall_vs_largest=round(wall / scratch_minutes, 3) if scratch_minutes else None)
@@ -176,12 +188,14 @@ def _main(argv) -> int:
                   launcher=Launcher(executor=args.executor, parallel=args.parallel),
                   extra=['--progress', 'false', *extra])
     curves = chain_curves(args.out, args.seeds, args.report_dir)
-    rows = chain_rows(curves, args.out, args.report_dir, seeds=args.seeds)
+    scratch = scratch_rows(args.out, args.seeds, args.report_dir)
+    rows = chain_rows(curves, scratch, args.report_dir)
     for row in rows:
         print(row)
-    _write_csv(os.path.join(args.report_dir, 'chains.csv'), rows)
-    _write_csv(os.path.join(args.report_dir, 'chains_curves.csv'), curves)
-    print('wrote ' + ', '.join([os.path.join(args.report_dir, f) for f in ('chains.csv', 'chains_curves.csv')]
+    written = {'chains.csv': rows, 'chains_curves.csv': curves, 'chains_scratch.csv': scratch}
+    for name, content in written.items():
+        _write_csv(os.path.join(args.report_dir, name), content)
+    print('wrote ' + ', '.join([os.path.join(args.report_dir, f) for f in written]
                                + [_plot(curves, args.report_dir), write_pays(args.report_dir)]))
     return 0
 
