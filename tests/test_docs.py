@@ -372,6 +372,11 @@ def test_the_headline_says_when_a_row_compares_seeds_run_apart(tmp_path, monkeyp
                                          'same,0,EPYC,a\n')
     assert headline._apart('points.csv', 'mlp', 'vit') == "; its seeds ran on other CPUs and other code than the ViT's"
     assert headline._apart('points.csv', 'same', 'vit') == ''
+    # one CPU written two ways (by the run, with its threads, and from its page) is the same CPU, as for the marker
+    (tmp_path / 'points.csv').write_text('config,seed,machine,commit\n'
+                                         'mlp,0,"AMD EPYC, 2 cores, torch 2.14.1, 1 threads",a\n'
+                                         'vit,0,2-core AMD EPYC VM (as its page says),a\n')
+    assert headline._apart('points.csv', 'mlp', 'vit') == ''
 
 
 def _planted_compare(tmp_path, left: list, right: list, **columns) -> str:
@@ -382,11 +387,12 @@ def _planted_compare(tmp_path, left: list, right: list, **columns) -> str:
     import render_docs
     path = tmp_path / 'points.csv'
     names = sorted(columns)
-    rows = [','.join(['side', 'seed', 'top1', *names])]
-    for side, values in (('a', left), ('b', right)):
-        rows += [','.join([side, str(seed), str(v), *(columns[n][side == 'b'] for n in names)])
-                 for seed, v in enumerate(values)]
-    path.write_text('\n'.join(rows) + '\n')
+    with open(path, 'w', newline='') as f:
+        writer = csv.writer(f)
+        writer.writerow(['side', 'seed', 'top1', *names])
+        for side, values in (('a', left), ('b', right)):
+            writer.writerows([side, seed, v, *(columns[n][side == 'b'] for n in names)]
+                             for seed, v in enumerate(values))
     relative = os.path.relpath(path, ROOT)
     return render_docs.render_compare(f'{relative}?side=a vs {relative}?side=b | top1 | points')
 
@@ -412,3 +418,28 @@ def test_a_comparison_takes_its_verb_from_the_interval_and_says_when_its_sides_r
     assert apart.endswith('(on different CPUs)') and 'different code' not in apart
     code = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2], commit=('abc1234', 'def5678'))
     assert code.endswith('(different code)')
+    # the same CPU, one row recorded by the run and one filled from its page, other threads: not "different CPUs"
+    same = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2],
+                            machine=('AMD EPYC, 2 cores, torch 2.14.1+cu130, 1 threads',
+                                     '2-core AMD EPYC VM (as its page says)'))
+    assert 'different CPUs' not in same
+    other = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2],
+                             machine=('AMD EPYC, 2 cores, torch 2.14.1+cu130, 1 threads',
+                                      '2-core Intel Xeon VM (as its page says)'))
+    assert other.endswith('(on different CPUs)')
+
+
+def test_the_growth_chains_wall_clock_is_the_ratio_of_the_kept_minutes():
+    """docs/growth/chains.csv's wall clock is each chain's mean final minutes (chains_curves.csv) over the mean
+    minutes of the 16-token runs trained beside it (chains_scratch.csv), and those runs end at the size report's
+    top-1 to the digit, as docs/growth.md says."""
+    import statistics
+    read = lambda name: list(csv.DictReader(open(os.path.join(ROOT, 'docs', 'growth', name), encoding='utf-8')))
+    scratch = read('chains_scratch.csv')
+    assert len(scratch) == 3 and all(r['top1'] == r['size_report_top1'] for r in scratch)
+    denominator = statistics.mean(float(r['minutes']) for r in scratch)
+    curves = read('chains_curves.csv')
+    for row in read('chains.csv'):
+        last = max(int(r['epoch']) for r in curves if r['arm'] == row['arm'])
+        finals = [float(r['minutes']) for r in curves if r['arm'] == row['arm'] and int(r['epoch']) == last]
+        assert float(row['wall_vs_largest']) == round(statistics.mean(finals) / denominator, 3), row['arm']

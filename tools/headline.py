@@ -32,10 +32,15 @@ def _pm(mean, std) -> str:
 def _apart(points: str, left: str, right: str) -> str:
     """``'; its seeds ran on other CPUs and code than the ViT's'`` (or the part that applies) when the per-seed
     rows of configs ``left`` and ``right`` in ``points`` name other machines or commits; ``''`` when they agree."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    from render_docs import cpu_kind  # beside this file: "other CPUs" means what the compare marker means
     rows = _rows(points)
 
     def values(config: str, key: str) -> set:
-        return {r.get(key) for r in rows if r['config'] == config}
+        kind = cpu_kind if key == 'machine' else str
+        return {kind(str(r.get(key))) for r in rows if r['config'] == config}
     differ = [what for key, what in (('machine', 'other CPUs'), ('commit', 'other code'))
               if values(left, key) != values(right, key)]
     return f"; its seeds ran on {' and '.join(differ)} than the ViT's" if differ else ''

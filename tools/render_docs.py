@@ -28,7 +28,8 @@ A comparison of two sets of seeds phrases itself: its verb comes from the interv
 
 ``A vs B | column | unit``: each side keeps one row per seed; the text is `studies.intervals.compare_words` of the
 column's values (ahead / behind only where the 95% interval excludes 0), and where the rows carry ``machine`` or
-``commit`` columns whose values differ between the sides it adds "(on different CPUs)" or "(different code)".
+``commit`` columns whose values differ between the sides it adds "(on different CPUs)" (the CPU model and cores
+differ: `cpu_kind`) or "(different code)".
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
 (an integer-valued one as an int; one written with a leading + stays text, sign and all); an empty,
 None or NaN value is shown as –. Rows keep the file's
@@ -163,6 +164,19 @@ def render_value(spec: str) -> str:
     return _Formatter(set(row)).format(fmt, **row)
 
 
+def cpu_kind(machine: str) -> str:
+    """The CPU model and core count a points file's ``machine`` names (what "on different CPUs" compares), however
+    the row was written: ``'AMD EPYC, 2 cores, torch 2.14.1, 1 threads'`` (`machine_info`, the threads and torch
+    are not the CPU) and ``'2-core AMD EPYC VM (as its page says)'`` (a row filled from its page) are both
+    ``'AMD EPYC, 2 cores'``; a GPU's line is its name."""
+    filled = re.match(r'(\d+)-core (.+?) VM\b', machine)
+    if filled:
+        return f'{filled.group(2)}, {filled.group(1)} cores'
+    parts = [part.strip() for part in machine.split(',')]
+    cores = next((part for part in parts if re.fullmatch(r'\d+ cores', part)), None)
+    return f'{parts[0]}, {cores}' if cores else parts[0]
+
+
 def render_compare(spec: str) -> str:
     """The words of a ``compare`` marker's ``spec`` (``A vs B | column | unit``; the module docstring).
 
@@ -179,8 +193,8 @@ def render_compare(spec: str) -> str:
         if not rows:
             raise SpecError(f'{name} keeps no row; a comparison needs one row per seed a side')
     words = compare_words([float(r[column]) for r in left], [float(r[column]) for r in right], unit)
-    for key, said in (('machine', 'on different CPUs'), ('commit', 'different code')):
-        values = [{str(r.get(key, 'unknown')) for r in rows} for rows in (left, right)]
+    for key, said, kind in (('machine', 'on different CPUs', cpu_kind), ('commit', 'different code', str)):
+        values = [{kind(str(r.get(key, 'unknown'))) for r in rows} for rows in (left, right)]
         if any(key in r for r in left + right) and values[0] != values[1]:
             words += f' ({said})'
     return words
