@@ -124,7 +124,9 @@ def mlflow_history(uri: str, run_id: str) -> dict:
 
 
 def _steps(history: dict, key: str) -> list:
-    return sorted(step for step, _ in history[key])
+    """The updates at which ``history`` holds ``key``, sorted; none while the tracker has not written the key yet
+    (W&B's service process can lag the run by seconds on a loaded runner)."""
+    return sorted(step for step, _ in history.get(key, ()))
 
 
 def _epoch_losses(out: str) -> list:
