@@ -427,6 +427,9 @@ def test_a_comparison_takes_its_verb_from_the_interval_and_says_when_its_sides_r
                              machine=('AMD EPYC, 2 cores, torch 2.14.1+cu130, 1 threads',
                                       '2-core Intel Xeon VM (as its page says)'))
     assert other.endswith('(on different CPUs)')
+    both = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2], machine=('AMD EPYC', 'Intel Xeon'),
+                            commit=('abc1234', 'def5678'))
+    assert both.endswith('3 and 3 seeds) (on different CPUs, different code)')
 
 
 def test_the_growth_chains_wall_clock_is_the_ratio_of_the_kept_minutes():

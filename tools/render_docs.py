@@ -29,7 +29,7 @@ A comparison of two sets of seeds phrases itself: its verb comes from the interv
 ``A vs B | column | unit``: each side keeps one row per seed; the text is `studies.intervals.compare_words` of the
 column's values (ahead / behind only where the 95% interval excludes 0), and where the rows carry ``machine`` or
 ``commit`` columns whose values differ between the sides it adds "(on different CPUs)" (the CPU model and cores
-differ: `cpu_kind`) or "(different code)".
+differ: `cpu_kind`), "(different code)", or both in one parenthesis.
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
 (an integer-valued one as an int; one written with a leading + stays text, sign and all); an empty,
 None or NaN value is shown as –. Rows keep the file's
@@ -193,11 +193,12 @@ def render_compare(spec: str) -> str:
         if not rows:
             raise SpecError(f'{name} keeps no row; a comparison needs one row per seed a side')
     words = compare_words([float(r[column]) for r in left], [float(r[column]) for r in right], unit)
+    apart = []
     for key, said, kind in (('machine', 'on different CPUs', cpu_kind), ('commit', 'different code', str)):
         values = [{kind(str(r.get(key, 'unknown'))) for r in rows} for rows in (left, right)]
         if any(key in r for r in left + right) and values[0] != values[1]:
-            words += f' ({said})'
-    return words
+            apart.append(said)
+    return words + (f" ({', '.join(apart)})" if apart else '')
 
 
 def documents() -> list:
