@@ -107,3 +107,13 @@ def test_items_that_need_the_recipe_report_the_stop_and_resume_it_ran(tmp_path, 
                                   report=reports.append)
     assert [r.item for r in results] == ['recipe', 'stop_resume', 'validate']
     assert [r.item for r in reports[-1]] == ['recipe', 'stop_resume', 'validate']
+
+
+def test_a_run_that_ends_before_it_can_be_stopped_returns_its_own_status(tmp_path):
+    """The stop-and-resume item's run can end by itself before a mid-epoch checkpoint is seen (the dry run trains in
+    under a second): its exit status and output come back, as `_run`'s, instead of an error from reaping it twice."""
+    log = str(tmp_path / 'recipe.log')
+    code, output, seconds, rss = gpu_check._run_until_checkpoint(
+        [sys.executable, '-c', 'import sys; print("trained"); sys.exit(3)'], log, str(tmp_path / 'never.pth'))
+    assert code == 3 and 'trained' in output and 'stopped by SIGTERM' not in output
+    assert seconds > 0 and rss > 0
