@@ -133,8 +133,8 @@ def test_an_old_checkpoint_config_with_a_removed_key_reads_and_resumes_only_as_t
     assert migrate(old) == today and config_changes(old, today) == ([], [])
     _, forbidden = config_changes(dict(today, elastic_start=0.1), today)
     assert forbidden == ["elastic_start 0.1 -> removed (the smaller prefixes train from the first step (a delayed "
-                         "start, with in-place distillation, was lower at every prefix, docs/elastic.md); delete the "
-                         "key)"]
+                         "start was measured only together with in-place distillation, lower on the means, "
+                         "docs/elastic.md); delete the key)"]
     _, forbidden = config_changes(dict(today, distillation='inplace'), today)
     assert len(forbidden) == 1 and forbidden[0].startswith("distillation 'inplace' -> removed (in-place")
 

@@ -13,10 +13,11 @@ RENAMED: Dict[str, str] = {'freeze_old_tokens': 'freeze_loaded_tokens'}
 #: Keys removed since an earlier release: ``{key: (the value that did what today's code does, what to do)}``. A
 #: file or the command line naming one is refused; an old checkpoint's config drops it when it holds that value.
 RETIRED_KEYS: Dict[str, Tuple[Any, str]] = {
-    'elastic_tau': ('kept', "prefixes keep the whole layer's tau ('follow' was lower at every prefix, docs/elastic.md);"
-                            ' delete the key'),
-    'elastic_start': (0.0, 'the smaller prefixes train from the first step (a delayed start, with in-place '
-                           'distillation, was lower at every prefix, docs/elastic.md); delete the key'),
+    'elastic_tau': ('kept', "prefixes keep the whole layer's tau ('follow' was lower on the means at every prefix, two"
+                            " seeds, docs/elastic.md); delete the key"),
+    'elastic_start': (0.0, 'the smaller prefixes train from the first step (a delayed start was measured only '
+                           'together with in-place distillation, lower on the means, docs/elastic.md); delete the '
+                           'key'),
 }
 
 #: Keys replaced by another since an earlier release: ``{key: (what to use, how an old checkpoint's value reads)}``.
@@ -28,7 +29,7 @@ REPLACED_KEYS: Dict[str, Tuple[str, Callable[[Any], Dict[str, Any]]]] = {
 
 #: Values removed since an earlier release: ``{(key, value): what to use}``.
 RETIRED_VALUES: Dict[Tuple[str, Any], str] = {
-    ('distillation', 'inplace'): 'in-place distillation was lower than plain elastic training at every prefix '
+    ('distillation', 'inplace'): 'in-place distillation was lower than plain elastic training on the means '
                                  '(docs/elastic.md); use distillation: none, or teacher with a trained model',
     ('backward_mode', 'compiled'): "it never beat closed_form (docs/performance.md); use closed_form, and compile: "
                                    'true to compile the whole model',
