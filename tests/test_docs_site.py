@@ -127,3 +127,19 @@ def test_every_list_in_the_pages_renders_as_a_list(site):
         if rendered != expected:
             wrong.append(f'docs/{relative}.md: {expected} list items in the source, {rendered} rendered')
     assert checked > 20 and not wrong, (checked, wrong)
+
+
+def test_no_paragraph_is_cut_by_a_value_marker(site):
+    """A line of a page's source that begins with an inline value or compare marker (``<!-- value ... -->``) is an
+    HTML block to Markdown, in MkDocs as on GitHub: the paragraph it sits in was cut in two around it ("...
+    against the ViT is</p> <!-- compare --> <p>level within ..."). The built pages hold no marker as a block of its
+    own, and the README, which GitHub renders, no marker at the start of a paragraph's later line."""
+    import pathlib
+    import re
+    block = re.compile(r'^\s*<!-- (?:value|compare) ', re.M)
+    cut = [str(page.relative_to(site)) for page in sorted(pathlib.Path(site).rglob('*.html'))
+           if block.search(page.read_text(errors='replace'))]
+    lines = open(os.path.join(ROOT, 'README.md')).read().split('\n')
+    cut += [f'README.md:{i + 1}' for i in range(1, len(lines))
+            if block.match(lines[i]) and lines[i - 1].strip()]
+    assert not cut, cut
