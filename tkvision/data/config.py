@@ -15,8 +15,8 @@ INTERPOLATIONS = ('bicubic', 'bilinear', 'nearest', 'area', 'lanczos', 'random')
 
 #: ``dataset``: a name a registered data source reads (``tkvision.data.registry``).
 DATASET_RULE = rule(lambda v: data_source(v) is not None,
-                    "a registered data source (tkvision.data.registry.data_source_names(): 'fashion_mnist', 'folder' "
-                    "(or 'imagenet'), 'tar', 'wds/<name>' or 'hfds/<name>' built in)")
+                    "a registered data source (tkvision.data.registry.data_source_names(): 'fashion_mnist', 'cifar10', "
+                    "'folder' (or 'imagenet'), 'tar', 'wds/<name>' or 'hfds/<name>' built in)")
 
 
 
@@ -39,19 +39,23 @@ class DataConfig:
     """The images, how they are read, augmented and batched (the ``data`` section)."""
 
     dataset: str = key('fashion_mnist', allowed=DATASET_RULE)
-    """``'fashion_mnist'``, ``'folder'`` (= ``'imagenet'``: ``train/<class>/*``, ``val/<class>/*``), ``'tar'``,
-    ``'wds/<name>'`` (WebDataset shards) or ``'hfds/<name>'`` (a Hugging Face dataset)."""
+    """``'fashion_mnist'``, ``'cifar10'`` (its archives, class folders or torchvision's files: `tkvision.data.cifar10`),
+    ``'folder'`` (= ``'imagenet'``: ``train/<class>/*``, ``val/<class>/*``), ``'tar'``, ``'wds/<name>'`` (WebDataset
+    shards) or ``'hfds/<name>'`` (a Hugging Face dataset)."""
     data_dir: Optional[str] = key(None, allowed=string(null=True), resume=True)
-    """Where the dataset is; null: Fashion-MNIST from the Debian package ``dataset-fashion-mnist``."""
+    """Where the dataset is; null: Fashion-MNIST from the Debian package ``dataset-fashion-mnist`` (every other dataset
+    needs it, but ``cifar10`` with ``download: true``, which downloads into ``./data``)."""
     download: bool = key(False, allowed=boolean(), resume=True)
-    """``fashion_mnist`` only: torchvision's download when the Debian package is absent."""
+    """``fashion_mnist`` and ``cifar10`` only: torchvision's download when the files are not found (needs internet)."""
     img_size: Optional[int] = key(None, allowed=integer(1, null=True))
-    """Training and evaluation size in px; null: from the model's ``pretrained_cfg``
-    (``timm.data.resolve_data_config``), or Fashion-MNIST's 28."""
+    """Training and evaluation size in px; null: the size of the model's input (its ``img_size``, else its
+    ``pretrained_cfg``: ``timm.data.resolve_data_config``), or the dataset's (Fashion-MNIST's 28, CIFAR-10's 32)."""
     mean: Optional[Tuple[float, ...]] = key(None, allowed=numbers(null=True))
-    """Per-channel mean subtracted from pixels in [0, 1]; null: the model's, or Fashion-MNIST's."""
+    """Per-channel mean subtracted from pixels in [0, 1]; null: the dataset's (Fashion-MNIST, CIFAR-10), or the
+    model's."""
     std: Optional[Tuple[float, ...]] = key(None, allowed=numbers(0, lo_open=True, null=True))
-    """Per-channel standard deviation pixels are divided by; null: the model's, or Fashion-MNIST's."""
+    """Per-channel standard deviation pixels are divided by; null: the dataset's (Fashion-MNIST, CIFAR-10), or the
+    model's."""
     crop_pct: Optional[float] = key(None, allowed=number(0, 1, lo_open=True, null=True))
     """Evaluation: resize to ``img_size / crop_pct``, centre-crop ``img_size``; null: the model's."""
     interpolation: Optional[str] = key(None, allowed=choice(*INTERPOLATIONS, None))
@@ -74,13 +78,15 @@ class DataConfig:
     num_workers: int = key(0, allowed=integer(0), resume=True)
     """Loader worker processes per process; 0: load in the training process."""
     train_subset: Optional[int] = key(None, allowed=integer(1, null=True))
-    """Train on the first N training images only (tests, quick probes); null: all."""
+    """Train on N training images only, a stratified subset (every class in its share, the same images for every run
+    and seed: ``tkvision.data.datasets.stratified_subset``; tests, quick probes); null: all."""
     val_subset: Optional[int] = key(None, allowed=integer(1, null=True), resume=True)
-    """Validate on the first N validation images only; null: all."""
+    """Validate on N validation images only, a stratified subset as ``train_subset``'s; null: all."""
     val_split_fraction: Optional[float] = key(None, allowed=number(0, 1, hi_open=True, null=True))
     """Validation images held out of train (stratified, the same for every run; `tkvision.data.datasets`);
-    null: 1/6 for Fashion-MNIST (10k of 60k; its 10k test images become the test split), 0 otherwise (the
-    dataset's own ``val/`` validates, and there is no test split)."""
+    null: 1/6 for Fashion-MNIST (10k of 60k; its 10k test images become the test split), 1/10 for CIFAR-10 (5k of
+    50k; its 10k test images become the test split), 0 otherwise (the dataset's own ``val/`` validates, and there is
+    no test split)."""
     naflex_loader: bool = key(False, allowed=boolean())
     """timm's NaFlex loader (`tkvision.data.naflex`; a NaFlex model: ``naflexvit_tokenformer_*``, timm's
     ``naflexvit_*``): every image at its own aspect ratio as a padded patch sequence."""

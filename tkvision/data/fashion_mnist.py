@@ -76,11 +76,16 @@ def load_fashion_mnist(
 
 class ArrayDataset(Dataset):
     """In-memory images ``uint8 [N, H, W]`` or ``[N, H, W, C]`` with labels; items are
-    ``(transform(image) [C, H, W] float32, label int)`` (without a transform, the ``[H, W, C]`` uint8 image)."""
+    ``(transform(image) [C, H, W] uint8, label int)`` (without a transform, the ``[H, W, C]`` uint8 image).
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Optional[Callable] = None):
+    Attributes:
+        classes: the class names in label order (what ``tkvision.data.dataset_classes`` reports), or empty.
+    """
+
+    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Optional[Callable] = None,
+                 classes: Sequence[str] = ()):
         self.images = images if images.ndim == 4 else images[..., None]
-        self.labels, self.transform = labels, transform
+        self.labels, self.transform, self.classes = labels, transform, tuple(classes)
 
     def __len__(self):
         return len(self.labels)

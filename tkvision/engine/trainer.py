@@ -410,34 +410,30 @@ def check_model_input(
 ) -> None:
     """Refuse, before any work, a model ``net`` (``model_name``, as configured) that cannot take the data section's
     images (they would only fail at the first batch): the channels its source gives
-    (``tkvision.data.registry.DataSource.channels``: Fashion-MNIST's 1, a decoded image's 3) and, for a source that
-    fixes its images' size (``DataSource.image_settings``: Fashion-MNIST's), ``img_size``. A masked autoencoder is
-    checked by its encoder.
+    (``tkvision.data.registry.DataSource.channels``: Fashion-MNIST's 1, a decoded image's 3) and the size the data
+    section's transforms make (``img_size``), for a model whose stem checks its input size (not a NaFlex model, nor
+    one with ``dynamic_img_size``). A masked autoencoder is checked by its encoder.
 
     Raises:
-        ConfigError: naming both shapes and the model_kwargs that fit; a ``mean`` or ``std`` of another length than
-            the model's channels.
+        ConfigError: naming both channel counts or both sizes and the keys that make them agree; a ``mean`` or
+            ``std`` of another length than the model's channels.
     """
     source = data_source_of(data)
     channels, size = input_shape(getattr(net, 'encoder', net))
-    fixed = source.image_settings is not None
-    if channels == source.channels and (not fixed or size in (None, (data.img_size,) * 2)):
-        # the shapes agree: a mean or std of another length is then the one mistake left
-        for key, values in (('mean', data.mean), ('std', data.std)):
-            if values is not None and len(values) != channels:
-                raise ConfigError(f'{key} has {len(values)} value(s) and {model_name} takes {channels}-channel images: '
-                                  f'give one per channel (or leave {key} null: the model\'s, or the dataset\'s)')
-        return
-    if not fixed:
+    if channels != source.channels:
         images = 'RGB images (3 channels)' if source.channels == 3 else f'{source.channels}-channel images'
         raise ConfigError(f'dataset {data.dataset} gives {images}; {model_name} as configured takes {channels}: set '
                           f'model_kwargs {{in_chans: {source.channels}}}'
                           + (' (or leave in_chans unset)' if source.channels == 3 else ''))
-    shown = f'{size[0]} x {size[1]} px' if size else 'any size'
-    raise ConfigError(f"dataset {data.dataset}'s images are {data.img_size} x {data.img_size} px, {source.channels} "
-                      f"channel(s); {model_name} as configured takes {shown}, {channels} channels: set model_kwargs "
-                      f"{{img_size: {data.img_size}, in_chans: {source.channels}}} and a patch_size that divides it "
-                      "(configs/fashion_mnist/quick.yaml: img_size 28, patch_size 7, in_chans 1)")
+    if size is not None and size != (data.img_size, data.img_size):
+        raise ConfigError(f'{model_name} as configured takes {size[0]} x {size[1]} px images and the data section '
+                          f'makes them {data.img_size} x {data.img_size} (img_size {data.img_size}): set img_size: '
+                          f'{size[0]} to feed the model its size, or model_kwargs {{img_size: {data.img_size}}} (with '
+                          'a patch_size that divides it) to build the model for the data')
+    for key, values in (('mean', data.mean), ('std', data.std)):
+        if values is not None and len(values) != channels:
+            raise ConfigError(f'{key} has {len(values)} value(s) and {model_name} takes {channels}-channel images: '
+                              f'give one per channel (or leave {key} null: the model\'s, or the dataset\'s)')
 
 
 def build_state(
