@@ -40,7 +40,7 @@ from tkvision.engine.distributed import Processes, device_plan
 from tkvision.engine.loss import TrainTask
 from tkvision.engine.optim import RunOptim, resolve_lr
 from tkvision.engine.runlog import RunLog
-from tkvision.engine.task import task_named
+from tkvision.engine.tasks import task_named
 from tkvision.engine.trainer import build_state
 from tkvision.layers.pattention import Pattention
 from tkvision.models.ringformer import RingFormerViT

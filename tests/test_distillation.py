@@ -14,9 +14,10 @@ from tkvision.engine import loop as loop_mod, trainer as train_mod
 from tkvision.engine.checkpoint import load_training_checkpoint
 from tkvision.engine.config import ConfigError, load_config, section
 from tkvision.engine.distributed import Processes, device_plan
-from tkvision.engine.loss import TrainTask, distillation_loss
+from tkvision.engine.loss import TrainTask
+from tkvision.engine.tasks.classify import distillation_loss
 from tkvision.engine.runlog import RunLog
-from tkvision.engine.task import TASKS
+from tkvision.engine.tasks import TASKS
 from tkvision.growth import elastic
 
 from .helpers import assert_same_training_state, fmnist_cfg, train_crash_resume
@@ -54,9 +55,9 @@ def test_the_distillation_loss_is_t_squared_kl_of_the_softened_predictions(tempe
     ce = -sum(math.log(math.exp(row[y]) / sum(math.exp(v) for v in row))
               for row, y in zip(student.tolist(), labels.tolist())) / 2
     task = _task(distillation_temperature=temperature, distillation_task_weight=0.3)
-    assert task.loss(student.float(), labels, teacher.float()).item() == pytest.approx(0.3 * ce + 0.7 * expected,
+    assert task.objective.loss(student.float(), labels, teacher.float()).item() == pytest.approx(0.3 * ce + 0.7 * expected,
                                                                                        rel=1e-5)
-    assert task.loss(student.float(), labels).item() == pytest.approx(ce, rel=1e-6)  # no teacher: the labels alone
+    assert task.objective.loss(student.float(), labels, None).item() == pytest.approx(ce, rel=1e-6)  # no teacher: the labels alone
 
 
 def test_an_elastic_step_through_the_task_and_the_loop_sums_each_prefixs_loss():

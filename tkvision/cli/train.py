@@ -7,16 +7,14 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch.distributed as dist
 
-from ..data import BatchPreprocessor, build_dataset, build_loader, train_class_map
+from ..data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, train_class_map
 from ..engine.checkpoint import BEST_WEIGHTS, LAST_CHECKPOINT, LAST_WEIGHTS, checkpoint_config, model_for_checkpoint
 from ..engine.config import DEFAULTS, load_config, parse_overrides, read_run_config, resolve_run_config
 from ..engine.distributed import init_distributed, setup_threads
-from ..engine.evaluate import evaluate
 from ..engine.recipes import format_recipes, list_recipes
 from ..engine.runlog import CONFIG_FILE, CURVES_FILE, METRICS_FILE, RECONSTRUCTION_FILE
-from ..engine.task import task_named
+from ..engine.tasks import EvalContext, RunFiles, task_named
 from ..engine.trainer import check_model_input, train
-from ..utils.errors import UsageError
 from .common import run_cli
 
 __all__ = ['parse_train_args', 'train_main', 'validate_main']
@@ -69,29 +67,12 @@ def parse_train_args(argv: Optional[Sequence[str]] = None) -> Tuple[dict, Union[
 
 
 def _done_message(res: dict, minutes: float) -> str:
+    """The task's closing lines (``tkvision.engine.tasks.Task.done_message``) with the run folder's files."""
     out = res['output']
-    if res['top1'] is None:
-        return (f"done in {minutes:.1f} min: final val reconstruction loss {res['val_loss']:.4f}\n"
-                f"  weights: {os.path.join(out, LAST_WEIGHTS)} (fine-tune with init_from: "
-                f"{os.path.join(out, LAST_WEIGHTS)})\n  reconstructions: {os.path.join(out, RECONSTRUCTION_FILE)}\n"
-                f"  curves:  {os.path.join(out, CURVES_FILE)}")
-    last = os.path.join(out, LAST_WEIGHTS) + (' (EMA weights)' if res.get('ema') else '')
-    best = (f"{'EMA' if res.get('best_source') == 'ema' else 'raw'} weights of epoch {res['best_epoch'] + 1}"
-            if res.get('best_epoch') is not None else 'the best validated weights')
-    test = ''
-    if res.get('test_top1') is not None:  # the figure of the file named first, then the other weights'
-        others = [f"last raw weights {res['test_top1']:.2f}%"] + (
-            [f"last EMA weights {res['ema_test_top1']:.2f}%"] if res.get('ema_test_top1') is not None else [])
-        if res.get('best_test_top1') is not None:
-            test = (f"\n  test top-1 {res['best_test_top1']:.2f}% of {BEST_WEIGHTS} ({best}; "
-                    f"{', '.join(others)}; the test split, evaluated once)")
-        else:  # the best weights are another run folder's (resumed from its checkpoint)
-            test = f"\n  test top-1 (the test split, evaluated once): {', '.join(others)}"
-    return (f"done in {minutes:.1f} min: final validation top-1 {res['top1']:.2f}% (best "
-            f"{res['best_top1']:.2f}%){test}\n"
-            f"  weights: {os.path.join(out, BEST_WEIGHTS)} ({best}; last: {last}, "
-            f"state: {os.path.join(out, LAST_CHECKPOINT)})\n  curves:  {os.path.join(out, CURVES_FILE)}\n"
-            f"  metrics: {os.path.join(out, METRICS_FILE)}")
+    files = RunFiles(best=os.path.join(out, BEST_WEIGHTS), last=os.path.join(out, LAST_WEIGHTS),
+                     state=os.path.join(out, LAST_CHECKPOINT), curves=os.path.join(out, CURVES_FILE),
+                     metrics=os.path.join(out, METRICS_FILE), reconstructions=os.path.join(out, RECONSTRUCTION_FILE))
+    return task_named(res['task']).done_message(res, minutes, files)
 
 
 def _train(argv) -> int:
@@ -121,7 +102,10 @@ def _validate(argv) -> int:
     ap.add_argument('--no-ema', action='store_true', help='use the model weights, not EMA, of a .pth checkpoint')
     ap.add_argument('--split', choices=('val', 'test'), default='val',
                     help="'val': the validation split (carved from train when val_split_fraction > 0, as "
-                         "Fashion-MNIST's default); 'test': the dataset's own evaluation split in that case")
+                         "Fashion-MNIST's and CIFAR-10's default); 'test': the dataset's own evaluation split in that "
+                         'case')
+    ap.add_argument('--out', metavar='FOLDER', help="write the task's report of the evaluation into FOLDER (a "
+                    "classifier's per_class.csv, confusion_matrix.csv and confusion_matrix.png)")
     args, rest = ap.parse_known_args(argv)
     # a run folder's config.yaml reads as a checkpoint's: what it trained with that was since removed is done
     base_of_run = read_run_config(args.config) if args.config and os.path.basename(args.config) == CONFIG_FILE \
@@ -131,10 +115,7 @@ def _validate(argv) -> int:
         overrides += ['--model', args.model]
     config = resolve_run_config(load_config(None if base_of_run else args.config, overrides,
                                             base=base_of_run or _run_config(args.checkpoint)))
-    if not task_named(config.run.task).predicts_classes:
-        raise UsageError(f'{args.checkpoint} is a masked-autoencoder run (task: mae): it has no classifier to '
-                         'validate; its validation reconstruction loss is in the run\'s metrics.csv, and '
-                         'tkvision-mae-visualize draws its reconstructions')
+    task = task_named(config.run.task)
     setup_threads(config.process)
     processes = init_distributed(config.process)
     rank, world, device, data, seed = processes.rank, processes.world, processes.device, config.data, config.run.seed
@@ -146,14 +127,16 @@ def _validate(argv) -> int:
         print(f'grown to the checkpoint\'s size (old, new): {grown}')
     loader = build_loader(ds, data, train=False, seed=seed, rank=rank, world_size=world,
                           pin_memory=processes.plan.pin_memory)
-    res = evaluate(model.to(device), loader, device, BatchPreprocessor(*data.mean_std(), device),
-                   processes.plan.autocast_dtype)
+    context = EvalContext(device, BatchPreprocessor(*data.mean_std(), device), processes.plan.autocast_dtype, seed)
+    res = task.evaluate(model.to(device), loader, context)
     if rank:
         return 0
-    print(f"{config.model.model} on {res['count']} {args.split} images: top-1 {res['top1']:.2f}%  "
-          f"top-5 {res['top5']:.2f}%  "
-          f"loss {res['loss']:.4f}  {res['img_per_s']:.0f} img/s" +
+    print(task.validate_line(config.model.model, res, args.split) +
           (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))
+    if args.out:
+        classes = dataset_classes(ds) or train_class_map(data) or {}
+        task.report(res, sorted(classes, key=classes.get), lambda name: os.path.join(args.out, name), args.split)
+        print(f'wrote the report of {args.split} into {args.out}')
     return 0
 
 

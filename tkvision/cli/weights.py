@@ -9,6 +9,7 @@ from ..data import build_dataset
 from ..engine.checkpoint import checkpoint_config, grow_weights_file, model_for_checkpoint
 from ..engine.config import load_config
 from ..engine.distributed import setup_threads
+from ..engine.tasks import task_named
 from ..engine.export import export_checkpoint
 from ..engine.reconstruction import save_reconstructions
 from ..engine.config import resolve_run_config
@@ -66,7 +67,7 @@ def _export(argv) -> int:
     a = ap.parse_args(argv)
     res = export_checkpoint(a.checkpoint, a.out, use_ema=not a.no_ema, model=a.model,
                             model_kwargs=a.model_kwargs, force=a.force)
-    print(f"exported the {res['source']} weights ({res['token_counts']}) to {res['out']}: "
+    print(f"exported the {res['source']} weights of a task {res['task']} run ({res['token_counts']}) to {res['out']}: "
           f"timm.create_model('local-dir:{res['out']}', pretrained=True) after import tkvision")
     return 0
 
@@ -94,8 +95,7 @@ def _mae_visualize(argv) -> int:
         ap.error('a .safetensors checkpoint needs --config (the run\'s config.yaml)')
     else:
         cfg = load_config(args.config, overrides)
-    if cfg['task'] != 'mae':
-        ap.error(f"{args.checkpoint} is not an MAE run (task {cfg['task']!r})")
+    task_named(cfg['task']).check_reconstructions(args.checkpoint)
     config = resolve_run_config(cfg)
     setup_threads(config.process)
     model, _ = model_for_checkpoint(config.to_dict(), args.checkpoint)  # the EMA weights of a last.pth that has them

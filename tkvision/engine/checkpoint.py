@@ -36,7 +36,7 @@ from ..utils.errors import ConfigError, UsageError, refused_pickle
 from ..utils.files import atomic_write, safetensors_os_errors
 from .config import migrate, model_for_config, read_run_config
 from .runlog import CONFIG_FILE
-from .task import Task, task_named
+from .tasks import Task, task_named
 from .state import FORMAT_VERSION
 
 __all__ = ['LAST_CHECKPOINT', 'LAST_WEIGHTS', 'BEST_WEIGHTS', 'FORMAT_VERSION', 'save_training_checkpoint',
@@ -243,8 +243,8 @@ def load_teacher(
     the teacher of ``distillation: teacher`` (``tkvision.engine.loss``).
 
     Raises:
-        ConfigError: no such file, no ``config.yaml`` beside it, or a masked autoencoder's (the key ``teacher``
-            named).
+        ConfigError: no such file, no ``config.yaml`` beside it, or a run whose model gives no class logits (its
+            task's ``check_teacher``: a masked autoencoder's; the key ``teacher`` named).
         WeightsMismatchError: weights the folder's config does not build.
     """
     config_file = os.path.join(os.path.dirname(os.path.abspath(path)), CONFIG_FILE)
@@ -254,9 +254,7 @@ def load_teacher(
         raise ConfigError(f'teacher: {path} has no {CONFIG_FILE} beside it to build its model; give the weights of '
                           'a run folder written by tkvision-train')
     config = read_run_config(config_file)
-    if not task_named(config['task']).predicts_classes:
-        raise ConfigError(f"teacher: {path} is a masked autoencoder's (task: {config['task']} in {config_file}): it "
-                          'predicts pixels, not classes; give a finished classifier run\'s weights')
+    task_named(config['task']).check_teacher(path)
     model, _ = model_for_checkpoint(config, path, use_ema=False)
     model.requires_grad_(False)
     return model.eval().to(device)
@@ -275,8 +273,9 @@ def load_init_weights(model: torch.nn.Module, path: str, task: Task) -> Tuple[di
         FileNotFoundError: no file. WeightsMismatchError: tensors that do not fit (named).
     """
     weights = read_weights(path)
-    if is_mae_state_dict(weights) and not task.reconstructs:
-        encoder = encoder_weights(model, weights)
+    encoder = task.init_weights(weights, lambda: encoder_weights(model, weights)) if is_mae_state_dict(weights) \
+        else None
+    if encoder is not None:
         grown = load_grown_state_dict(model, encoder['weights'])
         report = (f"MAE encoder from {path}: loaded {len(encoder['loaded'])} tensors, dropped "
                   f"{len(encoder['dropped'])} ({_names(encoder['dropped'])}), kept the init of "

@@ -37,7 +37,7 @@ from ..data import DataConfig, default_num_classes, resolve_data_cfg
 from ..utils.config_fields import (boolean, choice, field_rules, integer, key, number, plain_value, resume_mutable,
                                    rule, section_defaults, section_from_mapping, string)
 from ..utils.errors import ConfigError
-from .build import MaeConfig, ModelConfig, build_model
+from .build import MaeConfig, ModelConfig
 from .config_history import RENAMED, REPLACED_KEYS, RETIRED_KEYS, RETIRED_VALUES
 from .config_rules import check_joined_keys
 from .distributed import ProcessConfig
@@ -45,7 +45,7 @@ from .loggers import LOGGERS
 from .loss import LossConfig
 from .optim import GrowthConfig, OptimConfig
 from .recipes import config_path
-from .task import TASKS, task_named
+from .tasks import TASKS, task_named
 
 __all__ = ['RunConfig', 'TrainConfig', 'SECTION_CLASSES', 'SECTIONS', 'DEFAULTS', 'RULES', 'RESUME_MUTABLE',
            'RENAMED', 'RETIRED_KEYS', 'REPLACED_KEYS', 'RETIRED_VALUES', 'section', 'load_config', 'validate_config',
@@ -64,9 +64,9 @@ class RunConfig:
     trainer's own keys (``tkvision.engine.trainer``)."""
 
     task: str = key('classify', allowed=choice(*TASKS))
-    """What is trained (``tkvision.engine.task.TASKS``): ``'classify'`` (supervised), ``'mae'`` (masked-autoencoder
-    pretraining, no labels read) or ``'linprobe'`` (the ``init_from`` encoder frozen, BatchNorm + linear head: MAE's
-    linear probing)."""
+    """What is trained (``tkvision.engine.tasks.TASKS``, a class each): ``'classify'`` (supervised), ``'mae'``
+    (masked-autoencoder pretraining, no labels read), ``'linprobe'`` (the ``init_from`` encoder frozen, BatchNorm +
+    linear head: MAE's linear probing) or ``'regress'`` (one number per image, least squares)."""
     seed: int = key(0, allowed=integer(0))
     """The run's seed: initial weights, data order, augmentation and every random draw derive from it."""
     output: str = key('runs/default', allowed=string(), resume=True)
@@ -82,7 +82,8 @@ class RunConfig:
     loggers: Tuple[str, ...] = key((), allowed=rule(_is_logger_list, f"a list of loggers ({', '.join(LOGGERS)})"),
                                    resume=True)
     """Where the run's scalars go besides ``metrics.csv``, any number at once (``tkvision.engine.loggers``):
-    ``tensorboard`` (``<output>/tb``), ``wandb`` (Weights & Biases), ``mlflow``; e.g. ``[tensorboard, wandb]``.
+    ``jsonl`` (``<output>/scalars.jsonl``, a JSON object per step), ``tensorboard`` (``<output>/tb``), ``wandb``
+    (Weights & Biases), ``mlflow``; e.g. ``[jsonl, tensorboard, wandb]``.
     Each needs its extra (``pip install 'tkvision[wandb]'``); a resumed run continues the same tracker runs."""
     run_name: Optional[str] = key(None, allowed=string(null=True), resume=True)
     """The run's name in the trackers (W&B's run name, MLflow's ``run_name``); null: the output folder's name."""
@@ -175,13 +176,13 @@ def model_for_config(
         config: Union[TrainConfig, Mapping[str, Any]],
         num_classes: Optional[int] = None,
 ) -> torch.nn.Module:
-    """``tkvision.engine.build.build_model`` of a whole config (a `TrainConfig`, or a flat config such as a
-    checkpoint's, `migrate`d first): its model section, its MAE section when ``task`` is ``mae``, and
-    ``num_classes`` (default: ``tkvision.data.default_num_classes`` of its data section)."""
+    """The model of a whole config (a `TrainConfig`, or a flat config such as a checkpoint's, `migrate`d first), as
+    its task builds it (``tkvision.engine.tasks.Task.build_model``: the model section, with the MAE section for
+    ``task: mae``), with ``num_classes`` (default: ``tkvision.data.default_num_classes`` of its data section)."""
     if not isinstance(config, TrainConfig):
         config = TrainConfig.from_dict(migrate(config))
-    mae = config.mae if task_named(config.run.task).reconstructs else None
-    return build_model(config.model, mae, num_classes or default_num_classes(config.data))
+    return task_named(config.run.task).build_model(config.model, config.mae,
+                                                   num_classes or default_num_classes(config.data))
 
 
 _SCI = re.compile(r'[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+')

@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 from ..utils.errors import ConfigError
 from .optim import OptimConfig, check_growth, resolve_accum_steps
-from .task import task_named
+from .tasks import task_named
 
 __all__ = ['check_joined_keys', 'NAFLEX_REFUSES']
 
@@ -16,7 +16,7 @@ def check_joined_keys(
 ) -> dict:
     """The rules that join keys of the flat config ``cfg`` (each key's own rule already checked): the growth
     section's (``tkvision.engine.optim.check_growth``: its schedule placed and filled), mean and std of one length,
-    the crop range, the decoder's heads, what the task needs (``tkvision.engine.task.Task.check``), what
+    the crop range, the decoder's heads, what the task needs (``tkvision.engine.tasks.Task.check``), what
     ``freeze_loaded_tokens``, the NaFlex loader and distillation need; ``optim`` (the optim section of ``cfg``) for
     the accumulation steps.
 

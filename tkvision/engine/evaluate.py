@@ -36,11 +36,14 @@ def evaluate(
     (each rank sees its own shard). One host synchronisation at the end.
 
     Returns:
-        ``dict(top1, top5, loss, count, img_per_s, skipped)``; ``skipped`` counts unreadable images.
+        ``dict(top1, top5, loss, count, img_per_s, skipped, confusion)``; ``skipped`` counts unreadable images;
+        ``confusion`` is the confusion matrix, int64 ``[classes, classes]`` on the CPU (row: the true class, column:
+        the predicted one; None when no batch was seen).
     """
     model.eval()
     device = torch.device(device)
     totals = torch.zeros(5, dtype=torch.float64, device=device)  # correct1, correct5, loss_sum, count, skipped
+    confusion: Optional[torch.Tensor] = None
     start = time.perf_counter()
     dtype = autocast_dtype
     for images, labels, bad in loader:
@@ -57,13 +60,30 @@ def evaluate(
         totals[1] += hits.any(dim=1).sum()
         totals[2] += F.cross_entropy(logits, labels, reduction='sum')
         totals[3] += len(labels)
+        classes = logits.shape[1]
+        pairs = torch.bincount(labels * classes + top5[:, 0], minlength=classes * classes).view(classes, classes)
+        confusion = pairs if confusion is None else confusion + pairs
     if dist.is_available() and dist.is_initialized():
         dist.all_reduce(totals)
+        confusion = _sum_over_ranks(confusion, device)
     elapsed = time.perf_counter() - start
     c1, c5, loss, n, skipped = totals.tolist()
     n = max(n, 1)
     return dict(top1=100 * c1 / n, top5=100 * c5 / n, loss=loss / n, count=int(n), img_per_s=n / elapsed,
-                skipped=int(skipped))
+                skipped=int(skipped), confusion=None if confusion is None else confusion.cpu())
+
+
+def _sum_over_ranks(confusion: Optional[torch.Tensor], device: torch.device) -> Optional[torch.Tensor]:
+    """A confusion matrix summed over the ranks, one of which may have seen no batch (its matrix None)."""
+    size = torch.tensor([0 if confusion is None else confusion.shape[0]], device=device)
+    dist.all_reduce(size, op=dist.ReduceOp.MAX)
+    classes = int(size.item())
+    if classes == 0:
+        return None
+    if confusion is None:
+        confusion = torch.zeros(classes, classes, dtype=torch.int64, device=device)
+    dist.all_reduce(confusion)
+    return confusion
 
 
 def mask_noise(

@@ -19,7 +19,7 @@ from ..utils.errors import ConfigError, UsageError
 from ..utils.files import atomic_folder, holds_files, safetensors_os_errors
 from .checkpoint import load_training_checkpoint, model_for_checkpoint
 from .config import load_config
-from .task import task_named
+from .tasks import task_named
 
 __all__ = ['EXPORT_FILES', 'export_model', 'export_checkpoint', 'check_export_target']
 
@@ -99,7 +99,7 @@ def export_checkpoint(
         force: replace an ``out`` that already holds files (else refused before any work).
 
     Returns:
-        ``dict(out, source, token_counts)``, ``source`` being ``'ema'`` or ``'model'``.
+        ``dict(out, source, token_counts, task)``, ``source`` being ``'ema'`` or ``'model'``, ``task`` the run's.
 
     Raises:
         FileNotFoundError: no checkpoint. ConfigError: a weights file without ``model``, or ``model_kwargs``
@@ -115,10 +115,7 @@ def export_checkpoint(
     if checkpoint.endswith('.pth'):
         state = load_training_checkpoint(checkpoint)
         cfg = state['config']
-        if not task_named(cfg['task']).predicts_classes:
-            raise UsageError(f"{checkpoint} is a masked-autoencoder checkpoint (task: {cfg['task']}), not a "
-                             'classifier: fine-tune it first (a classifier config with init_from: its '
-                             'last.safetensors), then export that run')
+        task_named(cfg['task']).check_export(checkpoint)
         cfg = dict(cfg, model=model or cfg['model'], model_kwargs={**cfg['model_kwargs'], **kwargs}, drop_path_rate=0.0)
         source = 'ema' if use_ema and state.get('model_ema') else 'model'
         data_config = {k: cfg[k] for k in ('mean', 'std', 'crop_pct', 'interpolation') if cfg.get(k) is not None}
@@ -129,4 +126,4 @@ def export_checkpoint(
     net, _ = model_for_checkpoint(cfg, checkpoint, use_ema=source == 'ema')
     model_args = {k: v for k, v in cfg['model_kwargs'].items() if k != 'pretrained_cfg_overlay'}
     export_model(net.eval(), out, model_args=model_args, data_config=data_config, force=force)
-    return dict(out=out, source=source, token_counts=token_counts(net))
+    return dict(out=out, source=source, token_counts=token_counts(net), task=cfg['task'])

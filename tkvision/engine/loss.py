@@ -1,36 +1,30 @@
-"""The training task: what a step learns from, at which prefixes of an elastic model, and from which teacher.
+"""The training step: what a step learns from, at which prefixes of an elastic model, and from which teacher.
 
 `TrainTask` is a task in timm's sense (``timm.task``: the object that owns a step's forward passes and returns their
 losses): the loop hands it the preprocessed images and labels and back-propagates what it yields, knowing nothing
-of task names, prefixes or distillation. It owns the ``loss`` section, `LossConfig`, declared here:
+of task names, prefixes or distillation. It owns the ``loss`` section, `LossConfig`, declared here, and asks the
+run's task (``tkvision.engine.tasks``) for the step's targets and loss (its ``Objective``: a classifier's Mixup /
+CutMix, label smoothing and logit distillation, a masked autoencoder's reconstruction error, a regression's squared
+error). It adds what every task shares:
 
-- the targets: timm's Mixup / CutMix and the criterion (soft-target cross-entropy, label smoothing or plain
-  cross-entropy) of a classifier; an MAE's loss is its own reconstruction error;
 - the prefixes an elastic step trains (``tkvision.growth.elastic.step_fractions``, drawn from a stream of their own
   so a resumed run draws the same) and the ones evaluation reports;
-- distillation from a trained teacher (``distillation: teacher``: a finished run's weights, the control that
-  separates what a teacher gives from what nesting gives). A distilled loss is timm's logit distillation
-  (``timm.task.LogitDistillationTask``, complementary weights): ``w · CE(s, y) + (1 - w) · T² · KL(softmax(t / T) ||
-  softmax(s / T))`` averaged over the batch, with ``w`` = ``distillation_task_weight`` (0: the soft targets alone)
-  and ``T`` = ``distillation_temperature`` (Hinton et al., "Distilling the Knowledge in a Neural Network", 2015, §2:
-  the T² keeps the gradients' scale).
+- the teacher's logits (``distillation: teacher``: a finished run's weights, the control that separates what a
+  teacher gives from what nesting gives), which the objective combines with its own loss.
 """
 import dataclasses
 from typing import Callable, ContextManager, Generator, List, NamedTuple, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
-from timm.data import Mixup
-from timm.loss import LabelSmoothingCrossEntropy, SoftTargetCrossEntropy
 
 from ..growth import elastic
 from ..models import input_shape
 from ..utils.config_fields import choice, is_number, key, number, rule, string
 from ..utils.errors import ConfigError
 from ..utils.seeding import derive_seed
-from .task import Task
+from .tasks import StepSettings, Task
 
-__all__ = ['LossConfig', 'TrainTask', 'StepLoss', 'distillation_loss', 'check_teacher']
+__all__ = ['LossConfig', 'TrainTask', 'StepLoss', 'check_teacher']
 
 
 def _is_fractions(value) -> bool:
@@ -43,7 +37,8 @@ class LossConfig:
     distillation (module docstring; ``docs/elastic.md``)."""
 
     smoothing: float = key(0.1, allowed=number(0, 1, hi_open=True))
-    """Label smoothing of the cross-entropy."""
+    """Label smoothing of a classifier's cross-entropy (tasks without class labels, ``mae`` and ``regress``, leave it
+    unused)."""
     mixup: float = key(0.0, allowed=number(0))
     """Mixup's alpha (timm's ``Mixup``); 0: off."""
     cutmix: float = key(0.0, allowed=number(0))
@@ -71,33 +66,19 @@ class LossConfig:
     """``distillation: teacher``: a finished run's weights file (its folder's ``config.yaml`` builds the
     model)."""
 
+    def step(self) -> StepSettings:
+        """What this section says of a step's targets, as values for the task's objective
+        (``tkvision.engine.tasks.Task.objective``)."""
+        return StepSettings(smoothing=self.smoothing, mixup=self.mixup, cutmix=self.cutmix,
+                            mixup_prob=self.mixup_prob, mixup_switch_prob=self.mixup_switch_prob,
+                            distillation_temperature=self.distillation_temperature,
+                            distillation_task_weight=self.distillation_task_weight)
+
     def train_loss_label(self) -> str:
         """The legend of the training loss: what made it differ from the plain cross-entropy, if anything."""
         parts = ([f'label smoothing {self.smoothing:g}'] if self.smoothing else []) + \
             [name for name in ('mixup', 'cutmix') if getattr(self, name)]
         return 'train loss' + (f" (as trained: {', '.join(parts)})" if parts else '')
-
-
-def distillation_loss(
-        logits: torch.Tensor,
-        teacher_logits: torch.Tensor,
-        temperature: float,
-) -> torch.Tensor:
-    """``T² · KL(softmax(teacher / T) || softmax(logits / T))``, summed over classes and averaged over the
-    batch (``F.kl_div(..., reduction='batchmean', log_target=True)``, as timm's ``LogitDistillationTask``).
-
-    Args:
-        logits: the student's logits, ``[B, classes]``.
-        teacher_logits: the teacher's, ``[B, classes]`` (detached by the caller).
-        temperature: T > 0.
-
-    Returns:
-        a scalar tensor, in float32 for half-precision logits (autocast's), else in the logits' dtype.
-    """
-    dtype = torch.promote_types(logits.dtype, torch.float32)
-    student = F.log_softmax(logits.to(dtype) / temperature, dim=-1)
-    teacher = F.log_softmax(teacher_logits.to(dtype) / temperature, dim=-1)
-    return F.kl_div(student, teacher, reduction='batchmean', log_target=True) * temperature ** 2
 
 
 def check_teacher(
@@ -135,10 +116,13 @@ class TrainTask:
 
     Args:
         loss: the config's loss section.
-        task: what is trained (``tkvision.engine.task.Task``): a masked autoencoder's loss is the model's own.
+        task: what is trained (``tkvision.engine.tasks.Task``): it gives the step's objective (targets and loss).
         seed: the run's seed (the elastic draws' stream).
-        num_classes: the classifier's outputs (ignored for ``'mae'``).
+        num_classes: the classifier's outputs (Mixup's one-hot targets; unused by other tasks).
         teacher: the trained model to distil from (``distillation: teacher``; in eval mode, no gradients), or None.
+
+    Attributes:
+        objective: the task's ``tkvision.engine.tasks.Objective`` (``targets`` and ``loss``).
 
     Raises:
         ConfigError: ``distillation: teacher`` without a teacher, or a teacher of other classes.
@@ -155,20 +139,10 @@ class TrainTask:
         self.task, self.seed, self.teacher = task, seed, teacher
         self.fractions, self.sampling = loss.elastic_fractions, loss.elastic_sampling
         self.nesting = loss.elastic_nesting
-        self.temperature, self.task_weight = loss.distillation_temperature, loss.distillation_task_weight
         self.train_loss_label = loss.train_loss_label()
         if (loss.distillation == 'teacher') != (teacher is not None):
             raise ConfigError("distillation: teacher needs the teacher's model (key teacher: a finished run's weights)")
-        self.mixup: Optional[Mixup] = None
-        if task.predicts_classes and (loss.mixup > 0 or loss.cutmix > 0):
-            self.mixup = Mixup(mixup_alpha=loss.mixup, cutmix_alpha=loss.cutmix, prob=loss.mixup_prob,
-                               switch_prob=loss.mixup_switch_prob, label_smoothing=loss.smoothing,
-                               num_classes=num_classes)
-            self.criterion: torch.nn.Module = SoftTargetCrossEntropy()
-        elif loss.smoothing > 0:
-            self.criterion = LabelSmoothingCrossEntropy(loss.smoothing)
-        else:
-            self.criterion = torch.nn.CrossEntropyLoss()
+        self.objective = task.objective(loss.step(), num_classes)
 
     @property
     def eval_fractions(self) -> List[float]:
@@ -207,7 +181,7 @@ class TrainTask:
             net: what runs the forward (the model, or its DDP / compiled wrapper).
             model: the model itself (its prefixes are set on it).
             images: preprocessed images ``[B, C, H, W]`` (or a NaFlex patch dictionary) on the device.
-            labels: class indices ``[B]`` on the device.
+            labels: the labels ``[B]`` on the device (class indices; a regression's numbers).
             autocast: a new ``torch.autocast`` context of the run's precision per call.
             epoch: the epoch, counted from 0 (the prefixes' draw).
             batch: the micro-batch within it.
@@ -215,8 +189,7 @@ class TrainTask:
         Yields:
             `StepLoss`; the model runs at every token again once the last is yielded (or the caller stops).
         """
-        if self.task.predicts_classes:
-            images, labels = self._targets(images, labels)
+        images, labels = self.objective.targets(images, labels)
         with autocast():
             teacher = self._teacher_logits(images)
         prefixes = self.step_prefixes(epoch, batch)
@@ -226,40 +199,14 @@ class TrainTask:
                     elastic.set_prefix(model, fraction, self.nesting)
                 with autocast():
                     output = net(images)  # an MAE draws its masks from the micro-batch's seed (exact resume)
-                    value = output[0] if self.task.reconstructs else self.loss(output, labels, teacher)
+                    value = self.objective.loss(output, labels, teacher)
                 yield StepLoss(value, len(labels), len(prefixes), j + 1 == len(prefixes))
         finally:
             if self.fractions:  # every token, as evaluation and checkpoints expect
                 elastic.set_prefix(model, None)
-
-    def _targets(self, images: torch.Tensor, labels: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(images, labels)`` of a classifier's step: mixed by timm's Mixup / CutMix when the recipe says
-        (which needs an even batch: an odd one, after a skipped image, loses its last image)."""
-        if self.mixup is None:
-            return images, labels
-        if len(images) % 2:
-            images, labels = images[:-1], labels[:-1]
-        return self.mixup(images, labels)
 
     def _teacher_logits(self, images: torch.Tensor) -> Optional[torch.Tensor]:
         if self.teacher is None:
             return None
         with torch.no_grad():
             return self.teacher(images)
-
-    def loss(
-            self,
-            output: torch.Tensor,
-            labels: torch.Tensor,
-            teacher: Optional[torch.Tensor] = None,
-    ) -> torch.Tensor:
-        """The loss of a classifier's ``output`` logits ``[B, classes]`` against ``labels`` (class indices ``[B]`` or
-        mixed soft labels ``[B, classes]``): the criterion, or with ``teacher`` logits ``[B, classes]`` the distilled
-        loss (module docstring)."""
-        if teacher is None:
-            return self.criterion(output, labels)
-        soft = distillation_loss(output, teacher, self.temperature)
-        if self.task_weight == 0:
-            return soft
-        return self.task_weight * self.criterion(output, labels) + (1 - self.task_weight) * soft
-

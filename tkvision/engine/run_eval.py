@@ -1,22 +1,23 @@
 """A run's evaluation after an epoch: the validation split (model and EMA), the best weights kept, the elastic
-prefixes, and once, after the last epoch, the test split.
+prefixes, and once, after the last epoch, the test split and the task's report of it.
 
 [`RunEvaluator`][tkvision.engine.run_eval.RunEvaluator] is the stage the trainer builds from the parts it reads
 (the data, the task, the device and precision, the run's folder); its `epoch` returns the row's evaluation columns.
-Each figure comes from ``tkvision.engine.evaluate`` (top-1 / top-5 and loss, or for ``task: mae`` the
-reconstruction loss with the run's fixed masks) on the run's device, preprocessing and precision (`net`).
+What is measured and which columns it makes is the task's (``tkvision.engine.tasks.Task``: ``evaluate``,
+``columns``, ``score``, ``test_columns``, ``report``), on the run's device, preprocessing and precision (`net`).
 """
 import os
-from typing import Iterable
+from typing import Any, Callable, Dict, Iterable, Optional
 
 import torch
 
+from ..data import dataset_classes
 from .checkpoint import keep_best, model_for_checkpoint
 from .distributed import Processes
-from .evaluate import evaluate, evaluate_mae
 from .loss import TrainTask
 from .run_data import RunData
 from .state import TrainState
+from .tasks import EvalContext
 
 __all__ = ['RunEvaluator']
 
@@ -26,12 +27,14 @@ class RunEvaluator:
 
     Args:
         data: the run's loaders and preprocessing.
-        task: the training task (what it evaluates, and the elastic prefixes to report).
+        task: the training step (its task: what it evaluates; and the elastic prefixes to report).
         processes: this process among the job's: its device, its precision (the plan's ``autocast_dtype``) and
-            whether it is rank 0 (it writes ``best.safetensors``).
+            whether it is rank 0 (it writes ``best.safetensors`` and the task's report).
         seed: the run's seed (an MAE's fixed evaluation masks).
         model_name: the model's registry name (the best weights' metadata).
         best_path: the run's ``best.safetensors`` (written by rank 0, read by every rank at the end).
+        path: the run log's path of a file of the run's folder (``tkvision.engine.runlog.RunLog.path``), where the
+            task's report of the final evaluation goes.
     """
 
     def __init__(
@@ -42,10 +45,13 @@ class RunEvaluator:
             seed: int,
             model_name: str,
             best_path: str,
+            path: Optional[Callable[[str], str]] = None,
     ):
-        self.data, self.task, self.seed, self.model_name, self.best_path = data, task, seed, model_name, best_path
-        self.device, self.dtype, self.main = processes.device, processes.plan.autocast_dtype, processes.main
-        self.mae = task.task.reconstructs
+        self.data, self.step, self.task = data, task, task.task
+        self.seed, self.model_name, self.best_path, self.path = seed, model_name, best_path, path
+        self.main = processes.main
+        self.context = EvalContext(processes.device, data.preprocess, processes.plan.autocast_dtype, seed)
+        self.device = processes.device
 
     def epoch(
             self,
@@ -53,45 +59,40 @@ class RunEvaluator:
             epoch: int,
             last_epoch: bool,
     ) -> dict:
-        """The evaluation columns of epoch ``epoch``'s row: the model (and the EMA model) on the validation split,
-        ``best.safetensors`` saved when either beats the best (``tkvision.engine.checkpoint.keep_best``: highest
-        top-1, or lowest MAE validation loss), `prefixes` on the validation split, and after the last epoch
-        (``last_epoch``) `test`.
+        """The evaluation columns of epoch ``epoch``'s row: the model (and the EMA model) on the validation split
+        (the task's ``columns``), ``best.safetensors`` saved when either beats the best
+        (``tkvision.engine.checkpoint.keep_best`` by the task's ``best`` and ``score``), `prefixes` on the
+        validation split, and after the last epoch (``last_epoch``) `test` and the task's report.
 
         Returns:
-            ``dict(top1, top5, val_loss, val_skipped[, ema_top1, ema_top5])``; for ``task: mae``
-            ``dict(val_loss, val_skipped[, ema_val_loss])`` (reconstruction loss, the same masks every time); with
-            the prefixes' and the test split's columns.
+            the columns (a classifier's ``top1, top5, val_loss, val_skipped[, ema_top1, ema_top5]``, a masked
+            autoencoder's ``val_loss, val_skipped[, ema_val_loss]``), with the prefixes' and the test split's.
         """
-        mae, loader = self.mae, self.data.val_loader
+        loader = self.data.val_loader
         models = [('model', state.net, state.model)] + ([('ema', state.ema.module, state.ema.module)]
                                                           if state.ema else [])
         results = {source: self.net(net, loader) for source, net, _ in models}
-        metric, mode = self.task.task.best
-        candidates = [(source, results[source]['loss' if mae else 'top1'], model) for source, _, model in models]
-        metadata = dict(model=self.model_name, epoch=epoch, **(dict(task=self.task.task.name) if mae else {}))
+        metric, mode = self.task.best
+        candidates = [(source, self.task.score(results[source]), model) for source, _, model in models]
+        metadata = dict(model=self.model_name, epoch=epoch, task=self.task.name)
         state.best = keep_best(state.best, candidates, metric, mode, self.best_path if self.main else None, metadata)
-        main = results['model']
-        row = (dict(val_loss=main['loss'], val_skipped=main['skipped']) if mae else
-               dict(top1=main['top1'], top5=main['top5'], val_loss=main['loss'], val_skipped=main['skipped']))
+        row = self.task.columns(results['model'])
         if 'ema' in results:
-            row.update(dict(ema_val_loss=results['ema']['loss']) if mae else
-                       dict(ema_top1=results['ema']['top1'], ema_top5=results['ema']['top5']))
+            row.update(self.task.columns(results['ema'], 'ema'))
         row.update(self.prefixes(state, loader))
         if last_epoch:
-            row.update(self.test(state, epoch))
+            test, final = self.test(state, epoch)
+            row.update(test)
+            self.report(final or results['model'], 'test' if final else 'validation')
         return row
 
     def net(
             self,
             net: torch.nn.Module,
             loader: Iterable,
-    ) -> dict:
-        """``tkvision.engine.evaluate.evaluate`` (``task: mae``: ``evaluate_mae``, with the run's fixed masks) of
-        ``net`` on ``loader`` with the run's device, preprocessing and precision."""
-        if self.mae:
-            return evaluate_mae(net, loader, self.device, self.data.preprocess, self.dtype, self.seed)
-        return evaluate(net, loader, self.device, self.data.preprocess, self.dtype)
+    ) -> Dict[str, Any]:
+        """The task's evaluation of ``net`` on ``loader`` with the run's device, preprocessing, precision and seed."""
+        return self.task.evaluate(net, loader, self.context)
 
     def prefixes(
             self,
@@ -99,41 +100,48 @@ class RunEvaluator:
             loader: Iterable,
             split: str = '',
     ) -> dict:
-        """An elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader``
-        (``TrainTask.prefix``): top-1, ``{'top1@0.25': ..., ...}``, or for ``task: mae`` the reconstruction loss
-        (the same masks every time), ``{'val_loss@0.25': ...}``; keys prefixed by ``split`` (``'test_'``); ``{}``
-        for a run that is not elastic."""
+        """An elastic run's model at each of its ``elastic_fractions`` below 1 on ``loader`` (``TrainTask.prefix``):
+        the task's prefix columns (``{'top1@0.25': ...}``, a masked autoencoder's ``{'val_loss@0.25': ...}``), keys
+        prefixed by ``split`` (``'test_'``); ``{}`` for a run that is not elastic."""
         out = {}
-        for fraction in self.task.eval_fractions:
-            with self.task.prefix(state.model, fraction):
-                result = self.net(state.net, loader)
-            if self.mae:
-                out[f'{split}val_loss@{fraction:g}'] = result['loss']
-            else:
-                out[f'{split}top1@{fraction:g}'] = result['top1']
+        for fraction in self.step.eval_fractions:
+            with self.step.prefix(state.model, fraction):
+                out.update(self.task.prefix_columns(fraction, self.net(state.net, loader), split))
         return out
 
-    def test(self, state: TrainState, epoch: int) -> dict:
-        """The test split's top-1 / top-5 of the model (and the EMA model), evaluated once, after the last
-        epoch ``epoch``, when the validation split is carved from train (``val_split_fraction`` > 0; nothing was
-        chosen on these images), and the test top-1 of the weights saved as ``best.safetensors`` (the model's or
-        the EMA's, of whichever epoch validated best), so that the figure printed beside that file is its own.
-        Returns ``{}`` without a test split, or for ``task: mae``.
+    def test(self, state: TrainState, epoch: int) -> tuple:
+        """The test split's columns of the model (and the EMA model), evaluated once, after the last epoch ``epoch``,
+        when the validation split is carved from train (``val_split_fraction`` > 0; nothing was chosen on these
+        images), and those of the weights saved as ``best.safetensors`` (the model's or the EMA's, of whichever epoch
+        validated best), so that the figure printed beside that file is its own. Nothing without a test split.
 
         Returns:
-            ``dict(test_top1, test_top5[, ema_test_top1][, best_test_top1])`` in percent (no ``best_test_top1``
-            when ``best.safetensors`` is another folder's: a run resumed from another run's checkpoint).
+            ``(columns, result)``: the task's test columns (a classifier's ``test_top1, test_top5[, ema_test_top1][,
+            best_test_top1]`` in percent, a masked autoencoder's ``test_loss``...; no best column when
+            ``best.safetensors`` is another folder's: a run resumed from another run's checkpoint), and the model's
+            evaluation (None when nothing was evaluated).
         """
-        if self.mae or not self.data.has_test_split:
-            return {}
+        if not self.data.has_test_split:
+            return {}, None
         loader = self.data.test_loader()
         main = self.net(state.net, loader)
-        out = dict(test_top1=main['top1'], test_top5=main['top5'])
+        out = dict(self.task.test_columns(main))
+        results = {'model': main}
         if state.ema:
-            out['ema_test_top1'] = self.net(state.ema.module, loader)['top1']
+            results['ema'] = self.net(state.ema.module, loader)
+            out.update(self.task.test_columns(results['ema'], 'ema'))
         if state.best.get('epoch') == epoch:  # the best weights are this epoch's: one of the figures above
-            out['best_test_top1'] = out['ema_test_top1' if state.best.get('source') == 'ema' else 'test_top1']
+            best = results['ema' if state.best.get('source') == 'ema' else 'model']
+            out.update(self.task.test_columns(best, 'best'))
         elif os.path.isfile(self.best_path):  # (a run resumed into a new folder keeps its best weights in the old one)
-            best, _ = model_for_checkpoint(dict(state.config_record), self.best_path)
-            out['best_test_top1'] = self.net(best.to(self.device), loader)['top1']
-        return {**out, **self.prefixes(state, loader, 'test_')}
+            weights, _ = model_for_checkpoint(dict(state.config_record), self.best_path)
+            out.update(self.task.test_columns(self.net(weights.to(self.device), loader), 'best'))
+        return {**out, **self.prefixes(state, loader, 'test_')}, main
+
+    def report(self, result: Dict[str, Any], split: str) -> None:
+        """The task's files of the final evaluation ``result`` on ``split`` (rank 0; a classifier's per-class top-1
+        and confusion matrix)."""
+        if self.main and self.path is not None:
+            classes = dataset_classes(self.data.train_ds) or {}
+            names = sorted(classes, key=classes.get)
+            self.task.report(result, names, self.path, split)

@@ -28,7 +28,7 @@ import csv
 import json
 import os
 import sys
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import yaml
@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 from ..utils.files import atomic_write
 from .loggers import FAILED, FINISHED, PREEMPTED, Logger, logger_class
-from .plotting import plot_curves
+from .plotting import Series, plot_curves
 from .state import TrainState
 
 __all__ = ['RunLog', 'CONFIG_FILE', 'METRICS_FILE', 'CURVES_FILE', 'RECONSTRUCTION_FILE', 'TRACKERS_FILE',
@@ -182,10 +182,11 @@ class RunLog:
         self._send(state.num_updates, numbers)
         tqdm.write(epoch_line(row, self.epochs))
 
-    def curves(self, title: str, train_label: str) -> None:
-        """Draw ``curves.png`` of the history (rank 0; nothing before a first epoch)."""
+    def curves(self, title: str, losses: Series, metric: Optional[Tuple[str, str, Series]] = None) -> None:
+        """Draw ``curves.png`` of the history (rank 0; nothing before a first epoch): the ``losses`` and ``metric``
+        panels the task names (``tkvision.engine.tasks.Task.curves``; ``tkvision.engine.plotting.plot_curves``)."""
         if self.main and self.history:
-            plot_curves(self.history, self.path(CURVES_FILE), title=title, train_label=train_label)
+            plot_curves(self.history, self.path(CURVES_FILE), title=title, losses=losses, metric=metric)
 
     def finish(self, status: str, state: Optional[TrainState], best_weights: str) -> None:
         """Send what is kept and close every logger, on every way out of a run: `FINISHED`, `FAILED` or `PREEMPTED`

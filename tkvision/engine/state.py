@@ -12,7 +12,7 @@ import math
 import time
 import warnings
 from types import MappingProxyType
-from typing import Mapping, Optional, Protocol, TypedDict, cast
+from typing import Mapping, Optional, Protocol, Tuple, TypedDict, cast
 
 import torch
 from timm.utils import ModelEmaV3
@@ -20,7 +20,6 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .. import growth
 from .distributed import Processes
-from .task import Task
 
 __all__ = ['TrainState', 'UpdateSchedule', 'EpochMeter', 'FORMAT_VERSION']
 
@@ -65,7 +64,8 @@ class TrainState:
         scheduler: the lr schedule of that optimizer (`tkvision.engine.optim.RunOptim.scheduler`).
         processes: this process among the job's (``tkvision.engine.distributed.Processes``): where the model
             lives, and its device's plan for the scaler, ``torch.compile`` and DDP.
-        task: what is trained (``tkvision.engine.task.Task``): which evaluation is best (``Task.best``).
+        best: ``(column, mode)`` of the evaluation that picks the best weights, the task's
+            (``tkvision.engine.tasks.Task.best``): ``('top1', 'max')``, ``('val_loss', 'min')``.
         ema_decay: the EMA's decay per update, or None for no EMA (``model_ema``).
         config_record: the whole config, read-only, written into every ``last.pth`` (a resumed run compares
             its own with it); nothing here reads settings from it.
@@ -81,8 +81,8 @@ class TrainState:
         net: the model as the forward pass runs it (compiled and/or DDP-wrapped: `wrap`).
         epochs_done: completed epochs. batches_done: micro-batches of epoch ``epochs_done`` already
             trained (always at an optimizer-update boundary). num_updates: optimizer updates so far.
-        best: ``dict(top1 | val_loss, epoch, source)`` of the best evaluation (highest top-1, or for
-            ``task: mae`` the lowest validation reconstruction loss). meter: the running epoch's sums.
+        best: ``dict(<column>, epoch, source)`` of the best evaluation (the highest top-1, or the lowest validation
+            loss: the ``best`` argument). meter: the running epoch's sums.
         seconds_before: wall seconds the run had spent before this process took it over (0 for a new run;
             the checkpoint's ``elapsed_seconds`` on resume): see `elapsed_seconds`.
         grown_from, init_report, inputs: as given.
@@ -95,7 +95,7 @@ class TrainState:
             scheduler: UpdateSchedule,
             *,
             processes: Processes,
-            task: Task,
+            best: Tuple[str, str],
             ema_decay: Optional[float] = None,
             config_record: Optional[Mapping] = None,
             started: Optional[float] = None,
@@ -113,7 +113,7 @@ class TrainState:
         self.epochs_done = self.batches_done = self.num_updates = 0
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.plan.grad_scaler)
         self.ema = ModelEmaV3(self.model, decay=ema_decay) if ema_decay is not None else None
-        metric, mode = task.best
+        metric, mode = best
         self.best = {metric: math.inf if mode == 'min' else -1.0, 'epoch': -1, 'source': 'model'}
         self.reset_meter()
         self.wrap()
