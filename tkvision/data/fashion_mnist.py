@@ -75,15 +75,21 @@ def load_fashion_mnist(
 
 
 class ArrayDataset(Dataset):
-    """In-memory images ``uint8 [N, H, W]`` or ``[N, H, W, C]`` with labels; items are
-    ``(transform(image) [C, H, W] uint8, label int)`` (without a transform, the ``[H, W, C]`` uint8 image).
+    """In-memory images ``uint8 [N, H, W]`` or ``[N, H, W, C]`` with labels (a NumPy array: class indices, or
+    numbers for a regression); items are ``(transform(image) [C, H, W] uint8, label)`` (without a transform, the
+    ``[H, W, C]`` uint8 image), the label a Python int or float.
 
     Attributes:
         classes: the class names in label order (what ``tkvision.data.dataset_classes`` reports), or empty.
     """
 
-    def __init__(self, images: np.ndarray, labels: np.ndarray, transform: Optional[Callable] = None,
-                 classes: Sequence[str] = ()):
+    def __init__(
+            self,
+            images: np.ndarray,
+            labels: np.ndarray,
+            transform: Optional[Callable] = None,
+            classes: Sequence[str] = (),
+    ):
         self.images = images if images.ndim == 4 else images[..., None]
         self.labels, self.transform, self.classes = labels, transform, tuple(classes)
 
@@ -91,9 +97,10 @@ class ArrayDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> tuple:
+        label = self.labels[i].item()  # a Python int (a class), or a float (a regression's number)
         if self.transform is None:
-            return self.images[i], int(self.labels[i])
-        return self.transform(image=self.images[i])['image'], int(self.labels[i])
+            return self.images[i], label
+        return self.transform(image=self.images[i])['image'], label
 
 
 #: Fashion-MNIST's class names (Xiao et al. 2017, Table 1), in label order, as folder names.
