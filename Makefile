@@ -39,8 +39,8 @@ browser: $(CHROMIUM)
 docs: env
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --site-dir site
 
-# Exit status 75 is a pre-emption (SIGTERM / SIGUSR1): the state is saved and the run resumable.
-PREEMPTED = || { rc=$$?; [ $$rc -ne 75 ] || echo "make: the run was stopped by a signal and saved its state (exit 75): continue it with make $@ ARGS=--resume" >&2; exit $$rc; }
+# Exit status 75 is a pre-emption (SIGTERM / SIGUSR1), 130 a first Ctrl-C: the state is saved and the run resumable.
+PREEMPTED = || { rc=$$?; { [ $$rc -ne 75 ] && [ $$rc -ne 130 ]; } || echo "make: the run was stopped by a signal and saved its state (exit $$rc): continue it with make $@ ARGS=--resume" >&2; exit $$rc; }
 
 # Main job: train a small TokenFormer on Fashion-MNIST (50k train, 10k validation, 10k test); target <= 10 min
 # on 2 cores (measured: docs/fashion_mnist/runs.csv, row quick).

@@ -44,7 +44,8 @@ def test_the_long_comparison_trains_the_long_recipe():
     assert set(levers) <= {os.path.basename(p) for p in paths}
     for path in paths:
         cfg = load_config(path)
-        allowed = {'model', 'model_kwargs', 'output'} | token | levers.get(os.path.basename(path), set())
+        # threads: the studies pin it for their timings; the recipe leaves it to the machine (default_threads)
+        allowed = {'model', 'model_kwargs', 'output', 'threads'} | token | levers.get(os.path.basename(path), set())
         differ = {k for k in cfg if cfg[k] != long[k]} - allowed
         assert not differ, f'{path} trains another recipe than long.yaml: {sorted(differ)}'
 
@@ -61,7 +62,7 @@ def test_make_train_long_runs_the_recipe_chosen_on_validation():
         chosen = headline.chosen_long_recipe({r['config']: r for r in csv.DictReader(f)})['config']
     long = load_config(os.path.join(ROOT, 'configs', 'fashion_mnist', 'long.yaml'))
     study = load_config(os.path.join(ROOT, 'studies', 'comparison', 'configs', 'long', chosen + '.yaml'))
-    differ = {k for k in long if long[k] != study[k]} - {'output'}
+    differ = {k for k in long if long[k] != study[k]} - {'output', 'threads'}  # threads: the machine's (study: pinned)
     assert not differ, f'long.yaml differs from {chosen}.yaml, the recipe chosen on validation: {sorted(differ)}'
 
 
@@ -287,7 +288,7 @@ def test_a_data_source_fixes_its_images_and_its_split():
             fits = create_model('tokenformer_vit_ti16', img_size=12, patch_size=4, in_chans=2, num_tokens=8)
             wrong = create_model('tokenformer_vit_ti16', img_size=16, patch_size=4, in_chans=2, num_tokens=8)
         check_model_input(fits, 'tokenformer_vit_ti16', data)
-        with pytest.raises(ConfigError, match=r"dataset two_channel's images are 12 x 12 px, 2 channel.*takes 16 x 16"):
+        with pytest.raises(ConfigError, match=r"takes 16 x 16 px images and the data section makes them 12 x 12"):
             check_model_input(wrong, 'tokenformer_vit_ti16', data)
         fashion = resolve_data_cfg(DataConfig(), 'tokenformer_vit_ti16', {'img_size': 28})
         assert fashion.val_split_fraction == pytest.approx(1 / 6) and fashion.mean == (0.2860,)
@@ -313,11 +314,11 @@ def test_evaluation_runs_in_the_precision_of_the_device_plan():
     loader = [(torch.zeros(2, 1, 4, 4, dtype=torch.uint8), torch.zeros(2, dtype=torch.long), [])]
     from types import SimpleNamespace
 
-    from tkvision.engine.task import TASKS
+    from tkvision.engine.tasks import TASKS
     plan = device_plan('cpu', amp='bf16')
     evaluator = RunEvaluator(SimpleNamespace(preprocess=lambda x: x.float()), SimpleNamespace(task=TASKS['classify']),
                              Processes(0, 1, plan), 0, 'probe', 'unused')
-    assert evaluator.dtype is torch.bfloat16 is plan.autocast_dtype
-    evaluate(Probe(), loader, 'cpu', lambda x: x.float(), evaluator.dtype)
+    assert evaluator.context.autocast_dtype is torch.bfloat16 is plan.autocast_dtype
+    evaluate(Probe(), loader, 'cpu', lambda x: x.float(), evaluator.context.autocast_dtype)
     evaluate(Probe(), loader, 'cpu', lambda x: x.float(), device_plan('cpu').autocast_dtype)
     assert seen == [torch.bfloat16, None]

@@ -407,3 +407,52 @@ def test_a_checkpoint_of_another_world_size_is_refused_naming_both(tmp_path):
     with pytest.raises(RunError, match=r'written by a job of 2 process\(es\) and this job has 1.*resume it with 2'):
         train_mod.train(cfg, resume=True)
     assert open(path, 'rb').read() == before
+
+
+@pytest.mark.slow
+def test_ctrl_c_saves_the_run_says_how_to_continue_and_resume_is_bit_identical(tmp_path):
+    """Ctrl-C as a terminal sends it (SIGINT to the whole process group, loader workers included) in the middle of
+    an epoch: the run saves at the next update, says how to continue in one line and exits 130; ``--resume`` then
+    ends bit-identical to an uninterrupted run (it saved nothing and printed a traceback before)."""
+    full, broken = str(tmp_path / 'full'), str(tmp_path / 'broken')
+    p = _cli(_args(full, workers=0, epochs=1))
+    assert p.wait(timeout=600) == 0, p.stdout.read()
+    path = os.path.join(broken, 'last.pth')
+    p = _cli(_args(broken, workers=2, epochs=1), start_new_session=True)
+    wait_for_checkpoint(path, p, lambda s: s['batches_done'] >= 10)
+    os.killpg(p.pid, signal.SIGINT)
+    log = p.communicate(timeout=300)[0]
+    assert p.returncode == 130 and 'Traceback' not in log, log
+    assert 'Ctrl-C: saving at the next update' in log and 'stopped by SIGINT at update' in log
+    assert 'continue with --resume' in log
+    stopped = ckpt.load_training_checkpoint(path)
+    at = int(log.split('stopped by SIGINT at update ')[1].split(';')[0])
+    assert 10 <= stopped['batches_done'] == at < 64  # the stop's own checkpoint, mid-epoch
+    p = _cli(_args(broken, workers=2, epochs=1) + ['--resume'])
+    log = p.communicate(timeout=600)[0]
+    assert p.returncode == 0 and f"batch {stopped['batches_done']}" in log, log
+    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(broken, 'last.safetensors'))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_a_second_ctrl_c_aborts_at_once_in_one_line(tmp_path, capsys):
+    """After the first Ctrl-C the run's handler gives SIGINT back to Python, so a second raises KeyboardInterrupt
+    where the run is; the command prints one line and exits 130 (a 25-line traceback before)."""
+    from tkvision.cli.common import run_cli
+    from tkvision.engine.clock import RunClock
+    clock = RunClock(Processes(0, 1, device_plan(torch.device('cpu'))), str(tmp_path / 'last.pth'))
+    previous = signal.signal(signal.SIGINT, clock.on_interrupt)
+    try:
+        signal.raise_signal(signal.SIGINT)
+        assert clock.stop_signal == 'SIGINT' and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            signal.raise_signal(signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+    def interrupted(argv):
+        raise KeyboardInterrupt
+    assert run_cli(interrupted, []) == 130
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == ('interrupted by Ctrl-C: stopped at once, nothing saved since the last '
+                                            'checkpoint') and 'Traceback' not in err

@@ -10,7 +10,7 @@ from typing import Callable, Optional, Sequence
 import torch.distributed as dist
 import yaml
 
-from ..utils.errors import EXIT_PREEMPTED, USER_ERRORS, Preempted
+from ..utils.errors import EXIT_INTERRUPTED, USER_ERRORS, Preempted, exit_status
 
 __all__ = ['run_cli', 'DEBUG_ENV', 'positive_int', 'non_negative_int', 'yaml_mapping', 'device_name']
 
@@ -27,7 +27,9 @@ def run_cli(tool: Callable[[Optional[Sequence[str]]], int], argv: Optional[Seque
     """Run ``tool(argv)`` for a command-line tool, with the rule every tkvision command shares: errors from
     `USER_ERRORS` and the machine's errors a user fixes (disk full, read-only or
     forbidden path) print one line ``error: ...`` on stderr and return 2; a run stopped by SIGTERM / SIGUSR1
-    (``Preempted``, its state saved) prints why and returns `EXIT_PREEMPTED`;
+    (``Preempted``, its state saved) prints why and returns `EXIT_PREEMPTED` (`EXIT_INTERRUPTED` for a first
+    Ctrl-C); a second Ctrl-C, which aborts at once (``KeyboardInterrupt``), prints one line and returns
+    `EXIT_INTERRUPTED`;
     any other error is a defect of ours and propagates with its traceback; a reader that closed the pipe
     (``tkvision-train --list-recipes | head``) ends the command quietly, exit 0. ``--debug`` anywhere in ``argv``,
     or ``TKVISION_DEBUG=1``, shows the traceback of a user error too. A process group left open (a torchrun
@@ -48,7 +50,12 @@ def run_cli(tool: Callable[[Optional[Sequence[str]]], int], argv: Optional[Seque
         return 0
     except Preempted as e:
         print(str(e), file=sys.stderr)
-        return EXIT_PREEMPTED
+        return exit_status(e)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print('interrupted by Ctrl-C: stopped at once, nothing saved since the last checkpoint', file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (*USER_ERRORS, OSError) as e:
         if not isinstance(e, USER_ERRORS) and e.errno not in _ENVIRONMENT_ERRNOS:
             raise

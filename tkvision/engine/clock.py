@@ -7,6 +7,7 @@ section's timing values, not the section.
 """
 import os
 import signal
+import sys
 import time
 from typing import Optional
 
@@ -36,7 +37,7 @@ class RunClock:
         every_minutes: ``checkpoint_every_minutes`` (None: off).
 
     Attributes:
-        stop_signal: the name of the stop signal received (``'SIGTERM'``), or None.
+        stop_signal: the name of the stop signal received (``'SIGTERM'``, ``'SIGINT'`` for Ctrl-C), or None.
         checked_update: the update up to which the loss is known finite.
         last_save: ``time.monotonic()`` of the last checkpoint.
     """
@@ -60,6 +61,16 @@ class RunClock:
         """Signal handler: remember the signal; the loop saves its state and stops at its next check
         (every update on one process)."""
         self.stop_signal = signal.Signals(signum).name
+
+    def on_interrupt(self, signum: int, frame: object) -> None:
+        """SIGINT handler (Ctrl-C at a terminal): the first is a stop request like SIGTERM's (the run saves at its
+        next check, every update on one process, and exits 130); it hands SIGINT back to Python's default, so a
+        second Ctrl-C raises ``KeyboardInterrupt`` at once and aborts without saving."""
+        self.on_signal(signum, frame)
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        if self.processes.main:
+            print('\nCtrl-C: saving at the next update, then stopping (press Ctrl-C again to abort without saving)',
+                  file=sys.stderr, flush=True)
 
     def save(self, state: TrainState) -> None:
         """Write ``last.pth`` of ``state`` (a ``tkvision.engine.state.TrainState``; rank 0, atomic; called on every

@@ -10,15 +10,16 @@
   ``init_distributed_device_so`` with the plan's backend (NCCL on CUDA, gloo on a CPU).
 - `all_ranks_agree`: one collective that turns a failure on any rank into a failure on all,
   so no rank waits forever in a collective its peer never reaches.
-- `setup_threads`: the CPU threads of this process.
+- `setup_threads`: the CPU threads of this process (null ``threads``: the cores free at start, `default_threads`).
 - `Processes`: this process's rank, the number of processes and its device's plan, as every stage of a run
   reads them.
 """
 import dataclasses
 import os
+import time
 import warnings
 from datetime import timedelta
-from typing import Dict, Optional, Tuple, Union
+from typing import Dict, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as dist
@@ -30,7 +31,7 @@ from ..utils.memory import available_memory_bytes
 from ..utils.precision import AMP_DTYPES
 
 __all__ = ['ProcessConfig', 'DevicePlan', 'device_plan', 'Processes', 'init_distributed', 'setup_threads',
-           'available_cores', 'all_ranks_agree', 'is_peer_failure']
+           'available_cores', 'busy_cores', 'default_threads', 'all_ranks_agree', 'is_peer_failure']
 
 
 def _is_device(value) -> bool:
@@ -48,7 +49,8 @@ class ProcessConfig:
     """Where the model runs (``'cpu'``, ``'cuda'``, ``'cuda:1'``); null: CUDA if available, else the CPU."""
     threads: Optional[int] = key(None, allowed=integer(1, null=True), resume=True)
     """``torch.set_num_threads``; null: the cores this process may use (its affinity, shared among a node's
-    processes)."""
+    processes) less those other work keeps busy when the run starts (`default_threads`; the start-up line says the
+    choice). A float's last digits depend on the thread count: set it to repeat a run's digits exactly."""
     amp: Optional[str] = key(None, allowed=choice(None, 'bf16', 'fp16'))
     """Mixed precision: null (float32), ``'bf16'`` or ``'fp16'`` (with a gradient scaler)."""
     tf32: bool = key(True, allowed=boolean(), resume=True)
@@ -163,20 +165,70 @@ def available_cores() -> int:
     return max(1, cores // max(1, int(os.environ.get('LOCAL_WORLD_SIZE', 1))))
 
 
-def setup_threads(process: ProcessConfig) -> None:
-    """``torch.set_num_threads`` for the config's process section: ``threads`` when set, else
-    ``available_cores``, so OpenMP threads never outnumber the cores (OpenMP threads that spin
-    waiting for a busy core slow every update many times over).
+def busy_cores(cpus: Sequence[int], seconds: float = 0.3) -> float:
+    """How many of the CPUs ``cpus`` other work keeps busy: their non-idle share of ``seconds`` of wall time, read
+    from the kernel's counters (``/proc/stat``, Linux) before and after, times their number; 0 where those are not
+    readable. The calling process should be idle meanwhile (it sleeps)."""
+    def ticks() -> Dict[int, Tuple[int, int]]:
+        out = {}
+        with open('/proc/stat') as f:
+            for line in f:
+                name, *fields = line.split()
+                if name.startswith('cpu') and name[3:].isdigit() and int(name[3:]) in cpus:
+                    values = [int(v) for v in fields[:8]]
+                    out[int(name[3:])] = (sum(values), values[3] + values[4])  # total, idle + iowait
+        return out
+    try:
+        before = ticks()
+        time.sleep(seconds)
+        after = ticks()
+    except (OSError, ValueError):
+        return 0.0
+    total = sum(after[c][0] - before[c][0] for c in after if c in before)
+    idle = sum(after[c][1] - before[c][1] for c in after if c in before)
+    return len(after) * (1 - idle / total) if total > 0 else 0.0
+
+
+def default_threads() -> Tuple[int, str]:
+    """The thread count of a run that leaves ``threads`` null, and why, in words for its start-up line: the cores
+    this process may use (`available_cores`), less those other work kept busy when it started (`busy_cores`,
+    measured once, rounded to the nearest core), at least 1. Threads that outnumber the free cores do not add
+    speed but wait for one another: beside one other CPU-bound job, 2 threads on 2 cores ran several times slower
+    than 1 (``docs/bench/cpu_threads.md``). Under torchrun the node's processes share the cores and nothing is
+    measured (they start together)."""
+    cores = available_cores()
+    if int(os.environ.get('LOCAL_WORLD_SIZE', 1)) > 1 or not hasattr(os, 'sched_getaffinity'):
+        return cores, f'{cores} of the cores shared by this node\'s processes'
+    busy = busy_cores(sorted(os.sched_getaffinity(0)))
+    threads = max(1, min(cores, round(cores - busy)))
+    if threads == cores:
+        return threads, f'{cores} cores, idle at start'
+    return threads, f'{cores} cores, {busy:.1f} busy with other work at start'
+
+
+def setup_threads(process: ProcessConfig) -> str:
+    """``torch.set_num_threads`` for the config's process section: ``threads`` when set, else `default_threads`
+    (the free cores at start), so OpenMP threads never outnumber the cores (OpenMP threads that spin waiting for a
+    busy core slow every update many times over).
+
+    Returns:
+        the choice in words, for the run's start-up line (``'threads 1 (2 cores, 1.0 busy with other work at start;
+        set threads to override)'``).
 
     Warns (UserWarning) when ``threads`` exceeds `available_cores`: the run goes on as asked,
     many times slower, so the warning names the core count and the value to set instead."""
     cores = available_cores()
-    threads = int(process.threads) if process.threads else cores
+    if process.threads:
+        threads, why = int(process.threads), 'the threads key'
+    else:
+        threads, reason = default_threads()
+        why = f'{reason}; set threads to override'
     if threads > cores:
         warnings.warn(f'threads: {threads} is more than the {cores} cores this process may use: threads '
                       f'that outnumber the cores run many times slower; set threads: {cores}, or leave it '
-                      f'unset to use them all', stacklevel=2)
+                      f'unset to use the free ones', stacklevel=2)
     torch.set_num_threads(threads)
+    return f'threads {threads} ({why})'
 
 
 def init_distributed(process: ProcessConfig, compile: Union[bool, str] = 'auto') -> Processes:

@@ -25,10 +25,11 @@ __all__ = ['RunData', 'naflex_patch_size', 'check_naflex_memory', 'naflex_loss_s
 
 
 def _ignore_stop_signals(_worker_id):
-    """DataLoader workers leave SIGTERM / SIGUSR1 to the main process, which stops them itself after
-    checkpointing (SLURM signals every process of a job step), and decode with one OpenCV thread
-    (torch already gives them one): workers x threads must not oversubscribe the cores."""
-    for s in STOP_SIGNALS:
+    """DataLoader workers leave SIGTERM / SIGUSR1 and Ctrl-C's SIGINT to the main process, which stops them itself
+    after checkpointing (SLURM signals every process of a job step, a terminal every process of its foreground
+    group), and decode with one OpenCV thread (torch already gives them one): workers x threads must not
+    oversubscribe the cores."""
+    for s in STOP_SIGNALS + (signal.SIGINT,):
         signal.signal(s, signal.SIG_IGN)
     cv2.setNumThreads(1)
 
@@ -92,7 +93,6 @@ class RunData:
                               f"({self.global_batch} = batch_size {data.batch_size} x accum_steps {accum} x "
                               f'{processes.world} processes): lower {lower} or raise train_subset')
         self.train_loader = self._loader(self.train_ds, train=True)
-        self.train_loader.worker_init_fn = _ignore_stop_signals
         self.val_loader = self._loader(self.val_ds, train=False)
         self.batches_per_epoch = batches_per_epoch(self.train_loader)
         if self.batches_per_epoch < 1:
@@ -115,10 +115,15 @@ class RunData:
         rank, world = self.processes.rank, self.processes.world
         pin = self.processes.plan.pin_memory
         if self.naflex_patch_size:
-            return build_naflex_loader(dataset, self._data, train, self.seed, self.naflex_patch_size, rank, world,
-                                       pin_memory=pin)
-        return build_loader(dataset, self._data, train=train, seed=self.seed, rank=rank, world_size=world,
-                            pin_memory=pin)
+            loader = build_naflex_loader(dataset, self._data, train, self.seed, self.naflex_patch_size, rank, world,
+                                         pin_memory=pin)
+            if not train:  # timm's evaluation loader seeds its workers in its own worker_init_fn
+                return loader
+        else:
+            loader = build_loader(dataset, self._data, train=train, seed=self.seed, rank=rank, world_size=world,
+                                  pin_memory=pin)
+        loader.worker_init_fn = _ignore_stop_signals
+        return loader
 
     def loss_scale(self, images: int) -> float:
         """The weight of a training batch of ``images`` images: 1, or for a NaFlex batch (whose images vary in

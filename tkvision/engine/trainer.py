@@ -11,12 +11,13 @@ run log that owns every other file and scalar the run writes (``tkvision.engine.
 the ``loggers`` key). [`train`][tkvision.engine.trainer.train] is the public entry point: ``Trainer(cfg,
 resume).train()``.
 
-``task`` selects what is trained (``tkvision.engine.task``): ``classify`` (a classifier on labels), ``mae`` (a
-[`MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] around ``model``; the loss is the reconstruction error,
-labels are not used, evaluation reports the validation reconstruction loss with fixed masks, and
-``reconstruction.png`` is written at the end) or ``linprobe`` (the ``init_from`` encoder frozen, MAE's BatchNorm +
-linear head trained). ``init_from`` an MAE checkpoint loads its encoder
-(`tkvision.engine.checkpoint.load_init_weights`, reporting what was loaded and dropped).
+``task`` selects what is trained (``tkvision.engine.tasks``, one class each): ``classify`` (a classifier on
+labels), ``mae`` (a [`MaskedAutoencoder`][tkvision.models.mae.MaskedAutoencoder] around ``model``; the loss is the
+reconstruction error, labels are not used, evaluation reports the validation reconstruction loss with fixed masks,
+and ``reconstruction.png`` is written at the end), ``linprobe`` (the ``init_from`` encoder frozen, MAE's BatchNorm +
+linear head trained) or ``regress`` (one number per image, least squares). The trainer asks the task; it names none.
+``init_from`` an MAE checkpoint loads its encoder (`tkvision.engine.checkpoint.load_init_weights`, reporting what was
+loaded and dropped).
 
 Glue over timm and PyTorch: ``timm.create_model``, ``create_optimizer_v2`` and ``create_scheduler_v2``
 (`optim`), ``timm.data.Mixup``, timm's label-smoothing / soft-target losses, ``timm.utils.ModelEmaV3``,
@@ -41,11 +42,10 @@ from .. import growth
 from ..data import DataConfig, data_source_of, dataset_size, default_num_classes
 from ..layers import set_backward_mode
 from ..models import input_shape
-from ..models.mae import linear_probe
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, RunError
 from ..utils.files import file_sha256
 from ..utils.seeding import derive_seed
-from .build import MaeConfig, ModelConfig, build_model
+from .build import MaeConfig, ModelConfig
 from .checkpoint import (BEST_WEIGHTS, LAST_CHECKPOINT, LAST_WEIGHTS, load_init_weights, load_teacher,
                          load_training_checkpoint, save_weights)
 from .clock import STOP_SIGNALS, RunClock
@@ -54,13 +54,12 @@ from .distributed import Processes, init_distributed, is_peer_failure, setup_thr
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
 from .loss import TrainTask, check_teacher
 from .optim import RunOptim, resolve_accum_steps, resolve_lr
-from .reconstruction import save_reconstructions
 from .run_data import RunData
 from .run_eval import RunEvaluator
 from .rundir import claim_output, run_files
-from .runlog import FAILED, FINISHED, PREEMPTED, RECONSTRUCTION_FILE, RunLog
+from .runlog import FAILED, FINISHED, PREEMPTED, RunLog
 from .state import TrainState
-from .task import Task, task_named
+from .tasks import Task, task_named
 
 __all__ = ['Trainer', 'train', 'build_train_model', 'check_model_input', 'build_state', 'TrainState',
            'NonFiniteLossError', 'Preempted', 'EXIT_PREEMPTED']
@@ -82,7 +81,7 @@ class Trainer:
 
     Attributes:
         config: the resolved ``TrainConfig``, read in place.
-        task: what is trained (``tkvision.engine.task.Task``).
+        task: what is trained (``tkvision.engine.tasks.Task``).
         processes: this process among the job's.
         data, step, clock, optim, evaluator, state, log: the run's parts (module docstring); ``step`` is the
             ``TrainTask`` (each step's forward passes and losses).
@@ -98,7 +97,7 @@ class Trainer:
         started = time.monotonic()  # the run's clock (TrainState.elapsed_seconds) counts the set-up too
         self.config = config = resolve_run_config(cfg)
         self.task = task_named(config.run.task)
-        setup_threads(config.process)
+        self.threads = setup_threads(config.process)
         self.processes = init_distributed(config.process, config.model.compile)
         self.log = RunLog(config.run.output, config.run.loggers, self.processes.main, config.optim.epochs)
         random_seed(config.run.seed)  # the same initial weights on every rank (a teacher's build draws first)
@@ -142,7 +141,7 @@ class Trainer:
             check_teacher(teacher, num_classes, input_shape(self.state.model)[0])
         self.step = TrainTask(config.loss, self.task, seed, num_classes, teacher)
         self.evaluator = RunEvaluator(self.data, self.step, processes, seed, config.model.model,
-                                      os.path.join(out, BEST_WEIGHTS))
+                                      os.path.join(out, BEST_WEIGHTS), self.log.path)
 
     def _resume(self, resume: Union[bool, str]) -> Optional[int]:
         """Load the checkpoint into the state; check and report config changes. Returns the epochs it holds, or None
@@ -182,6 +181,7 @@ class Trainer:
               f"{dataset_size(data.val_ds)} val images, {processes.world} process(es) on {processes.device}"
               f"{_backend()}, global batch {data.global_batch}, {data.updates_per_epoch} updates/epoch, "
               f"lr {self.optim.lr:.3g}, task {self.task.name}"
+              + (f', {self.threads}' if processes.device.type == 'cpu' else '')
               + (f'\n{self.state.init_report}' if self.state.init_report else ''))
 
     def train(self) -> dict:
@@ -191,10 +191,13 @@ class Trainer:
 
         Raises:
             NonFiniteLossError: NaN/inf loss (update range named; the last checkpoint is left intact).
-            Preempted: SIGTERM / SIGUSR1 / SIGUSR2 arrived; ``last.pth`` was written first.
+            Preempted: SIGTERM / SIGUSR1 / SIGUSR2, or a first Ctrl-C (SIGINT), arrived; ``last.pth`` was written
+                first.
+            KeyboardInterrupt: a second Ctrl-C, at once (nothing saved since the last checkpoint).
             RunError: another process of the job ended during a collective.
         """
         previous = {s: signal.signal(s, self.clock.on_signal) for s in STOP_SIGNALS}
+        previous[signal.SIGINT] = signal.signal(signal.SIGINT, self.clock.on_interrupt)
         status = FAILED
         try:
             if self.finished_before and self.processes.main:
@@ -266,24 +269,26 @@ class Trainer:
         # new tokens drawn from their own stream: the same on every rank, unrelated to the data's
         seed = derive_seed('growth', self.config.run.seed, epoch + 1, bits=31)
         row = dict(grown=str(self.optim.grow(self.state, due, seed=seed)))
-        if self.optim.eval_after_step and self.task.predicts_classes:  # the step's loss jump (tau: recompute)
-            after = self.evaluator.net(self.state.net, self.data.val_loader)
-            row.update(val_loss_after_growth=after['loss'], top1_after_growth=after['top1'])
+        if self.optim.eval_after_step:  # the step's loss jump (tau: recompute)
+            row.update(self.task.after_growth(self.evaluator.net(self.state.net, self.data.val_loader)))
         return row
 
     def _finish(self) -> None:
-        """The pictures at the end of a run (rank 0): loss and accuracy curves; an MAE's reconstructions."""
-        self.log.curves(f'{self.config.model.model} ({self.task.name})', self.config.loss.train_loss_label())
-        mae, state = self.config.mae, self.state
-        if self.processes.main and self.task.reconstructs and mae.recon_images:
-            save_reconstructions(state.ema.module if state.ema else state.model, self.data.val_ds, *self.data.mean_std,
-                                 self.log.path(RECONSTRUCTION_FILE), mae.recon_images, mae.mask_ratio,
-                                 self.processes.device)
+        """The pictures at the end of a run (rank 0): the curves the task names, and the task's own (an MAE's
+        reconstructions)."""
+        self.log.curves(f'{self.config.model.model} ({self.task.name})',
+                        *self.task.curves(self.config.loss.train_loss_label()))
+        state = self.state
+        if self.processes.main:
+            self.task.end_of_run(state.ema.module if state.ema else state.model, self.data.val_ds, self.data.mean_std,
+                                 self.log.path, self.config.mae, self.processes.device)
 
     def _result(self) -> dict:
         history, state = self.log.history, self.state
         last = history[-1] if history else {}
-        return dict(top1=_number(last.get('top1')), top5=_number(last.get('top5')), best_top1=state.best.get('top1'),
+        columns = {k: _number(v) for k, v in last.items() if _is_number(v)}
+        return dict(columns, task=self.task.name, top1=_number(last.get('top1')), top5=_number(last.get('top5')),
+                    best_top1=state.best.get('top1'),
                     val_loss=_number(last.get('val_loss')), test_top1=_number(last.get('test_top1')),
                     ema_test_top1=_number(last.get('ema_test_top1')),
                     best_test_top1=_number(last.get('best_test_top1')), best_source=state.best.get('source'),
@@ -301,7 +306,8 @@ def train(
     ``best_test_top1`` on the test split (None without one: ``tkvision.data.has_test_split``) of the last raw
     weights, the last EMA weights and the weights saved as ``best.safetensors`` (``best_source``: ``'model'`` or
     ``'ema'``, of epoch ``best_epoch``, counted from 0); ``ema``: whether ``last.safetensors`` holds EMA weights
-    (``top1`` is the raw model's).
+    (``top1`` is the raw model's); ``task``: the task's name; and every other number of the last ``metrics.csv`` row
+    under its column's name (a task's own columns: ``val_abs_error``).
 
     Args:
         cfg: a flat config from [`tkvision.engine.config.load_config`][tkvision.engine.config.load_config], or a
@@ -373,9 +379,10 @@ def build_train_model(
         task: Task,
         device: torch.device,
 ) -> Tuple[torch.nn.Module, dict, str]:
-    """The model a run trains, on ``device``: the model section's (around a masked autoencoder of the ``mae``
-    section when the task reconstructs), started from ``init_from`` (grown to fit), linear-probe ready when the task
-    probes, with ``grad_checkpointing`` and Pattention's ``backward_mode`` set.
+    """The model a run trains, on ``device``: the task's around the model section's backbone
+    (``tkvision.engine.tasks.Task.build_model``: a masked autoencoder of the ``mae`` section for ``task: mae``),
+    started from ``init_from`` (grown to fit), changed as the task says once loaded (``Task.prepare``: a linear
+    probe freezes it), with ``grad_checkpointing`` and Pattention's ``backward_mode`` set.
 
     Returns:
         ``(model, grown_from, init_report)``: ``{tensor: (old, new)}`` of the ``init_from`` weights grown to fit,
@@ -386,13 +393,15 @@ def build_train_model(
             timm's ``set_grad_checkpointing``.
         FileNotFoundError, WeightsMismatchError: an ``init_from`` file that is missing or does not fit.
     """
-    net = build_model(model, mae if task.reconstructs else None, num_classes).to(device)
+    if model.backward_mode == 'fused' and device.type != 'cuda' and os.environ.get('TRITON_INTERPRET') != '1':
+        raise ConfigError("backward_mode: fused runs Triton kernels on a CUDA device; this run's device is "
+                          f'{device.type}: set backward_mode: closed_form')
+    net = task.build_model(model, mae, num_classes).to(device)
     grown_from: Dict[str, Tuple[int, int]] = {}
     init_report = ''
     if model.init_from:
         grown_from, init_report = load_init_weights(net, model.init_from, task)
-    if task.probes:
-        linear_probe(net)
+    task.prepare(net)
     if model.grad_checkpointing:
         set_grad_checkpointing = getattr(net, 'set_grad_checkpointing', None)
         if not callable(set_grad_checkpointing):
@@ -463,7 +472,7 @@ def build_state(
     optim.check(model, config.model.model, config.loss.elastic_fractions)
     optimizer = optim.optimizer(model, grown_from)
     ema = config.optim
-    return TrainState(model, optimizer, optim.scheduler(optimizer), processes=processes, task=task,
+    return TrainState(model, optimizer, optim.scheduler(optimizer), processes=processes, best=task.best,
                       ema_decay=ema.model_ema_decay if ema.model_ema else None, config_record=config.to_dict(),
                       started=started, grown_from=grown_from, init_report=init_report, inputs=run_inputs(config))
 
@@ -475,6 +484,15 @@ def _backend() -> str:
 
 def _number(v):
     return None if v in (None, '') else float(v)
+
+
+def _is_number(v) -> bool:
+    """Whether a ``metrics.csv`` value reads as a number (the last row's columns a task's message may name)."""
+    try:
+        float(v)
+    except (TypeError, ValueError):
+        return False
+    return not isinstance(v, bool)
 
 
 def _best_words(best: dict) -> str:

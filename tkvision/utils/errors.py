@@ -8,7 +8,8 @@ import pickle
 from typing import Optional
 
 __all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'UnsafeFileError', 'NonFiniteLossError',
-           'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'refused_pickle', 'is_refused_pickle']
+           'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'EXIT_INTERRUPTED', 'exit_status', 'refused_pickle',
+           'is_refused_pickle']
 
 
 class ConfigError(ValueError):
@@ -61,8 +62,8 @@ USER_ERRORS = (ConfigError, FileNotFoundError, FileExistsError, WeightsMismatchE
 
 
 class Preempted(RuntimeError):
-    """The run was asked to stop (SIGTERM / SIGUSR1 / SIGUSR2); its state was saved to ``last.pth``. Not a user
-    error: rerunning the same command resumes it.
+    """The run was asked to stop (SIGTERM / SIGUSR1 / SIGUSR2, or a first Ctrl-C: SIGINT); its state was saved to
+    ``last.pth``. Not a user error: rerunning the same command with ``--resume`` continues it.
 
     Args:
         message: what stopped and where the state is.
@@ -76,3 +77,11 @@ class Preempted(RuntimeError):
 
 #: Exit status after a checkpoint written on SIGTERM / SIGUSR1 (sysexits' EX_TEMPFAIL: "try again").
 EXIT_PREEMPTED = 75
+#: Exit status after Ctrl-C (SIGINT), the shell's 128 + 2, whether the state was saved (a first Ctrl-C) or not (a
+#: second one, which aborts at once).
+EXIT_INTERRUPTED = 130
+
+
+def exit_status(stop: Preempted) -> int:
+    """The exit status of a run stopped by ``stop``: `EXIT_INTERRUPTED` for Ctrl-C, else `EXIT_PREEMPTED`."""
+    return EXIT_INTERRUPTED if stop.signal_name == 'SIGINT' else EXIT_PREEMPTED
