@@ -42,7 +42,8 @@ class ModelConfig:
     recipe: docs/performance.md)."""
     backward_mode: str = key('closed_form', allowed=choice(*BACKWARD_MODES), resume=True)
     """Pattention's Θ (``tkvision.layers.BACKWARD_MODES``): ``'closed_form'``, ``'lean'`` (least activation
-    memory), ``'autograd'`` (reference)."""
+    memory), ``'autograd'`` (reference), ``'fused'`` (Triton kernels, forward and backward, on a CUDA device:
+    ``tkvision/layers/pattention_triton.py``; not yet measured to win)."""
 
 
 @dataclasses.dataclass(frozen=True)

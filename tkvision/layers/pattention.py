@@ -66,7 +66,7 @@ DECODER_KINDS = ('decoder_embed', 'decoder_qkv', 'decoder_proj', 'decoder_ffn', 
 PATTENTION_KINDS = ENCODER_KINDS + DECODER_KINDS
 #: How a training forward of ``l2_norm_gelu`` is differentiated
 #: ([`Pattention`][tkvision.layers.pattention.Pattention]'s ``backward_mode``).
-BACKWARD_MODES = ('closed_form', 'lean', 'autograd')
+BACKWARD_MODES = ('closed_form', 'lean', 'autograd', 'fused')
 
 
 @dataclass(frozen=True)
@@ -247,12 +247,12 @@ class Pattention(nn.Module):
               activations against ViT-B's: ``docs/performance.md``).
             - ``'autograd'``: plain autograd of `L2NormGELU`, the reference the other two are
               tested against (``tests/test_pattention.py``).
+            - ``'fused'``: the Triton kernels of ``tkvision/layers/pattention_triton.py`` (a custom op,
+              forward and backward, inference too) on a CUDA device; off by default until a GPU measurement
+              shows it wins (``docs/performance.md``).
 
-            (``'compiled'``, the closed form through ``torch.compile`` in an eager model, was removed: it trained
-            within its interval of ``'closed_form'`` on the CPU and was never faster on a GPU, where the whole
-            model compiles; ``CHANGELOG.md``.)
-
-            Inference, TorchScript, FX tracing and a learned τ always take the plain path.
+            Inference, TorchScript, FX tracing, ``torch.export`` and a learned τ take the plain path (but for
+            ``'fused'``, which runs inference too and leaves only the last four to the plain path).
 
     Attributes:
         key_param_tokens: K_P, ``[num_tokens, in_features]`` (a subclass may keep K_P under another
@@ -374,9 +374,13 @@ class Pattention(nn.Module):
             key_scale: ``[in_features]`` or None: the weight of a LayerNorm folded into the keys
                 (``tkvision.layers.Block``), multiplied into each key token before centring.
         """
-        scores = self.scores(x, key_scale)
         values = self.active(self.value_param_tokens)
         tau = self.tau
+        if not torch.jit.is_scripting() and self._fused():
+            from .pattention_triton import fused_l2_norm_gelu
+            keys = self.fold_keys(self.active(self.key_param_tokens), key_scale)
+            return fused_l2_norm_gelu(x, keys, values, tau, self.eps)
+        scores = self.scores(x, key_scale)
         if not torch.jit.is_scripting():
             mode = self._training_backward()
             if mode == 'lean':
@@ -386,11 +390,20 @@ class Pattention(nn.Module):
         return self.score_normalization(scores, tau, self.eps) @ values
 
     @torch.jit.unused
+    def _fused(self) -> bool:
+        """Whether this call takes the fused Triton op: ``backward_mode: fused``, Θ = ``l2_norm_gelu`` with a fixed
+        τ, scores that are the product X · K_Pᵀ (not a subclass's own, the patch embedding's convolution), and not
+        traced (FX, ``torch.jit.trace``, ``torch.export``: they and ONNX see the plain path)."""
+        return (self.backward_mode == 'fused' and self.score_norm == 'l2_norm_gelu' and not self.tau.requires_grad
+                and type(self).scores is Pattention.scores
+                and not is_fx_symbolic_tracing() and not torch.jit.is_tracing() and not torch.compiler.is_exporting())
+
+    @torch.jit.unused
     def _training_backward(self) -> str:
         """``backward_mode``, or ``'autograd'`` where the hand-written backwards do not apply: another Θ,
         no gradient to compute, FX tracing, or a learned τ (they give τ no gradient)."""
         if (self.score_norm != 'l2_norm_gelu' or not torch.is_grad_enabled() or is_fx_symbolic_tracing()
-                or self.tau.requires_grad):
+                or self.tau.requires_grad or self.backward_mode == 'fused'):
             return 'autograd'
         return self.backward_mode
 
