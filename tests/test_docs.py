@@ -399,7 +399,7 @@ def _planted_compare(tmp_path, left: list, right: list, **columns) -> str:
 
 def test_a_comparison_takes_its_verb_from_the_interval_and_says_when_its_sides_ran_apart(tmp_path):
     """The compare marker: no "ahead" or "behind" unless the 95% interval (Welch, the project's rule in
-    studies/intervals.py) excludes 0, checked against the closed form; a pair from two machines or two commits
+    tkvision/experiments/intervals.py) excludes 0, checked against the closed form; a pair from two machines or two commits
     says so by itself."""
     from scipy import stats
     # [1, 2, 3] against [0, 1, 2]: gap 1, each variance 1, so se = sqrt(2/3), Welch's df = 4

@@ -26,7 +26,8 @@ A comparison of two sets of seeds phrases itself: its verb comes from the interv
     16 tokens are <!-- compare docs/growth/precondition_curves.csv?tokens=16?epoch=6 vs
     docs/growth/precondition_curves.csv?tokens=8?epoch=6 | top1 | points -->ahead on the means only (...)<!-- end -->
 
-``A vs B | column | unit``: each side keeps one row per seed; the text is `studies.intervals.compare_words` of the
+``A vs B | column | unit``: each side keeps one row per seed; the text is
+`tkvision.experiments.intervals.compare_words` of the
 column's values (ahead / behind only where the 95% interval excludes 0), and where the rows carry ``machine`` or
 ``commit`` columns whose values differ between the sides it adds "(on different CPUs)" (the CPU model and cores
 differ: `cpu_kind`), "(different code)", or both in one parenthesis.
@@ -44,6 +45,8 @@ import os
 import re
 import string
 import sys
+
+from tkvision.experiments.intervals import compare_words
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BLOCK = re.compile(r'(?P<head><!-- table (?P<spec>.+?) -->\n)(?P<body>.*?)(?P<tail><!-- end table -->)', re.S)
@@ -183,9 +186,6 @@ def render_compare(spec: str) -> str:
     Raises:
         SpecError: a side that keeps no row, or a column a row lacks.
     """
-    if ROOT not in sys.path:  # run as tools/render_docs.py: the studies package sits at the root
-        sys.path.insert(0, ROOT)
-    from studies.intervals import compare_words
     sides, column, unit = [c.strip() for c in ' '.join(spec.split()).split(' | ')]
     names = [side.strip() for side in sides.split(' vs ')]
     left, right = [load_rows(name) for name in names]

@@ -50,7 +50,7 @@ import torch
 
 import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tiny_patch16_224 with timm)
 from studies import ROOT, portable_command
-from studies.intervals import gap_interval
+from tkvision.experiments.intervals import gap_interval
 from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
 from tkvision.engine.checkpoint import LAST_WEIGHTS, model_for_checkpoint

@@ -24,7 +24,7 @@ import os
 import statistics
 import sys
 
-from studies.intervals import gap_interval
+from tkvision.experiments.intervals import gap_interval
 from studies.growth.precondition import write_pays
 from tkvision.cli import run_cli
 from tkvision.engine.config import load_config

@@ -45,7 +45,7 @@ from typing import NamedTuple, Optional
 import torch
 from matplotlib.ticker import NullFormatter
 
-from studies.intervals import gap_interval
+from tkvision.experiments.intervals import gap_interval
 from studies.growth.growth_experiment import train_flops_per_image
 from tkvision.cli import run_cli
 from tkvision.engine.config import load_config, model_for_config

@@ -20,6 +20,7 @@ import sys
 import numpy as np
 import torch
 from timm.utils import unwrap_model
+from torch.utils.data import Subset
 
 from tkvision.cli import run_cli
 from tkvision.data import BatchPreprocessor, build_dataset, build_loader, train_class_map
@@ -112,11 +113,12 @@ def dataset_mad(cfg: dict, checkpoint: str, num_images: int, batch_size: int) ->
     Raises:
         FileNotFoundError, WeightsMismatchError: a missing checkpoint, or one of another model (named).
     """
-    cfg = resolve_run_config(dict(cfg, val_subset=num_images, batch_size=batch_size)).to_dict()
+    cfg = resolve_run_config(dict(cfg, batch_size=batch_size)).to_dict()
     setup_threads(section(cfg, 'process'))
     model, _ = model_for_checkpoint(cfg, checkpoint)
     data = section(cfg, 'data')
     ds = build_dataset(data, 'val', cfg['seed'], class_to_idx=train_class_map(data))
+    ds = Subset(ds, range(min(num_images, len(ds))))  # the first images: any class mix will do for a distance
     prep = BatchPreprocessor(cfg['mean'], cfg['std'], torch.device('cpu'))
     total, count = 0, 0
     for images, _, _ in build_loader(ds, data, train=False, seed=cfg['seed']):

@@ -1,5 +1,8 @@
-"""``tools/make_shards.py`` (``tkvision-make-shards``) and ``tools/make_subset.py`` (``tkvision-make-subset``)."""
+"""``tools/make_shards.py`` (``tkvision-make-shards``), ``tools/make_subset.py`` (``tkvision-make-subset``) and
+``tools/data_stats.py`` (``tkvision-data-stats``)."""
 import argparse
+import csv
+import datetime
 import os
 from typing import Optional, Sequence
 
@@ -8,7 +11,7 @@ from ..data.shards import INFO_NAME, make_shards
 from ..data.subset import PRESETS, make_subset
 from .common import run_cli
 
-__all__ = ['make_shards_main', 'make_subset_main']
+__all__ = ['make_shards_main', 'make_subset_main', 'data_stats_main']
 
 
 def _make_shards(argv) -> int:
@@ -71,3 +74,41 @@ def _make_subset(argv) -> int:
 def make_subset_main(argv: Optional[Sequence[str]] = None) -> int:
     """``tkvision-make-subset`` / ``tools/make_subset.py``: see ``--help``; user errors are one line (exit 2)."""
     return run_cli(_make_subset, argv)
+
+
+def _data_stats(argv) -> int:
+    from ..data.cifar10 import channel_stats, load_cifar10
+    from ..data.fashion_mnist import load_fashion_mnist
+    from ..experiments.benchmark import code_commit, machine_info
+    from ..utils.files import atomic_write
+    import torch
+    loaders = {'cifar10': load_cifar10, 'fashion_mnist': load_fashion_mnist}
+    ap = argparse.ArgumentParser(description="The per-channel mean and standard deviation of a dataset's training "
+                                 'split in [0, 1] units (what its data source records as its mean and std).')
+    ap.add_argument('--dataset', required=True, choices=sorted(loaders), help='an in-memory data source')
+    ap.add_argument('--data_dir', '--data-dir', help='where the dataset is (as the data_dir key)')
+    ap.add_argument('--out', help='a CSV file to write the figures into (with machine, date and commit)')
+    a = ap.parse_args(argv)
+    images, _ = loaders[a.dataset]('train', a.data_dir)
+    stats = channel_stats(images if images.ndim == 4 else images[..., None])
+    rows = [dict(dataset=a.dataset, split='train', images=len(images), channel=c, mean=f'{m:.6f}', std=f'{s:.6f}',
+                 date=datetime.date.today().isoformat(), machine=machine_info(torch.device('cpu')),
+                 commit=code_commit(), command=f'tkvision-data-stats --dataset {a.dataset}')
+            for c, (m, s) in enumerate(zip(stats['mean'], stats['std']))]
+    for row in rows:
+        print(f"{a.dataset} train, channel {row['channel']}: mean {row['mean']}, std {row['std']} "
+              f"({row['images']} images)")
+    if a.out:
+        def write(f):
+            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        atomic_write(a.out, write, text=True)
+        print(f'wrote {a.out}')
+    return 0
+
+
+def data_stats_main(argv: Optional[Sequence[str]] = None) -> int:
+    """``tkvision-data-stats`` / ``tools/data_stats.py``: a dataset's channel statistics (see ``--help``); user
+    errors are one line (exit 2)."""
+    return run_cli(_data_stats, argv)

@@ -83,15 +83,19 @@ def sweep_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description='Run configs x grid values x seeds, here or on a SLURM cluster through '
                                              'submitit, and tabulate the results (docs/guide/sweeps.md).')
     ap.add_argument('configs', nargs='*', help='config files (globs are expanded)')
-    ap.add_argument('--seeds', nargs='+', type=int, default=[0])
+    ap.add_argument('--seeds', nargs='+', type=int, default=[0], metavar='SEED',
+                    help='the seeds each config (and grid value) trains with, one run each (default: 0)')
     ap.add_argument('--grid', nargs='+', action='extend', default=[], metavar='KEY=V1,V2',
                     help='the cartesian product of these values over each config (a key the config does not '
                          'have is a model keyword: score_norm=l2_norm_gelu,softmax; values are YAML flow items: '
                          'elastic_fractions=[0.5,1.0],[1.0]); repeatable')
-    ap.add_argument('--out', default='runs/ablations', help='the sweep folder')
+    ap.add_argument('--out', default='runs/ablations', help='the sweep folder: each point trains in '
+                    'OUT/<config>/seed<k>, and a rerun of the same command continues the points left (default: '
+                    'runs/ablations)')
     ap.add_argument('--status', metavar='OUT', help='print the state of each point of the sweep in OUT and exit')
     ap.add_argument('--collect', metavar='OUT', help='write the table of OUT from the finished points and exit')
-    ap.add_argument('--title', default='Ablation sweep')
+    ap.add_argument('--title', default='Ablation sweep', help='the heading of the results table OUT/results.md '
+                    "(default: 'Ablation sweep')")
     group = ap.add_argument_group('where the points run (or a launcher: block in --launcher FILE.yaml)')
     group.add_argument('--launcher', metavar='FILE', help='a YAML file whose launcher: block sets the options below '
                                                           '(the command line wins)')

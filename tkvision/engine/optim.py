@@ -347,8 +347,7 @@ def build_optimizer(
         lr: float,
 ) -> torch.optim.Optimizer:
     """timm's ``create_optimizer_v2`` of the config's optim section: ``opt`` at peak ``lr``, no weight decay on 1-d
-    parameters,
-    the class token and the position embedding (the model's ``no_weight_decay``), layer-wise lr decay
+    parameters, the class token and the position embedding (the model's ``no_weight_decay``), layer-wise lr decay
     with ``layer_decay`` (the model's ``group_matcher``). ``parameter_token_weight_decay`` (None: the
     run's ``weight_decay``) and ``parameter_token_lr_scale`` (1.0) set the weight decay and scale the lr of
     every Pattention's key and value parameter tokens (the levers of docs/comparison.md):
