@@ -78,7 +78,8 @@ def test_12_a_run_killed_before_its_first_checkpoint_can_start_again(tmp_path, m
     assert train_mod.train(cfg, resume=True)['top1'] is not None
     assert 'no checkpoint yet' in capsys.readouterr().out
     os.remove(os.path.join(cfg['output'], 'last.pth'))
-    for f in ('best.safetensors', 'last.safetensors', 'metrics.csv', 'curves.png'):
+    for f in ('best.safetensors', 'last.safetensors', 'metrics.csv', 'curves.png', 'per_class.csv',
+              'confusion_matrix.csv', 'confusion_matrix.png'):
         os.remove(os.path.join(cfg['output'], f))
     assert train_mod.train(cfg)['top1'] is not None  # a plain restart too
 

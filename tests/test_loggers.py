@@ -316,10 +316,12 @@ def test_the_tensorboard_key_is_replaced_by_loggers():
     assert migrate(dict(tensorboard=False))['loggers'] == []
 
 
-def test_early_files_are_the_config_the_record_and_each_loggers_own():
-    assert RunLog.early_files([]) == {'config.yaml', 'trackers.json'}
-    assert RunLog.early_files(ALL) == {'config.yaml', 'trackers.json', 'tb', 'wandb', 'mlflow.db', 'mlflow.db-journal',
-                                       'mlflow.db-wal', 'mlflow.db-shm', 'mlartifacts'}
+def test_early_files_are_the_config_the_record_and_every_loggers_own():
+    """Every registered logger's files, whatever the run's ``loggers``: a rerun with other loggers (or none) in a folder
+    killed before its first checkpoint starts there too (it was refused with advice to --resume)."""
+    every = {'config.yaml', 'trackers.json', 'scalars.jsonl', 'tb', 'wandb', 'mlflow.db', 'mlflow.db-journal',
+             'mlflow.db-wal', 'mlflow.db-shm', 'mlartifacts'}
+    assert RunLog.early_files([]) == every and RunLog.early_files(ALL) == every
 
 
 def test_a_logging_backend_is_one_class_jsonl(tmp_path, monkeypatch):
@@ -378,3 +380,95 @@ def test_a_folder_killed_during_an_mlflow_write_before_the_first_checkpoint_star
     (out / 'metrics.csv').write_text('epoch\n0\n')  # a file only a trained epoch writes: a run to protect
     with pytest.raises(RunError, match='already holds a run'):
         claim_output_dir(str(out), resume=False, early=RunLog.early_files(['mlflow']))
+
+
+def _jsonl_history(out: str) -> dict:
+    history: dict = {}
+    for line in open(os.path.join(out, 'scalars.jsonl')):
+        record = json.loads(line)
+        for key, value in record.items():
+            if key != 'step':
+                history.setdefault(key, []).append((record['step'], value))
+    return history
+
+
+def test_a_kill_right_after_a_checkpoint_loses_no_update_in_any_tracker(tmp_path):
+    """Every logger on, the default ``log_interval`` (50: the kept updates flush rarely), a checkpoint every 3
+    updates, SIGKILL right after the first ``last.pth`` appears, then ``--resume``: each tracker holds every update
+    once. The checkpoint used to be written before the kept updates were sent, so 1 to 3 were lost everywhere."""
+    config = _write_config(tmp_path, checkpoint_every_steps=3, epochs=1, log_interval=50, loggers=['jsonl'] + ALL)
+    out = str(tmp_path / 'run')
+    p = _start(config, out)
+    wait_for_checkpoint(os.path.join(out, 'last.pth'), p)
+    record = json.load(open(os.path.join(out, 'trackers.json')))
+    uri = 'sqlite:///' + os.path.join(out, 'mlflow.db')
+    saved = _checkpoint_update(out)
+    # what the checkpoint covers is in the synchronous trackers as it appears; W&B's service writes it a moment later
+    assert max(_steps(_jsonl_history(out), 'train/loss')) >= saved
+    assert max(_steps(mlflow_history(uri, record['mlflow']['id']), 'train/loss')) >= saved
+    deadline = time.time() + 60
+    while max(_steps(wandb_history(out), 'train/loss'), default=0) < saved and time.time() < deadline:
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.communicate(timeout=60)
+    _finish(_start(config, out, '--resume'))
+    histories = dict(jsonl=_jsonl_history(out), tensorboard=tensorboard_history(out), wandb=wandb_history(out),
+                     mlflow=mlflow_history(uri, record['mlflow']['id']))
+    _assert_each_update_once(out, histories, epochs=1)
+
+
+def test_an_unreadable_trackers_record_on_resume_deletes_nothing(tmp_path):
+    """A finished run whose ``trackers.json`` is cut, not a mapping, or a link, then ``--epochs 2 --resume``: one line
+    naming the file and what to do, and ``scalars.jsonl`` keeps every line (epoch 1's were deleted)."""
+    config = _write_config(tmp_path, epochs=1, loggers=['jsonl'])
+    base = str(tmp_path / 'base')
+    _finish(_start(config, base))
+    before = open(os.path.join(base, 'scalars.jsonl')).read()
+    outside = tmp_path / 'outside.json'
+    outside.write_text('{}')
+    for name, spoil in (('cut', lambda p: open(p, 'w').write('{"jsonl": {')), ('list', lambda p: open(p, 'w').write(
+            '[1, 2]')), ('link', lambda p: (os.remove(p), os.symlink(outside, p)))):
+        out = str(tmp_path / name)
+        subprocess.run(['cp', '-a', base, out], check=True)
+        spoil(os.path.join(out, 'trackers.json'))
+        log = _finish(_start(config, out, '--epochs', '2', '--resume'), 2)
+        assert 'trackers.json cannot be read' in log and 'nothing was changed' in log and 'Traceback' not in log, log
+        assert open(os.path.join(out, 'scalars.jsonl')).read() == before
+
+
+@pytest.mark.parametrize('name', sorted(__import__('tkvision.engine.loggers', fromlist=['LOGGERS']).LOGGERS))
+def test_every_registered_logger_through_a_kill_before_the_first_checkpoint_and_a_resume(tmp_path, monkeypatch, name):
+    """Each registered logger (a new one included, by the registry) alone: a run killed after the loggers started and
+    before any checkpoint leaves only early files, so ``--resume`` starts it from scratch (a logger writing a file it
+    does not declare in ``files`` is refused when the run log starts: see the next test)."""
+    from tkvision.engine import trainer as train_mod
+    from .helpers import fmnist_cfg
+    for key, value in _env().items():
+        if key.startswith('WANDB_'):
+            monkeypatch.setenv(key, value)
+    monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+    cfg = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64, loggers=[name])
+
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt('the node went down')
+    with monkeypatch.context() as m:
+        m.setattr(train_mod, 'train_one_epoch', killed)
+        with pytest.raises(KeyboardInterrupt):
+            train_mod.train(cfg)
+    assert train_mod.train(cfg, resume=True)['top1'] is not None
+
+
+def test_a_logger_that_writes_an_undeclared_file_is_refused_when_the_run_log_starts(tmp_path, monkeypatch):
+    from tkvision.engine.loggers import LOGGERS, Logger
+    from tkvision.engine.trainer import train
+    from .helpers import fmnist_cfg
+
+    class Careless(Logger):
+        name, module, files = 'careless', 'json', ()
+
+        def __init__(self, out, config, record, resumed_update):
+            super().__init__(out, config, record, resumed_update)
+            open(os.path.join(out, 'events.log'), 'w').close()
+    monkeypatch.setitem(LOGGERS, 'careless', Careless)
+    with pytest.raises(ConfigError, match=r"logger careless wrote events.log into .* without declaring it.*files"):
+        train(fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64, loggers=['careless']))

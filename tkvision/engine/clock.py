@@ -9,7 +9,7 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -35,6 +35,8 @@ class RunClock:
         log_interval: updates between checks (``log_interval``).
         every_steps: ``checkpoint_every_steps`` (None: off).
         every_minutes: ``checkpoint_every_minutes`` (None: off).
+        before_save: called with the state before each checkpoint is written, on every rank (the run log's
+            ``flush``: the updates a checkpoint covers reach the trackers before it exists).
 
     Attributes:
         stop_signal: the name of the stop signal received (``'SIGTERM'``, ``'SIGINT'`` for Ctrl-C), or None.
@@ -50,8 +52,10 @@ class RunClock:
             log_interval: int = 50,
             every_steps: Optional[int] = None,
             every_minutes: Optional[float] = None,
+            before_save: Optional[Callable[[TrainState], None]] = None,
     ):
         self.log_interval, self.every_steps, self.every_minutes = log_interval, every_steps, every_minutes
+        self.before_save = before_save
         self.processes, self.checkpoint_path = processes, checkpoint_path
         self.stop_signal: Optional[str] = None
         self.last_save = time.monotonic()
@@ -76,6 +80,8 @@ class RunClock:
         """Write ``last.pth`` of ``state`` (a ``tkvision.engine.state.TrainState``; rank 0, atomic; called on every
         rank: the running epoch's sums are reduced over the processes first) and restart the checkpoint clock."""
         meter = state.reduced_meter()
+        if self.before_save is not None:
+            self.before_save(state)
         if self.processes.main:
             save_training_checkpoint(state.state_dict(meter), self.checkpoint_path)
         self.last_save = time.monotonic()

@@ -76,6 +76,10 @@ class Logger:
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         """Record ``scalars`` (``{'train/loss': ...}``) at optimizer update ``step``."""
 
+    def flush(self) -> None:
+        """Write out what `log` holds (the run log calls it at its sync points and before every checkpoint: what a
+        checkpoint covers must be in the tracker by then)."""
+
     def finish(self, status: str, summary: Mapping[str, str]) -> None:
         """Close the backend: ``status`` is `FINISHED`, `FAILED` or `PREEMPTED`; ``summary`` holds the run's folder
         and its best weights (paths), recorded where the tracker keeps such facts."""
@@ -125,7 +129,8 @@ def logger_class(name: str) -> Type[Logger]:
 class JsonlLogger(Logger):
     """``<output>/scalars.jsonl``: one JSON object per logged step, ``{"step": u, "train/loss": ...}``, readable
     with any JSON-lines reader (``pandas.read_json(path, lines=True)``). An attempt keeps the lines of the steps
-    before it starts (a resumed run's checkpoint update; none for a new run) and writes the rest again."""
+    up to the update it continues after (a resumed run's checkpoint update; none for a new run), whatever
+    ``trackers.json`` says, and writes the rest again; a line cut by a kill is dropped with a note."""
     name, module, extra, files = 'jsonl', 'json', '', ('scalars.jsonl',)
 
     def __init__(
@@ -138,18 +143,35 @@ class JsonlLogger(Logger):
         super().__init__(out, config, record, resumed_update)
         self.path = os.path.join(out, 'scalars.jsonl')
         kept: List[str] = []
-        if record is not None and os.path.isfile(self.path):
+        if resumed_update and os.path.isfile(self.path):
             with open(self.path) as f:
-                kept = [line for line in f if json.loads(line)['step'] <= resumed_update]
+                lines = f.readlines()
+            steps = [_step(line) for line in lines]
+            if None in steps:
+                print(f'note: {self.path}: {steps.count(None)} line(s) that are no complete JSON object (cut by a '
+                      'kill) are dropped; the others are kept')
+            kept = [line for line, step in zip(lines, steps) if step is not None and step <= resumed_update]
         atomic_write(self.path, lambda f: f.writelines(kept), text=True)
         self.file = open(self.path, 'a')
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.file.write(json.dumps({'step': step, **scalars}) + '\n')
+
+    def flush(self) -> None:
         self.file.flush()
 
     def finish(self, status: str, summary: Mapping[str, str]) -> None:
         self.file.close()
+
+
+def _step(line: str) -> Optional[int]:
+    """The ``step`` of a ``scalars.jsonl`` line, or None for a line that is no complete JSON object with one."""
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    step = value.get('step') if isinstance(value, dict) else None
+    return step if isinstance(step, int) else None
 
 
 @register_logger
@@ -173,6 +195,9 @@ class TensorBoardLogger(Logger):
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         for tag, value in scalars.items():
             self.writer.add_scalar(tag, value, step)
+
+    def flush(self) -> None:
+        self.writer.flush()
 
     def finish(self, status: str, summary: Mapping[str, str]) -> None:
         self.writer.close()
@@ -243,6 +268,7 @@ class MlflowLogger(Logger):
         uri = 'sqlite:///' + os.path.abspath(os.path.join(out, 'mlflow.db')) if local else None
         self.client = MlflowClient(tracking_uri=uri)
         self.logged: Dict[str, int] = {}  # metric: the last step the store holds (a resumed run's)
+        self.pending: List[Any] = []  # mlflow.entities.Metric, sent by flush
         if (record or {}).get('id'):
             self.run_id: str = str((record or {})['id'])
             self.client.update_run(self.run_id, status='RUNNING')
@@ -265,11 +291,19 @@ class MlflowLogger(Logger):
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         from mlflow.entities import Metric
         now = int(time.time() * 1000)
-        metrics = [Metric(k, float(v), now, step) for k, v in scalars.items() if step > self.logged.get(k, 0)]
-        if metrics:
-            self.client.log_batch(self.run_id, metrics=metrics)
+        self.pending += [Metric(k, float(v), now, step) for k, v in scalars.items() if step > self.logged.get(k, 0)]
+
+    def flush(self) -> None:
+        """The metrics kept since the last flush, in requests of at most 1,000 (MLflow's ``log_batch`` limit): one
+        request per flush, not one per update."""
+        while self.pending:
+            self.client.log_batch(self.run_id, metrics=self.pending[:1000])
+            for metric in self.pending[:1000]:
+                self.logged[metric.key] = max(self.logged.get(metric.key, 0), metric.step)
+            self.pending = self.pending[1000:]
 
     def finish(self, status: str, summary: Mapping[str, str]) -> None:
+        self.flush()
         for k, v in summary.items():
             self.client.set_tag(self.run_id, k, v)
         ended = {FINISHED: 'FINISHED', PREEMPTED: 'KILLED'}.get(status, 'FAILED')

@@ -33,7 +33,13 @@ directory, so its restart is refused too. A first start still starts fresh, and 
 still refused.
 
 The lock file is opened without following a symbolic link and must be a regular file: a link or a FIFO planted
-as ``.lock`` is refused, naming it, and nothing it points to is written.
+as ``.lock`` is refused, naming it, and nothing it points to is written; a ``.lock`` with other hard links (a
+``cp -al`` snapshot of the folder) is replaced by a file of its own first, so the other names are not written.
+
+POSIX locks do not exclude their own process, and closing any descriptor of the file releases all of the process's
+locks on it: this process therefore also keeps the folders it holds (`RunDirLock`, by device and inode), so a second
+``Trainer`` on a folder a first one holds is refused, and releasing one claim never drops another's lock. A lock that
+nobody keeps (a dropped ``Trainer``) is released when it is collected.
 """
 import errno
 import fcntl
@@ -41,6 +47,7 @@ import os
 import re
 import socket
 import stat
+import weakref
 from typing import Collection, Optional, Tuple, Union
 
 from ..utils.errors import RunError
@@ -145,19 +152,41 @@ def restarts_this_run(out: str, checkpoint: str) -> bool:
     return f' job {job_identity()}\n' in holder
 
 
-class RunDirLock:
-    """The held lock of one output directory; `release` (or process exit) frees it."""
+#: The output folders this process holds, by ``(st_dev, st_ino)`` (the module docstring: POSIX locks do not exclude
+#: their own process).
+_HELD: 'weakref.WeakValueDictionary[Tuple[int, int], RunDirLock]' = weakref.WeakValueDictionary()
 
-    def __init__(self, path: str, fd: int):
-        self.path = path
+
+def _unlock(fd: int) -> None:
+    try:
+        fcntl.lockf(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+class RunDirLock:
+    """The held lock of one output directory; `release` (or its collection, or process exit) frees it.
+
+    Args:
+        path: the lock file.
+        fd: its open descriptor, locked.
+        folder: ``(st_dev, st_ino)`` of the output folder, under which this process keeps it.
+    """
+
+    def __init__(self, path: str, fd: int, folder: Tuple[int, int] = (0, 0)):
+        self.path, self.folder = path, folder
         self.fd: Optional[int] = fd
+        self._finalizer = weakref.finalize(self, _unlock, fd)
+        _HELD[folder] = self
 
     def release(self) -> None:
-        """Unlock and close the lock file; a second call does nothing."""
+        """Unlock and close the lock file, and let this process claim the folder again; a second call does
+        nothing."""
         if self.fd is not None:
-            fcntl.lockf(self.fd, fcntl.LOCK_UN)
-            os.close(self.fd)
+            self._finalizer()
             self.fd = None
+            if _HELD.get(self.folder) is self:
+                del _HELD[self.folder]
 
 
 def claim_output_dir(out: str, resume: bool, early: Collection[str] = ()) -> RunDirLock:
@@ -180,6 +209,10 @@ def claim_output_dir(out: str, resume: bool, early: Collection[str] = ()) -> Run
         raise RunError(f'output {out} is a symbolic link to {os.readlink(out)!r}, which is no folder (missing, or a '
                        'loop): remove the link or pass another --output')
     os.makedirs(out, exist_ok=True)
+    folder = (os.stat(out).st_dev, os.stat(out).st_ino)
+    if _HELD.get(folder) is not None:
+        raise RunError(f'output directory {out} is held by another run of this process (a Trainer not finished or '
+                       'closed): train() or close() it first, or pass another --output')
     path = os.path.join(out, LOCK_NAME)
     fd = _open_lock(path)
     try:
@@ -201,7 +234,7 @@ def claim_output_dir(out: str, resume: bool, early: Collection[str] = ()) -> Run
     os.ftruncate(fd, 0)
     os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()} job {job_identity()}\n'.encode(), 0)
     remove_stale_temporaries(out)
-    return RunDirLock(path, fd)
+    return RunDirLock(path, fd, folder)
 
 
 def output_dir_in_use(out: str) -> Optional[str]:
@@ -241,6 +274,10 @@ def _open_lock(path: str) -> int:
         os.close(fd)
         raise RunError(f'{path} is not a regular file (a FIFO or a device): tkvision locks a file of its own '
                        'there; remove it, or pass another --output')
+    if os.fstat(fd).st_nlink > 1:  # a hard link: writing the holder would write its other names; take a file of our own
+        os.close(fd)
+        os.unlink(path)
+        return _open_lock(path)
     return fd
 
 

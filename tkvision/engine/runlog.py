@@ -34,8 +34,9 @@ import torch
 import yaml
 from tqdm import tqdm
 
-from ..utils.files import atomic_write
-from .loggers import FAILED, FINISHED, PREEMPTED, Logger, logger_class
+from ..utils.errors import ConfigError, RunError
+from ..utils.files import atomic_write, folder_path
+from .loggers import FAILED, FINISHED, LOGGERS, PREEMPTED, Logger, logger_class
 from .plotting import Series, plot_curves
 from .state import TrainState
 
@@ -105,35 +106,64 @@ class RunLog:
     @staticmethod
     def early_files(loggers: Sequence[str]) -> FrozenSet[str]:
         """The names a run's folder may hold before its first checkpoint: ``config.yaml``, ``trackers.json`` and the
-        files of the ``loggers`` (``Logger.files``). A folder holding no more (and the lock) is a run killed before
-        its first checkpoint: nothing to continue, so it may start again there."""
-        return frozenset({CONFIG_FILE, TRACKERS_FILE}.union(*(logger_class(n).files for n in loggers)))
+        files of the ``loggers`` and of every other registered logger (``Logger.files``: a rerun with other loggers
+        starts there too). A folder holding no more (and the lock) is a run killed before its first checkpoint:
+        nothing to continue, so it may start again there.
+
+        Raises:
+            ConfigError: an unknown name in ``loggers``."""
+        named = [logger_class(n) for n in loggers]
+        return frozenset({CONFIG_FILE, TRACKERS_FILE}.union(*(cls.files for cls in set(named) | set(LOGGERS.values()))))
 
     def path(self, name: str) -> str:
-        """``<output>/<name>``."""
-        return os.path.join(self.out, name)
+        """``<output>/<name>`` of a file written whole, under the run folder's rule (``tkvision.utils.files``: inside
+        the folder, through ``atomic_write``, which replaces a link at the name and never follows it).
+
+        Raises:
+            UnsafePathError: ``name`` leaves the folder, or a link stands there (named, one line).
+        """
+        return folder_path(self.out, name, 'write')
 
     def start(self, config: Mapping[str, Any], resumed: Optional[TrainState]) -> None:
         """Write ``config.yaml`` and start each logger (rank 0). ``resumed``: a resumed run's state (its ``metrics.csv``
         rows of the epochs it holds are kept, its tracker runs continued from its update), None for a new run."""
         if not self.main:
             return
+        for cls in self.classes:  # what the loggers write into in place: no link, no shared hard link
+            for name in cls.files:
+                folder_path(self.out, name, 'in_place')
         save_yaml(dict(config), self.path(CONFIG_FILE))
         self.read_history(resumed.epochs_done if resumed else None)
-        records = self._read_records() if resumed else {}
+        records = self._read_records(required=resumed is not None)
         for cls in self.classes:
             record, update = records.get(cls.name), resumed.num_updates if resumed else 0
+            before = set(os.listdir(self.out))
             logger = self._guard(cls.name, lambda: cls(self.out, config, record, update))
             if isinstance(logger, Logger):
                 self.loggers[cls.name] = logger
+            self._check_declared(cls, before)
         self._write_records()
+
+    def _check_declared(self, cls: type, before: set) -> None:
+        """Refuse a logger that wrote into the run's folder a name it does not declare (``Logger.files``): a run
+        killed before its first checkpoint could not start again there (its folder would look like a run's).
+
+        Raises:
+            ConfigError: naming the logger, the file and what to add.
+        """
+        added = sorted(set(os.listdir(self.out)) - before - set(cls.files) - {TRACKERS_FILE}
+                       - {n for n in os.listdir(self.out) if n.startswith('.') and n.endswith('.tmp')})
+        if added:
+            raise ConfigError(f"logger {cls.name} wrote {', '.join(added)} into {self.out} without declaring it in its "
+                              f'files (Logger.files): add it there, so that a run killed before its first checkpoint '
+                              'can start again in its folder')
 
     def read_history(self, epochs_done: Optional[int]) -> None:
         """`history` from ``metrics.csv``: its rows of the first ``epochs_done`` epochs (a resumed run's; None: a new
         run, no rows; rank 0)."""
         self.history = []
-        if self.main and epochs_done is not None and os.path.exists(self.path(METRICS_FILE)):
-            with open(self.path(METRICS_FILE)) as f:
+        if self.main and epochs_done is not None and os.path.isfile(self.path(METRICS_FILE)):
+            with open(folder_path(self.out, METRICS_FILE, 'read')) as f:
                 self.history = [r for r in csv.DictReader(f) if int(r['epoch']) < epochs_done]
 
     def mark(self, state: TrainState) -> None:
@@ -156,9 +186,16 @@ class RunLog:
 
     def flush(self, state: TrainState) -> None:
         """Send the updates kept since the last flush (one host synchronisation, at the loop's sync points), with
-        the throughput and data wait since then."""
-        if not self._pending:
-            return
+        the throughput and data wait since then, and have every logger write out what it holds (``Logger.flush``).
+        The clock calls it before each checkpoint: what a checkpoint covers is in the trackers first, so a kill at
+        any moment after it loses no update (a resume re-sends only the updates after it, which each tracker keeps
+        once)."""
+        if self._pending:
+            self._send_pending(state)
+        for name, logger in list(self.loggers.items()):
+            self._guard(name, logger.flush)
+
+    def _send_pending(self, state: TrainState) -> None:
         updates, losses, lrs = zip(*self._pending)
         self._pending = []
         for update, loss, lr in zip(updates, torch.stack(losses).tolist(), lrs):
@@ -175,11 +212,13 @@ class RunLog:
         epoch's last update (after the updates kept until then) and print its line (rank 0)."""
         if not self.main:
             return
-        self.flush(state)
+        if self._pending:
+            self._send_pending(state)
         self.history.append(row)
         save_rows(self.history, self.path(METRICS_FILE))
         numbers = {f'epoch/{k}': v for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
         self._send(state.num_updates, numbers)
+        self.flush(state)
         tqdm.write(epoch_line(row, self.epochs))
 
     def curves(self, title: str, losses: Series, metric: Optional[Tuple[str, str, Series]] = None) -> None:
@@ -217,22 +256,39 @@ class RunLog:
             return False
         return True if result is None else result
 
-    def _read_records(self) -> Dict[str, dict]:
-        path = self.path(TRACKERS_FILE)
-        if not os.path.isfile(path) or os.path.islink(path):
+    def _read_records(self, required: bool) -> Dict[str, dict]:
+        """The tracker runs to continue (``trackers.json``): a resumed run's, or those of an attempt killed before its
+        first checkpoint that this start takes over (so its tracker runs are continued, not left behind). A record
+        written in another folder (a copied run folder) is not continued: its tracker runs are the original's.
+
+        Raises:
+            RunError: (``required``, a resume) the file is unreadable, not a mapping, or a link: the trackers' runs
+                to continue are unknown, and starting new ones would split the history (nothing is changed).
+        """
+        path = os.path.join(self.out, TRACKERS_FILE)
+        if not os.path.lexists(path):
             return {}
         try:
-            with open(path) as f:
+            with open(folder_path(self.out, TRACKERS_FILE, 'read')) as f:
                 records = json.load(f)
-        except (OSError, ValueError):
-            print(f'warning: {path} is not readable JSON: the loggers start new tracker runs', file=sys.stderr)
+            if not (isinstance(records, dict) and all(isinstance(v, dict) for v in records.values())):
+                raise ValueError('not a mapping of logger names to records')
+        except (OSError, ValueError) as error:
+            if not required:
+                return {}
+            raise RunError(f'{path} cannot be read ({str(error).splitlines()[0][:120]}): the tracker runs this run '
+                           'continues are unknown, so nothing was changed; restore the file, or remove it to start new '
+                           'tracker runs (scalars.jsonl and metrics.csv keep their lines)') from None
+        folder = records.pop('folder', {}).get('path')
+        if folder is not None and folder != os.path.realpath(self.out):
+            print(f'note: {path} was written in {folder}: this copy starts new tracker runs', file=sys.stderr)
             return {}
-        return {k: v for k, v in records.items() if isinstance(v, dict)} if isinstance(records, dict) else {}
+        return records
 
     def _write_records(self) -> None:
         if not self.loggers:
             return
-        records = {}
+        records = {'folder': {'path': os.path.realpath(self.out)}}  # a copied folder's trackers are the original's
         for name, logger in list(self.loggers.items()):
             record = self._guard(name, logger.record)
             if isinstance(record, dict):

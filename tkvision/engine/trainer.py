@@ -95,6 +95,10 @@ class Trainer:
 
     def __init__(self, cfg: Union[Mapping[str, Any], TrainConfig], resume: Union[None, bool, str] = None):
         started = time.monotonic()  # the run's clock (TrainState.elapsed_seconds) counts the set-up too
+        if not isinstance(cfg, (Mapping, TrainConfig)):
+            raise ConfigError(f'Trainer takes a config: a mapping (tkvision.engine.config.load_config'
+                              f"('fashion_mnist/quick') reads a recipe or a file) or a TrainConfig, not "
+                              f'{type(cfg).__name__} {cfg!r:.60}')
         self.config = config = resolve_run_config(cfg)
         self.task = task_named(config.run.task)
         self.threads = setup_threads(config.process)
@@ -131,7 +135,7 @@ class Trainer:
                             model=built[0], global_batch_key=optim.global_batch_size is not None)
         self.clock = RunClock(processes, os.path.join(out, LAST_CHECKPOINT), log_interval=config.run.log_interval,
                               every_steps=config.run.checkpoint_every_steps,
-                              every_minutes=config.run.checkpoint_every_minutes)
+                              every_minutes=config.run.checkpoint_every_minutes, before_save=self.log.flush)
         self.optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, data.batch_size, processes.world),
                               updates_per_epoch=self.data.updates_per_epoch,
                               freeze_loaded_tokens=config.model.freeze_loaded_tokens)
@@ -219,6 +223,12 @@ class Trainer:
             if self.lock is not None:
                 self.lock.release()
         return self._result()
+
+    def close(self) -> None:
+        """Release the output folder without training (`train` releases it on every way out; a dropped ``Trainer``
+        releases it when collected); a second call does nothing."""
+        if self.lock is not None:
+            self.lock.release()
 
     def _train_epochs(self) -> None:
         """Every epoch left (a peer that died mid-collective: one line, not gloo's or NCCL's traceback)."""

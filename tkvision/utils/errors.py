@@ -7,8 +7,8 @@ A leaf module: every part of the package may import it; it imports nothing of tk
 import pickle
 from typing import Optional
 
-__all__ = ['ConfigError', 'RunError', 'UsageError', 'WeightsMismatchError', 'UnsafeFileError', 'NonFiniteLossError',
-           'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'EXIT_INTERRUPTED', 'exit_status', 'refused_pickle',
+__all__ = ['ConfigError', 'RunError', 'UnsafePathError', 'UsageError', 'WeightsMismatchError', 'UnsafeFileError',
+           'NonFiniteLossError', 'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'EXIT_INTERRUPTED', 'exit_status', 'refused_pickle',
            'is_refused_pickle']
 
 
@@ -18,6 +18,11 @@ class ConfigError(ValueError):
 
 class RunError(RuntimeError):
     """A run that cannot start or continue as asked (output directory in use, nothing to resume, ...)."""
+
+
+class UnsafePathError(RunError):
+    """A name of a run's folder the run must not write or read through (``tkvision.utils.files.folder_path``: a
+    symbolic link, a name outside the folder); the message names it and says what to do."""
 
 
 class UsageError(ValueError):

@@ -3,6 +3,17 @@
 never a half-written file under the final name; `atomic_folder` does the same for a folder of
 files (an exported model).
 
+**The run folder's rule** (every file a run writes, ``docs/reliability.md``; `folder_path` applies it):
+
+1. *Where*: a run writes only inside its folder: a name that leaves it (``..``, an absolute path) is refused, and so is
+   a symbolic link at a name it writes into in place or reads on resume.
+2. *How*: a file written whole goes through `atomic_write` (a temporary beside it, then renamed over the name), so a
+   kill leaves the old file or the new one, a symbolic link at the name is replaced, never followed, and a hard
+   link's other names keep their content. A file or folder written into in place (a logger's folder, a SQLite store,
+   the lock, an appended log) is checked at the start: a symbolic link is refused in one line, and a file with other
+   hard links (a ``cp -al`` snapshot) is first replaced by a private copy, so the snapshot stays as it was.
+3. *What a resume reads*: regular files of its own folder only, never through a link.
+
 **File modes.** Every file and folder tkvision writes (a run's checkpoints, weights, metrics, plots and lock,
 an export, a sweep's tables) gets the mode any program's new file gets: ``0666`` for a file and ``0777`` for a
 folder, less the process's umask (``0644`` / ``0755`` under the usual ``022``). The temporary files the writes
@@ -17,8 +28,10 @@ import shutil
 import tempfile
 from typing import Callable, Iterator
 
+from .errors import UnsafePathError
+
 __all__ = ['atomic_write', 'atomic_folder', 'holds_files', 'umask', 'FILE_MODE', 'FOLDER_MODE', 'safetensors_os_errors',
-           'file_sha256']
+           'file_sha256', 'folder_path', 'UnsafePathError']
 
 #: The modes of new files and folders before the umask (module docstring).
 FILE_MODE, FOLDER_MODE = 0o666, 0o777
@@ -77,6 +90,44 @@ def safetensors_os_errors(path: str) -> Iterator[None]:
         if type(e).__name__ == 'SafetensorError' and ('code: 28' in str(e) or 'No space left' in str(e)):
             raise OSError(errno.ENOSPC, f'No space left on the device writing {path} (safetensors: {e})') from None
         raise
+
+
+def folder_path(folder: str, name: str, use: str = 'read') -> str:
+    """``<folder>/<name>`` under the run folder's rule (module docstring), for ``use``:
+
+    - ``'write'``: a file written whole (through `atomic_write`): a symbolic link at ``name`` itself is replaced by the
+      rename, never followed; one above it, below ``folder``, is refused;
+    - ``'read'``: a file a resume reads: a symbolic link at ``name`` or above it is refused;
+    - ``'in_place'``: a file or folder written into (a database, an appended log, a logger's folder): as ``'read'``,
+      and a regular file there with other hard links is first replaced by a private copy of itself (the other names
+      keep theirs).
+
+    Raises:
+        UnsafePathError: ``name`` leaves ``folder``, or a link stands where ``use`` allows none (named, with what to
+            do).
+        ValueError: an unknown ``use``.
+    """
+    if use not in ('read', 'write', 'in_place'):
+        raise ValueError(f"use must be 'read', 'write' or 'in_place', got {use!r}")
+    parts = os.path.normpath(name).split(os.sep)
+    if os.path.isabs(name) or '..' in parts:
+        raise UnsafePathError(f'{name!r} is not a name inside the run folder {folder}: a run writes only there')
+    path = folder
+    for i, part in enumerate(parts):
+        path = os.path.join(path, part)
+        if os.path.islink(path) and not (use == 'write' and i == len(parts) - 1):
+            raise UnsafePathError(f'{path} is a symbolic link (to {os.readlink(path)!r}): a run writes and reads only '
+                                  'inside its own folder, never through a link; remove the link (or pass another '
+                                  '--output)')
+    if use == 'in_place' and os.path.isfile(path) and os.stat(path).st_nlink > 1:
+        _private_copy(path)
+    return path
+
+
+def _private_copy(path: str) -> None:
+    """Replace the file ``path``, which has other hard links, by a copy of its own (atomically: a temporary, then a
+    rename), so that writing into it leaves the other names' content as it was."""
+    atomic_write(path, lambda tmp: shutil.copyfile(path, tmp))
 
 
 def file_sha256(path: str) -> str:
