@@ -110,7 +110,7 @@ class _ArrayUnpickler(pickle.Unpickler):
     object (the "Restricting Globals" recipe of https://docs.python.org/3/library/pickle.html)."""
     ALLOWED = {(m, n) for m in ('numpy.core.multiarray', 'numpy._core.multiarray') for n in ('_reconstruct', 'scalar')}
     ALLOWED |= {('numpy', 'ndarray'), ('numpy', 'dtype'), ('numpy.core.numeric', '_frombuffer'),
-                ('numpy._core.numeric', '_frombuffer')}
+                ('numpy._core.numeric', '_frombuffer'), ('_codecs', 'encode')}  # encode: protocol 2's bytes
 
     def find_class(self, module: str, name: str):
         if (module, name) in self.ALLOWED:

@@ -153,17 +153,15 @@ def _reader_labels(reader) -> list:
 def _array_source(load, classes):
     """The ``split`` and ``carve`` functions of an in-memory source: ``load(split, data_dir, download)`` gives
     ``(images uint8 [N, H, W(, C)], labels)`` of its ``'train'`` and ``'test'`` splits; ``classes`` in label order."""
-    def dataset(data: DataConfig, which: str, train: bool, seed: int):
-        images, labels = load(which, data.data_dir, data.download)
-        transform = build_transform(data, train, seed, resize=data.img_size != images.shape[1])
+    def split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):
+        images, labels = load('train' if split == 'train' else 'test', data.data_dir, data.download)
+        transform = build_transform(data, split == 'train', seed, resize=data.img_size != images.shape[1])
         return ArrayDataset(images, labels, transform, classes=classes)
 
-    def split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):
-        return dataset(data, 'train' if split == 'train' else 'test', split == 'train', seed)
-
     def carve(data: DataConfig, train: bool, seed: int, class_to_idx):
-        ds = dataset(data, 'train', train, seed)
-        return ds, ds.labels.tolist()
+        images, labels = load('train', data.data_dir, data.download)
+        transform = build_transform(data, train, seed, resize=data.img_size != images.shape[1])
+        return ArrayDataset(images, labels, transform, classes=classes), labels.tolist()
     return split, carve
 
 
