@@ -40,6 +40,10 @@ class ModelConfig:
     """``torch.compile`` the model: true, false, or ``'auto'`` (on for CUDA, where a TokenFormer trains at
     0.85x ViT-B compiled against 0.37x eager; off on a CPU, where compiling costs what it saves over the quick
     recipe: docs/performance.md)."""
+    compile_cache: bool = key(True, allowed=boolean(), resume=True)
+    """With ``compile``: keep torch.compile's caches beside ``last.pth`` (``compile_cache.bin``) and load them on
+    resume when torch, the device and the model still match, so a restart does not compile again
+    (``docs/reliability.md``); the file holds compiled code: resume only folders you trust."""
     backward_mode: str = key('closed_form', allowed=choice(*BACKWARD_MODES), resume=True)
     """Pattention's Θ (``tkvision.layers.BACKWARD_MODES``): ``'closed_form'``, ``'lean'`` (least activation
     memory), ``'autograd'`` (reference), ``'fused'`` (Triton kernels, forward and backward, on a CUDA device:

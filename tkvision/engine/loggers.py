@@ -234,10 +234,15 @@ class WandbLogger(Logger):
         self.run.log(dict(scalars), step=step)
 
     def finish(self, status: str, summary: Mapping[str, str]) -> None:
+        """Close the W&B run; an offline one (``WANDB_MODE=offline``) says how to upload it (``wandb sync``)."""
         self.run.summary.update(dict(summary))
         if status == PREEMPTED:
             self.run.mark_preempting()
+        offline = getattr(self.run.settings, 'mode', '') == 'offline' or os.environ.get('WANDB_MODE') == 'offline'
+        folder = os.path.dirname(self.run.dir)
         self.run.finish(exit_code={FINISHED: 0, PREEMPTED: 75}.get(status, 1))
+        if offline:
+            print(f'W&B ran offline: upload this run with `wandb sync {folder}` (on a machine that reaches W&B)')
 
 
 @register_logger

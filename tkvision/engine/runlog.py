@@ -8,6 +8,9 @@ Files of a run's folder written by the log (rank 0; the checkpoints are ``tkvisi
     curves.png          loss and top-1 against the epoch, at the end
     reconstruction.png  an MAE's reconstructions, at the end (``tkvision.engine.reconstruction``)
     trackers.json       each logger's run id and how far it has logged: a resumed run continues the same tracker run
+    compile_cache.bin   with ``compile: true``, torch.compile's caches (``torch.compiler.save_cache_artifacts``)
+                        beside each checkpoint, loaded on resume when torch, the device and the model still match
+    per_class.csv, confusion_matrix.csv/.png   a classifier's report of its final evaluation (the task's)
     tb/, wandb/, ...    each logger's own files (``tkvision.engine.loggers``: ``Logger.files``)
 
 Scalars sent to the loggers, on one step axis, the optimizer update:
@@ -41,6 +44,7 @@ from .plotting import Series, plot_curves
 from .state import TrainState
 
 __all__ = ['RunLog', 'CONFIG_FILE', 'METRICS_FILE', 'CURVES_FILE', 'RECONSTRUCTION_FILE', 'TRACKERS_FILE',
+           'COMPILE_CACHE_FILE',
            'save_yaml', 'save_rows', 'FINISHED', 'FAILED', 'PREEMPTED']
 
 CONFIG_FILE = 'config.yaml'
@@ -48,6 +52,7 @@ METRICS_FILE = 'metrics.csv'
 CURVES_FILE = 'curves.png'
 RECONSTRUCTION_FILE = 'reconstruction.png'
 TRACKERS_FILE = 'trackers.json'
+COMPILE_CACHE_FILE = 'compile_cache.bin'
 
 
 def save_yaml(obj: object, path: str) -> None:
@@ -238,6 +243,45 @@ class RunLog:
         for name, logger in list(self.loggers.items()):
             self._guard(name, lambda: logger.finish(status, summary))
         self.loggers = {}
+
+    def save_compile_cache(self, key: Mapping[str, str]) -> None:
+        """Write ``compile_cache.bin`` (rank 0): a JSON line of ``key`` (what the caches hold good for: torch, the
+        device, the model) and the bytes of ``torch.compiler.save_cache_artifacts()``, atomically, when those changed
+        since the last write; nothing before anything was compiled."""
+        if not self.main:
+            return
+        artifacts = torch.compiler.save_cache_artifacts()
+        if artifacts is None or artifacts[0] == getattr(self, '_compile_cache', None):
+            return
+        self._compile_cache = artifacts[0]
+        head = (json.dumps(dict(key), sort_keys=True) + '\n').encode()
+
+        def write(tmp: str) -> None:
+            with open(tmp, 'wb') as f:
+                f.write(head + artifacts[0])
+        atomic_write(self.path(COMPILE_CACHE_FILE), write)
+
+    def load_compile_cache(self, key: Mapping[str, str]) -> str:
+        """Load ``compile_cache.bin`` into torch.compile's caches (``torch.compiler.load_cache_artifacts``) when its
+        key equals ``key``, on every rank (each compiles); returns one line saying what happened ('' without a file).
+        A cache holds compiled code: like the run's other files it is read only from the run's own folder (no link);
+        resume only folders you trust, or set ``compile_cache: false``."""
+        path = os.path.join(self.out, COMPILE_CACHE_FILE)
+        if not os.path.isfile(path):
+            return ''
+        with open(folder_path(self.out, COMPILE_CACHE_FILE, 'read'), 'rb') as f:
+            head, _, data = f.read().partition(b'\n')
+        try:
+            saved = json.loads(head)
+        except ValueError:
+            return f'compile cache ignored: {path} has no readable key (a cut file?); compiling again'
+        differ = sorted(k for k in set(saved) | set(key) if saved.get(k) != key.get(k))
+        if differ:
+            what = ', '.join(f'{k} {saved.get(k)!r} -> {key.get(k)!r}' for k in differ)
+            return f'compile cache ignored: made for another setting ({what[:200]}); compiling again'
+        torch.compiler.load_cache_artifacts(data)
+        self._compile_cache = data
+        return f'compile cache loaded from {path} ({len(data) / 1e6:.1f} MB): compiled code is reused'
 
     def _send(self, step: int, scalars: Mapping[str, float]) -> None:
         """``scalars`` to each logger at update ``step``."""

@@ -135,7 +135,7 @@ class Trainer:
                             model=built[0], global_batch_key=optim.global_batch_size is not None)
         self.clock = RunClock(processes, os.path.join(out, LAST_CHECKPOINT), log_interval=config.run.log_interval,
                               every_steps=config.run.checkpoint_every_steps,
-                              every_minutes=config.run.checkpoint_every_minutes, before_save=self.log.flush)
+                              every_minutes=config.run.checkpoint_every_minutes, before_save=self._before_checkpoint)
         self.optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, data.batch_size, processes.world),
                               updates_per_epoch=self.data.updates_per_epoch,
                               freeze_loaded_tokens=config.model.freeze_loaded_tokens)
@@ -146,6 +146,22 @@ class Trainer:
         self.step = TrainTask(config.loss, self.task, seed, num_classes, teacher)
         self.evaluator = RunEvaluator(self.data, self.step, processes, seed, config.model.model,
                                       os.path.join(out, BEST_WEIGHTS), self.log.path)
+
+    def _before_checkpoint(self, state: TrainState) -> None:
+        """What a checkpoint covers goes out first: the run log's kept updates to the trackers, and with ``compile``
+        the compile caches (``compile_cache.bin``)."""
+        self.log.flush(state)
+        if self.processes.plan.compile and self.config.model.compile_cache:
+            self.log.save_compile_cache(self._compile_key())
+
+    def _compile_key(self) -> Dict[str, str]:
+        """What compiled code holds good for: torch, the device and the model (its name, keywords, MAE section and
+        Pattention's backward mode), as text."""
+        device = self.processes.device
+        name = torch.cuda.get_device_name(device) if device.type == 'cuda' else device.type
+        model = self.config.model
+        return dict(torch=torch.__version__, device=name, model=f'{model.model} {dict(model.model_kwargs)} '
+                    f'{model.backward_mode} {model.drop_path_rate} {self.config.mae}')
 
     def _resume(self, resume: Union[bool, str]) -> Optional[int]:
         """Load the checkpoint into the state; check and report config changes. Returns the epochs it holds, or None
@@ -166,6 +182,10 @@ class Trainer:
             raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
                               'order; start a new run with another --output instead): ' + '; '.join(forbidden))
         self.optim.resume(self.state, ckpt, path)
+        if self.processes.plan.compile and self.config.model.compile_cache:
+            said = self.log.load_compile_cache(self._compile_key())
+            if main and said:
+                print(said)
         if main:
             print(f'resumed from {path} at epoch {self.state.epochs_done + 1}, batch {self.state.batches_done}, update '
                   f'{self.state.num_updates}' + ('; changed: ' + '; '.join(allowed) if allowed else ''))

@@ -4,7 +4,7 @@ the Ring x Token family's shared block and the MAE decoder.
 """
 import math
 from functools import partial
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +13,24 @@ from torch import nn
 
 from .pattention import Pattention, score_norm_entry
 
-__all__ = ['Attention', 'Block', 'split_heads', 'attend_heads']
+__all__ = ['Attention', 'Block', 'split_heads', 'attend_heads', 'head_norms']
+
+
+def head_norms(dim: int, num_heads: int, qk_norm: bool) -> Tuple[int, nn.Module, nn.Module]:
+    """``(head_dim, q_norm, k_norm)`` of an attention of width ``dim`` with ``num_heads`` heads: the per-head
+    LayerNorms of queries and keys (timm's ``qk_norm``), or identities; shared by every attention of the package.
+
+    Raises:
+        ValueError: ``dim`` not divisible by ``num_heads``.
+    """
+    if dim % num_heads:
+        raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
+    head_dim = dim // num_heads
+    return head_dim, _norm(head_dim, qk_norm), _norm(head_dim, qk_norm)
+
+
+def _norm(head_dim: int, qk_norm: bool) -> nn.Module:
+    return nn.LayerNorm(head_dim) if qk_norm else nn.Identity()
 
 
 def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -76,16 +93,12 @@ class Attention(nn.Module):
             proj_drop: float = 0.,
     ):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
         self.num_heads = num_heads
-        self.head_dim = dim // num_heads
+        self.head_dim, self.q_norm, self.k_norm = head_norms(dim, num_heads, qk_norm)
         pattention = partial(Pattention, dim, dim, score_norm=score_norm, key_std=key_std, value_std=value_std)
         self.q = pattention(num_tokens_qkv, kind='qkv')
         self.k = pattention(num_tokens_qkv, kind='qkv')
         self.v = pattention(num_tokens_qkv, kind='qkv')
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
         self.proj = pattention(num_tokens_proj, kind='proj')
         self.proj_drop = nn.Dropout(proj_drop)

@@ -49,7 +49,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from ..layers import Pattention
-from ..layers.block import attend_heads, split_heads
+from ..layers.block import attend_heads, head_norms, split_heads
 from .tokenformer_vit import Blocks, TokenFormerViT, create_tokenformer, tokenformer_cfg
 
 __all__ = ['LevelSignal', 'Level', 'RecurrentAttention', 'RingBlock', 'RingFormerViT', 'TokenRingViT',
@@ -182,12 +182,9 @@ class RecurrentAttention(nn.Module):
             proj_drop: float = 0.,
     ):
         super().__init__()
-        if dim % num_heads:
-            raise ValueError(f'embed_dim {dim} must be divisible by num_heads {num_heads}')
-        self.num_heads, self.head_dim = num_heads, dim // num_heads
+        self.num_heads = num_heads
+        self.head_dim, self.q_norm, self.k_norm = head_norms(dim, num_heads, qk_norm)
         self.q, self.k, self.v, self.proj = q, k, v, proj
-        self.q_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
-        self.k_norm = nn.LayerNorm(self.head_dim) if qk_norm else nn.Identity()
         self.attn_drop = attn_drop
         self.proj_drop = nn.Dropout(proj_drop)
 
