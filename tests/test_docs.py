@@ -291,6 +291,7 @@ PARAMETER_COUNTS = {
     ('docs/guide/training.md', '0.9'): 'configs/fashion_mnist/quick.yaml',
     ('docs/mae.md', '0.90'): 'configs/fashion_mnist/mae_finetune.yaml',
     ('docs/mae.md', '1.05'): 'configs/fashion_mnist/mae_pretrain.yaml',
+    ('tkvision/configs/cifar10/quick.yaml', '0.69'): 'configs/cifar10/quick.yaml',
 }
 
 

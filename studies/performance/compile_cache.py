@@ -1,11 +1,13 @@
 """Restart-to-first-update time of a compiled run resumed with and without its compile cache (``compile_cache.bin``,
 ``tkvision.engine.runlog.RunLog.save_compile_cache``): the figure ``docs/reliability.md`` gives for "compile once".
 
-``python -m studies.performance.compile_cache --out docs/bench/cpu_compile_cache`` trains the Fashion-MNIST quick recipe's
-TokenFormer (``configs/fashion_mnist/quick.yaml``'s model) with ``compile: true`` until its first checkpoint and stops it (SIGTERM), then, ``--repeats`` times each in alternation,
-resumes a copy of that folder with its cache and a copy without it, each in a new process whose caches on disk
-start empty (a requeue on another node), and times from the process's start to the next checkpoint (``checkpoint_every_steps: 1``: the first update after the restart). Writes
-``<out>_<date>.csv`` (one row per restart) and ``.md`` (medians, the ratio) with the machine and the date.
+``python -m studies.performance.compile_cache --out docs/bench/cpu_compile_cache`` trains the Fashion-MNIST quick
+recipe's TokenFormer (``configs/fashion_mnist/quick.yaml``'s model) with ``compile: true`` until its first
+checkpoint and stops it (SIGTERM), then, ``--repeats`` times each in alternation, resumes a copy of that folder with
+its cache and a copy without it, each in a new process whose caches on disk start empty (a requeue on another node),
+and times from the process's start to the next checkpoint (``checkpoint_every_steps: 1``: the first update after the
+restart). Writes ``<out>_<date>.csv`` (one row per restart) and ``.md`` (medians, the ratio) with the machine and
+the date.
 """
 import argparse
 import datetime
@@ -28,7 +30,8 @@ MODEL = '{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 96, depth: 6, num
 
 
 def _args(out: str, model: str) -> list:
-    return [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), '--model_kwargs', model, '--rrc_scale', 'null', '--epochs', '1', '--batch_size', '64', '--train_subset', '2048', '--val_subset',
+    return [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), '--model_kwargs', model, '--rrc_scale', 'null',
+            '--epochs', '1', '--batch_size', '64', '--train_subset', '2048', '--val_subset',
             '128', '--threads', '2', '--progress', 'false', '--compile', 'true', '--output', out]
 
 

@@ -135,7 +135,8 @@ def _validate(argv) -> int:
           (f"  (skipped {res['skipped']} unreadable images)" if res['skipped'] else ''))
     if args.out:
         classes = dataset_classes(ds) or train_class_map(data) or {}
-        task.report(res, sorted(classes, key=classes.get), lambda name: os.path.join(args.out, name), args.split)
+        names = sorted(classes, key=lambda name: classes[name])
+        task.report(res, names, lambda name: os.path.join(args.out, name), args.split)
         print(f'wrote the report of {args.split} into {args.out}')
     return 0
 

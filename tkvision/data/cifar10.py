@@ -120,7 +120,8 @@ class _ArrayUnpickler(pickle.Unpickler):
 
 def _read_batches(folder: str, names: Tuple[str, ...]) -> Tuple[np.ndarray, np.ndarray]:
     """torchvision's ``cifar-10-batches-py`` files: each a pickled ``{'data': uint8 [N, 3072], 'labels': [N]}``."""
-    images, labels = [], []
+    images: List[np.ndarray] = []
+    labels: List[int] = []
     for name in names:
         path = os.path.join(folder, name)
         try:
@@ -129,12 +130,13 @@ def _read_batches(folder: str, names: Tuple[str, ...]) -> Tuple[np.ndarray, np.n
         except (pickle.UnpicklingError, EOFError, AttributeError, ValueError) as e:
             raise UsageError(f'{path} is not a CIFAR-10 batch file ({e}); it was not loaded, since unpickling other '
                              "objects could run code: download the original files again") from None
-        entry = {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()}
-        if 'data' not in entry or not ('labels' in entry or 'fine_labels' in entry):
+        entry = {k.decode() if isinstance(k, bytes) else k: v for k, v in entry.items()} if isinstance(entry, dict) \
+            else {}
+        if 'data' not in entry or 'labels' not in entry:
             raise UsageError(f'{path} holds no data and labels: is it a CIFAR-10 batch file?')
         data = np.asarray(entry['data'], dtype=np.uint8)
         images.extend(data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1))
-        labels.extend(int(v) for v in entry.get('labels', entry.get('fine_labels')))
+        labels.extend(int(v) for v in entry['labels'])
     return _stack(images, labels, folder)
 
 

@@ -20,7 +20,7 @@ validates and there is no test split (ImageNet's convention: its ``val/`` is wha
 """
 import os
 import tarfile
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 from torch.utils.data import Dataset, Subset
@@ -78,7 +78,7 @@ def holdout_indices(labels: Sequence[int], fraction: float) -> Tuple[np.ndarray,
     return np.setdiff1d(np.arange(len(classes)), val), val
 
 
-def stratified_subset(labels: Sequence[int], size: int) -> np.ndarray:
+def stratified_subset(labels: Union[Sequence[int], np.ndarray], size: int) -> np.ndarray:
     """Indices (sorted, int64) of ``size`` of the items whose classes are ``labels``, each class in proportion to
     its share and every class kept: the items of each class are put in an order drawn by a generator seeded from
     ``('subset',)`` alone, and the k-th item of a class of n ranks at k / n among all; the ``size`` first ranks are
@@ -150,7 +150,8 @@ def _reader_labels(reader) -> list:
     return list(reader.dataset[reader.label_key])  # Hugging Face: one column read
 
 
-def _array_source(load, classes):
+def _array_source(load: Callable[..., Tuple[np.ndarray, np.ndarray]],
+                  classes: Sequence[str]) -> Tuple[Callable[..., Any], Callable[..., Any]]:
     """The ``split`` and ``carve`` functions of an in-memory source: ``load(split, data_dir, download)`` gives
     ``(images uint8 [N, H, W(, C)], labels)`` of its ``'train'`` and ``'test'`` splits; ``classes`` in label order."""
     def split(data: DataConfig, split: str, seed: int, class_to_idx, rank: int, world_size: int):

@@ -43,7 +43,8 @@ def check_export_target(out: str, force: bool) -> None:
                               'an earlier export there)')
     if not os.path.isdir(out):
         raise UsageError(f'{out} is a file, not an export folder; --force replaces only an earlier export')
-    others = sorted(set(os.listdir(out)) - EXPORT_FILES)
+    # a run's own files first: they say what the folder is
+    others = sorted(set(os.listdir(out)) - EXPORT_FILES, key=lambda n: (n not in ('last.pth', 'config.yaml'), n))
     if others:
         raise UsageError(f'{out} holds files an export did not write ({", ".join(others[:6])}'
                          f'{", ..." if len(others) > 6 else ""}): --force replaces only an earlier export, never a '

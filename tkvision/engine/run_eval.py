@@ -143,5 +143,5 @@ class RunEvaluator:
         and confusion matrix)."""
         if self.main and self.path is not None:
             classes = dataset_classes(self.data.train_ds) or {}
-            names = sorted(classes, key=classes.get)
+            names = sorted(classes, key=lambda name: classes[name])
             self.task.report(result, names, self.path, split)

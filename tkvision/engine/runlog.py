@@ -31,7 +31,7 @@ import csv
 import json
 import os
 import sys
-from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Type
 
 import torch
 import yaml
@@ -149,7 +149,7 @@ class RunLog:
             self._check_declared(cls, before)
         self._write_records()
 
-    def _check_declared(self, cls: type, before: set) -> None:
+    def _check_declared(self, cls: Type[Logger], before: set) -> None:
         """Refuse a logger that wrote into the run's folder a name it does not declare (``Logger.files``): a run
         killed before its first checkpoint could not start again there (its folder would look like a run's).
 

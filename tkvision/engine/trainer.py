@@ -459,15 +459,22 @@ def check_model_input(
     """
     source = data_source_of(data)
     channels, size = input_shape(getattr(net, 'encoder', net))
+    height, width = size if size is not None else (data.img_size, data.img_size)
+    size_differs = (height, width) != (data.img_size, data.img_size)
+    if channels != source.channels and size_differs:
+        raise ConfigError(f"dataset {data.dataset}'s images are {data.img_size} x {data.img_size} px, "
+                          f'{source.channels} channel(s) (img_size {data.img_size}); {model_name} as configured takes '
+                          f'{height} x {width} px, {channels} channels: set model_kwargs {{img_size: '
+                          f'{data.img_size}, in_chans: {source.channels}}} and a patch_size that divides it')
     if channels != source.channels:
         images = 'RGB images (3 channels)' if source.channels == 3 else f'{source.channels}-channel images'
         raise ConfigError(f'dataset {data.dataset} gives {images}; {model_name} as configured takes {channels}: set '
                           f'model_kwargs {{in_chans: {source.channels}}}'
                           + (' (or leave in_chans unset)' if source.channels == 3 else ''))
-    if size is not None and size != (data.img_size, data.img_size):
-        raise ConfigError(f'{model_name} as configured takes {size[0]} x {size[1]} px images and the data section '
+    if size_differs:
+        raise ConfigError(f'{model_name} as configured takes {height} x {width} px images and the data section '
                           f'makes them {data.img_size} x {data.img_size} (img_size {data.img_size}): set img_size: '
-                          f'{size[0]} to feed the model its size, or model_kwargs {{img_size: {data.img_size}}} (with '
+                          f'{height} to feed the model its size, or model_kwargs {{img_size: {data.img_size}}} (with '
                           'a patch_size that divides it) to build the model for the data')
     for key, values in (('mean', data.mean), ('std', data.std)):
         if values is not None and len(values) != channels:

@@ -377,9 +377,7 @@ class Pattention(nn.Module):
         values = self.active(self.value_param_tokens)
         tau = self.tau
         if not torch.jit.is_scripting() and self._fused():
-            from .pattention_triton import fused_l2_norm_gelu
-            keys = self.fold_keys(self.active(self.key_param_tokens), key_scale)
-            return fused_l2_norm_gelu(x, keys, values, tau, self.eps)
+            return self._fused_forward(x, key_scale)
         scores = self.scores(x, key_scale)
         if not torch.jit.is_scripting():
             mode = self._training_backward()
@@ -388,6 +386,13 @@ class Pattention(nn.Module):
             if mode == 'closed_form':
                 return l2_norm_gelu(scores, tau, self.eps) @ values
         return self.score_normalization(scores, tau, self.eps) @ values
+
+    @torch.jit.unused
+    def _fused_forward(self, x: torch.Tensor, key_scale: Optional[torch.Tensor]) -> torch.Tensor:
+        """The forward through the fused Triton op (``tkvision/layers/pattention_triton.py``)."""
+        from .pattention_triton import fused_l2_norm_gelu
+        keys = self.fold_keys(self.active(self.key_param_tokens), key_scale)
+        return fused_l2_norm_gelu(x, keys, self.active(self.value_param_tokens), self.tau, self.eps)
 
     @torch.jit.unused
     def _fused(self) -> bool:

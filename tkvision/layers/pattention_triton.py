@@ -154,8 +154,9 @@ if triton is not None:
         tl.store(s_ptr + offsets, _gelu(z).to(s_ptr.dtype.element_ty), mask=mask)
 
 
-def _grid(*sizes: int) -> Tuple[int, ...]:
-    return tuple((s + b - 1) // b for s, b in sizes)
+def _grid(*sizes: Tuple[int, int]) -> Tuple[int, ...]:
+    """The launch grid of ``(size, block)`` pairs: the blocks that cover each size."""
+    return tuple((size + block - 1) // block for size, block in sizes)
 
 
 @torch.library.custom_op('tkvision::pattention_l2_norm_gelu', mutates_args=())

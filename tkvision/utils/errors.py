@@ -8,8 +8,8 @@ import pickle
 from typing import Optional
 
 __all__ = ['ConfigError', 'RunError', 'UnsafePathError', 'UsageError', 'WeightsMismatchError', 'UnsafeFileError',
-           'NonFiniteLossError', 'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'EXIT_INTERRUPTED', 'exit_status', 'refused_pickle',
-           'is_refused_pickle']
+           'NonFiniteLossError', 'USER_ERRORS', 'Preempted', 'EXIT_PREEMPTED', 'EXIT_INTERRUPTED', 'exit_status',
+           'refused_pickle', 'is_refused_pickle']
 
 
 class ConfigError(ValueError):

@@ -81,7 +81,8 @@ class MaeTask(Task):
     ) -> None:
         """``reconstruction.png``: the first ``recon_images`` validation images, masked and reconstructed."""
         if mae.recon_images:
-            save_reconstructions(model, dataset, *mean_std, path(RECONSTRUCTION_FILE), mae.recon_images,
+            mean, std = mean_std
+            save_reconstructions(model, dataset, mean, std, path(RECONSTRUCTION_FILE), mae.recon_images,
                                  mae.mask_ratio, device)
 
     def done_message(self, result: Mapping[str, Any], minutes: float, files: RunFiles) -> str:

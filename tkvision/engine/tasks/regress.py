@@ -91,5 +91,5 @@ class RegressTask(Task):
                 f'  curves:  {files.curves}\n  metrics: {files.metrics}')
 
     def validate_line(self, model_name: str, result: Mapping[str, Any], split: str) -> str:
-        return (f"{model_name} (regression) on {result['count']} {split} images: MSE {result['loss']:.4f}  mean "
-                f"absolute error {result['abs_error']:.4f}  {result['img_per_s']:.0f} img/s")
+        return (f"{model_name} (regression) on {result['count']} {split} images: MSE {result['loss']:.5g}  mean "
+                f"absolute error {result['abs_error']:.5g}  {result['img_per_s']:.0f} img/s")
