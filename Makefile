@@ -55,7 +55,7 @@ train-long: env data
 
 # Nothing may skip here: make test installs every test extra (tests/conftest.py, TKVISION_NO_SKIPS).
 test: env data browser
-	TKVISION_NO_SKIPS=1 $(PY) -m pytest -q -m "not slurm" $(ARGS)
+	TKVISION_NO_SKIPS=1 TKVISION_SLOW_SECONDS=30 $(PY) -m pytest -q -n 2 --dist loadfile -m "not slurm" --durations=25 $(ARGS)
 
 # The cluster path against a real SLURM (about 15 min, as root or with sudo): tools/slurm/local_cluster.sh installs
 # Debian's Slurm 22.05, munge and MariaDB when missing and starts a cluster of this host (two nodes), then the tests

@@ -2,6 +2,11 @@
 
 With ``TKVISION_NO_SKIPS=1`` (set by ``make test``, which installs every test extra) a run with any
 skipped test fails: a broken install of an extra must not pass CI green by skipping its tests.
+
+With ``TKVISION_SLOW_SECONDS=N`` a test not marked ``slow`` whose call took more than N seconds fails the run, named
+with its time. ``setup.cfg``'s ``slow`` marker is for a test of 20 s or more alone on 2 cores; ``make test`` runs the
+suite on both cores (``pytest -n 2``, where two tests share them) and sets 30 (VMs differ by up to 2x); the budget of
+the whole suite is ``DEVELOPERS.md``'s.
 """
 import os
 
@@ -21,10 +26,26 @@ def tiny_kwargs():
     return dict(TINY)
 
 
+_SLOW: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    """Keep the call time of each test not marked ``slow`` that passed (in the controller under pytest-xdist)."""
+    if report.when == 'call' and report.passed and 'slow' not in report.keywords:
+        _SLOW[report.nodeid] = report.duration
+
+
 def pytest_sessionfinish(session, exitstatus):
     reporter = session.config.pluginmanager.get_plugin('terminalreporter')
     skipped = reporter.stats.get('skipped', []) if reporter is not None else []
     if skipped and os.environ.get('TKVISION_NO_SKIPS') and exitstatus == 0:
         reporter.write_line(f'{len(skipped)} test(s) skipped under TKVISION_NO_SKIPS=1: ' +
                             ', '.join(r.nodeid for r in skipped[:5]) + ' -- install the test extras', red=True)
+        session.exitstatus = 1
+    limit = float(os.environ.get('TKVISION_SLOW_SECONDS') or 0)
+    over = sorted((d, n) for n, d in _SLOW.items() if limit and d > limit)
+    if over and reporter is not None and not hasattr(session.config, 'workerinput'):
+        reporter.write_line(f'{len(over)} test(s) not marked slow took more than {limit:g} s (mark them '
+                            '@pytest.mark.slow, or make them cheaper): ' +
+                            ', '.join(f'{n} ({d:.0f} s)' for d, n in reversed(over)), red=True)
         session.exitstatus = 1

@@ -130,32 +130,39 @@ def wait_for_checkpoint(path, p, after=lambda state: True, timeout=300) -> dict:
     raise AssertionError('no such checkpoint before the run ended: ' + (p.stdout.read() if p.poll() is not None else ''))
 
 
-def torchrun_train(args, port: int, extra=(), env=None, nproc: int = 2) -> subprocess.Popen:
-    """``tools/train.py args extra`` under torchrun with ``nproc`` CPU ranks (gloo) on ``port`` (in ``env``, default
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 free now (the kernel's choice): tests run side by side (pytest-xdist) never share one."""
+    import socket
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+def torchrun_train(args, extra=(), env=None, nproc: int = 2) -> subprocess.Popen:
+    """``tools/train.py args extra`` under torchrun with ``nproc`` CPU ranks (gloo) on a free port (in ``env``, default
     this process's); output piped, as text."""
     return subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', str(nproc),
-                             '--master_port',
-                             str(port), os.path.join(ROOT, 'tools/train.py'), *args, *extra],
+                             '--master_port', str(free_port()), os.path.join(ROOT, 'tools/train.py'), *args, *extra],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 
-def assert_torchrun_resumes_exactly(tmp_path, args_for, port: int, stop_when, nproc: int = 2) -> tuple:
-    """Train ``args_for(out)`` under torchrun with ``nproc`` ranks uninterrupted (``port``), then again (``port + 1``)
-    stopped by SIGTERM to torchrun at the first checkpoint with ``stop_when(state)``, then resumed (``port + 2``);
+def assert_torchrun_resumes_exactly(tmp_path, args_for, stop_when, nproc: int = 2) -> tuple:
+    """Train ``args_for(out)`` under torchrun with ``nproc`` ranks uninterrupted, then again stopped by SIGTERM to
+    torchrun at the first checkpoint with ``stop_when(state)``, then resumed (each on a free port);
     asserts every rank stopped, the resume ran, its final weights equal the uninterrupted run's bit for bit and its
     ``metrics.csv`` figures (the training loss of the epoch it stopped in included) are the same.
     Returns ``(uninterrupted run's output, the stopped run's checkpoint state)``."""
     full, stopped = str(tmp_path / 'full'), str(tmp_path / 'stopped')
-    p = torchrun_train(args_for(full), port, nproc=nproc)
+    p = torchrun_train(args_for(full), nproc=nproc)
     full_log = p.communicate(timeout=600)[0]
     assert p.returncode == 0, full_log
-    p = torchrun_train(args_for(stopped), port + 1, nproc=nproc)
+    p = torchrun_train(args_for(stopped), nproc=nproc)
     wait_for_checkpoint(os.path.join(stopped, 'last.pth'), p, stop_when)
     p.send_signal(signal.SIGTERM)
     log = p.communicate(timeout=300)[0]
     assert p.returncode != 0 and log.count('stopped by SIGTERM') == nproc, log  # every rank, then torchrun fails
     state = ckpt.load_training_checkpoint(os.path.join(stopped, 'last.pth'))
-    p = torchrun_train(args_for(stopped), port + 2, ['--resume'], nproc=nproc)
+    p = torchrun_train(args_for(stopped), ['--resume'], nproc=nproc)
     log = p.communicate(timeout=600)[0]
     assert p.returncode == 0 and 'resumed from' in log, log
     a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(stopped, 'last.safetensors'))

@@ -50,7 +50,7 @@ def _same_weights(a: str, b: str):
 def uninterrupted(tmp_path_factory):
     """The run every faulted one must end equal to: two ranks, never interrupted."""
     out = str(tmp_path_factory.mktemp('full') / 'run')
-    p = torchrun_train(_args(out), 29571)
+    p = torchrun_train(_args(out))
     log = p.communicate(timeout=600)[0]
     assert p.returncode == 0, log
     return out
@@ -58,7 +58,7 @@ def uninterrupted(tmp_path_factory):
 
 def test_a_killed_worker_ends_the_job_in_bounded_time_naming_it_and_the_run_resumes_exactly(uninterrupted, tmp_path):
     out = str(tmp_path / 'run')
-    p = torchrun_train(_args(out), 29573)
+    p = torchrun_train(_args(out))
     wait_for_checkpoint(os.path.join(out, 'last.pth'), p, lambda s: s['num_updates'] >= 8)
     killed = time.monotonic()
     os.kill(_worker_pid(p, 1), signal.SIGKILL)
@@ -67,7 +67,7 @@ def test_a_killed_worker_ends_the_job_in_bounded_time_naming_it_and_the_run_resu
     assert re.search(r'rank\s*: 1 \(local_rank: 1\)\s+exitcode\s*: -9', log) and 'SIGKILL' in log, log  # torchrun's
     assert 'rank 0: another process of this job ended or stopped answering' in log, log  # the survivor, in one line
     assert '[rank0]: Traceback' not in log, log
-    p = torchrun_train(_args(out), 29575, ['--resume'])
+    p = torchrun_train(_args(out), ['--resume'])
     log = p.communicate(timeout=600)[0]
     assert p.returncode == 0 and 'resumed from' in log, log
     _same_weights(uninterrupted, out)
@@ -97,11 +97,11 @@ def test_a_requeued_job_resumes_by_itself_and_ends_as_the_uninterrupted_run(unin
     a worker was killed, resumes it by itself and ends bit-identical to an uninterrupted run."""
     out = str(tmp_path / 'run')
     job = dict(os.environ, SLURM_JOB_ID='4242', SLURM_RESTART_COUNT='0')
-    p = torchrun_train(_args(out), 29577, env=job)
+    p = torchrun_train(_args(out), env=job)
     wait_for_checkpoint(os.path.join(out, 'last.pth'), p, lambda s: s['num_updates'] >= 8)
     os.kill(_worker_pid(p, 1), signal.SIGKILL)
     assert p.wait(timeout=300) != 0
-    p = torchrun_train(_args(out), 29579, env=dict(job, SLURM_RESTART_COUNT='1'))
+    p = torchrun_train(_args(out), env=dict(job, SLURM_RESTART_COUNT='1'))
     log = p.communicate(timeout=600)[0]
     assert p.returncode == 0 and 'restarted by the launcher: resuming' in log, log
     _same_weights(uninterrupted, out)

@@ -16,7 +16,7 @@ from tkvision.engine.config import load_config
 from tkvision.data import load_fashion_mnist
 from tkvision.cli.train import validate_main
 
-from .helpers import ROOT, TINY_FMNIST, dataset_of, fmnist_cfg, make_imagenet_folder, transform_of
+from .helpers import ROOT, TINY_FMNIST, dataset_of, fmnist_cfg, free_port, make_imagenet_folder, transform_of
 
 
 def test_fashion_mnist_learns_and_writes_outputs(tmp_path, capsys):
@@ -163,7 +163,7 @@ for k, v in sorted(res['model'].state_dict().items()):
 with open(os.path.join({str(tmp_path)!r}, 'rank%s.sha' % os.environ['RANK']), 'w') as f:
     f.write(h.hexdigest() + ' %d' % res['model'].blocks[0].attn.q.num_tokens)
 ''')
-    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', '29531', str(script)]
+    cmd = [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(free_port()), str(script)]
     p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     r0, r1 = (open(tmp_path / f'rank{r}.sha').read() for r in (0, 1))

@@ -19,7 +19,8 @@ from tkvision.engine.distributed import Processes, device_plan
 from tkvision.engine.runlog import RunLog
 from tkvision.utils.errors import RunError
 
-from .helpers import ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, wait_for_checkpoint
+from .helpers import (ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, free_port,
+                      wait_for_checkpoint)
 
 
 @pytest.fixture
@@ -320,7 +321,7 @@ open(os.path.join({str(tmp_path)!r}, 'rank%d.sha' % dist.get_rank()), 'w').write
     env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}
     procs = [subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_NTASKS='2',
-                                                  MASTER_ADDR='127.0.0.1', MASTER_PORT='29547'))
+                                                  MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port())))
              for r in (0, 1)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), logs
@@ -330,8 +331,8 @@ open(os.path.join({str(tmp_path)!r}, 'rank%d.sha' % dist.get_rank()), 'w').write
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize('nproc, port', [(2, 29561), (3, 29565)])
-def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_path, nproc, port):
+@pytest.mark.parametrize('nproc', [2, 3])
+def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_path, nproc):
     """CPU ranks under torchrun: SIGTERM to torchrun reaches every worker, which stop at the same update in the
     middle of an epoch and write one checkpoint; resumed under torchrun, the weights equal an uninterrupted torchrun
     run's, and so does the epoch's training loss. Three ranks: the order of a sum of three gradients matters by the
@@ -339,7 +340,7 @@ def test_torchrun_forwards_sigterm_all_ranks_checkpoint_and_resume_exactly(tmp_p
     lays out its buckets again after its first step), and each rank's share of the running epoch's loss must be
     counted once (the checkpoint held rank 0's, and every rank took it back)."""
     _, state = assert_torchrun_resumes_exactly(tmp_path, lambda out: [*_args(out, workers=0), '--log_interval', '2'],
-                                               port, lambda s: s['batches_done'] >= 5, nproc=nproc)
+                                               lambda s: s['batches_done'] >= 5, nproc=nproc)
     assert state['epochs_done'] < 2 and 0 < state['batches_done'] < 32
 
 

@@ -17,6 +17,7 @@ import torch.distributed as dist
 from ..utils.errors import NonFiniteLossError
 from .checkpoint import save_training_checkpoint
 from .distributed import Processes
+from .healing import Healer, RolledBack
 from .state import TrainState
 
 __all__ = ['RunClock', 'STOP_SIGNALS']
@@ -37,6 +38,8 @@ class RunClock:
         every_minutes: ``checkpoint_every_minutes`` (None: off).
         before_save: called with the state before each checkpoint is written, on every rank (the run log's
             ``flush``: the updates a checkpoint covers reach the trackers before it exists).
+        healer: what a failed check does (``tkvision.engine.healing.Healer``: stop, or roll back and skip); None:
+            stop on a non-finite loss.
 
     Attributes:
         stop_signal: the name of the stop signal received (``'SIGTERM'``, ``'SIGINT'`` for Ctrl-C), or None.
@@ -53,9 +56,11 @@ class RunClock:
             every_steps: Optional[int] = None,
             every_minutes: Optional[float] = None,
             before_save: Optional[Callable[[TrainState], None]] = None,
+            healer: Optional[Healer] = None,
     ):
         self.log_interval, self.every_steps, self.every_minutes = log_interval, every_steps, every_minutes
         self.before_save = before_save
+        self.healer = healer or Healer.stopping(log_interval, processes.world)
         self.processes, self.checkpoint_path = processes, checkpoint_path
         self.stop_signal: Optional[str] = None
         self.last_save = time.monotonic()
@@ -82,8 +87,11 @@ class RunClock:
         meter = state.reduced_meter()
         if self.before_save is not None:
             self.before_save(state)
+        if self.healer.active:  # a rollback never goes behind the last checkpoint
+            self.healer.snapshot(state)
         if self.processes.main:
-            save_training_checkpoint(state.state_dict(meter), self.checkpoint_path)
+            save_training_checkpoint(dict(state.state_dict(meter), healing=self.healer.state_dict()),
+                                     self.checkpoint_path)
         self.last_save = time.monotonic()
 
     def check(self, state: TrainState, force: bool = False) -> bool:
@@ -99,7 +107,9 @@ class RunClock:
             True when the run must stop (a stop signal on any rank); the checkpoint is then written.
 
         Raises:
-            NonFiniteLossError: a NaN / inf loss since the last check (nothing is saved after it).
+            NonFiniteLossError: a NaN / inf loss since the last check (nothing is saved after it), or the healer's
+                stop error on a spike (``SpikeError``).
+            RolledBack: the healer rolled the run back to its snapshot (``on_nonfinite`` / ``on_spike: rollback``).
         """
         u, world = state.num_updates, self.processes.world
         step_due = self.every_steps is not None and u % self.every_steps == 0
@@ -112,13 +122,23 @@ class RunClock:
         if world > 1:
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
         nonfinite, stop, time_due = (bool(v) for v in flags.tolist())
-        if nonfinite:
-            last = (f'the last good checkpoint is {self.checkpoint_path}' if os.path.isfile(self.checkpoint_path)
-                    else 'no checkpoint was written before it')
+        last = (f'the last good checkpoint is {self.checkpoint_path}' if os.path.isfile(self.checkpoint_path)
+                else 'no checkpoint was written before it')
+        healer = self.healer
+        if nonfinite and healer.on_nonfinite == 'stop' and not healer.watches_spikes:
             raise NonFiniteLossError(f'the training loss became NaN or infinite between updates '
                                      f'{self.checked_update + 1} and {u} (epoch {state.epochs_done + 1}); stopping: '
-                                     f'{last}. Try a lower lr, clip_grad: 1.0, or amp: bf16 instead of fp16')
+                                     f'{last}. Try a lower lr, clip_grad: 1.0, amp: bf16 instead of fp16, or '
+                                     'on_nonfinite: rollback')
+        event = healer.inspect(nonfinite, state.epochs_done, self.processes.device) if (
+            nonfinite or healer.watches_spikes) else None
+        if event is not None:
+            if healer.action(event) != 'rollback':
+                raise healer.stop_error(event, last)
+            raise RolledBack(healer.roll_back(state, event, state.batches_done))
         self.checked_update = u
+        if healer.due(u):
+            healer.snapshot(state)
         if (step_due or time_due or stop) and not force:
             self.save(state)
         return stop

@@ -42,6 +42,7 @@ from .config_history import RENAMED, REPLACED_KEYS, RETIRED_KEYS, RETIRED_VALUES
 from .config_rules import check_joined_keys
 from .distributed import ProcessConfig
 from .loggers import LOGGERS
+from .healing import HealingConfig
 from .loss import LossConfig
 from .optim import GrowthConfig, OptimConfig
 from .recipes import config_path
@@ -114,6 +115,8 @@ class TrainConfig:
     """What a step learns from: targets, elastic prefixes, distillation (``tkvision.engine.loss``)."""
     growth: GrowthConfig = GrowthConfig()
     """Growth during training (``tkvision.engine.optim``)."""
+    healing: HealingConfig = HealingConfig()
+    """What a non-finite or spiking loss does: stop, or roll back and skip (``tkvision.engine.healing``)."""
 
     @classmethod
     def from_dict(cls, cfg: Mapping[str, Any]) -> 'TrainConfig':

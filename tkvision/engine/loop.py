@@ -29,6 +29,7 @@ from ..utils.memory import is_out_of_memory
 from ..utils.seeding import derive_seed
 from .clock import RunClock
 from .distributed import Processes
+from .healing import RolledBack
 from .loss import TrainTask
 from .optim import RunOptim
 from .run_data import RunData
@@ -96,17 +97,25 @@ def train_one_epoch(
         NonFiniteLossError: see ``RunClock.check``.
         ConfigError: a step ran out of memory (the keys to lower named).
     """
-    set_loader_epoch(data.train_loader, epoch, start_batch=state.batches_done)
-    state.optimizer.zero_grad(set_to_none=True)
-    state.net.train()
-    bar = tqdm(total=data.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{epochs}",
-               leave=False, disable=not (processes.main and progress), dynamic_ncols=True)
-    try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
-        _run_batches(state, _Step(data, task, optim, clock, processes, log), epoch, bar)
-    finally:
-        bar.close()
-    clock.check(state, force=True)
-    return _epoch_stats(state, processes)
+    healer = clock.healer
+    if healer.active:
+        healer.snapshot(state)  # the epoch's start: a rollback never crosses into the epoch before
+    while True:
+        set_loader_epoch(data.train_loader, epoch, start_batch=state.batches_done)
+        state.optimizer.zero_grad(set_to_none=True)
+        state.net.train()
+        bar = tqdm(total=data.batches_per_epoch, initial=state.batches_done, desc=f"epoch {epoch + 1}/{epochs}",
+                   leave=False, disable=not (processes.main and progress), dynamic_ncols=True)
+        try:  # the bar's line is cleared on every way out, so a stop message starts on its own line
+            _run_batches(state, _Step(data, task, optim, clock, processes, log), epoch, bar)
+            clock.check(state, force=True)
+            return _epoch_stats(state, processes)
+        except RolledBack as rolled:  # back at the snapshot: its window is skipped from now on
+            bar.close()
+            log.rolled_back(rolled.event, healer.events, healer.max_events, state)
+            clock.save(state)  # the rollback's state and skips, so a kill from here on resumes past it
+        finally:
+            bar.close()
 
 
 class _Step(NamedTuple):
@@ -122,9 +131,11 @@ class _Step(NamedTuple):
 def _run_batches(state: TrainState, parts: _Step, epoch: int, bar):
     """The micro-batches of ``epoch`` from ``state.batches_done``: forward, backward, updates, checks."""
     data, clock, processes, log = parts.data, parts.clock, parts.processes, parts.log
-    n, accum, meter = data.batches_per_epoch, data.accum, state.meter
+    n, accum, meter, healer = data.batches_per_epoch, data.accum, state.meter, clock.healer
     t0 = time.perf_counter() - meter['seconds']
     log.mark(state)
+    healer.mark(meter)
+    trained = 0  # micro-batches of the current accumulation window that trained (not skipped)
     batches = iter(data.train_loader)
     for i in itertools.count(state.batches_done):
         waited = time.perf_counter()  # the host blocks here only when the loader is behind the device
@@ -136,7 +147,9 @@ def _run_batches(state: TrainState, parts: _Step, epoch: int, bar):
         seed_step(data.seed, epoch, i, processes.rank)
         meter['skipped'] += len(bad)
         update = (i + 1) % accum == 0 or i + 1 == n
-        if images is not None:
+        skip = healer.skipped(epoch, i)  # a rolled-back window, or skip_batches: loaded, not trained
+        trained += not skip
+        if images is not None and not skip:
             try:
                 _forward_backward(state, parts, images, labels, epoch, i, sync_grads=update,
                                   scale=1.0 / _window(i, n, accum) * data.loss_scale(len(labels)))
@@ -147,10 +160,15 @@ def _run_batches(state: TrainState, parts: _Step, epoch: int, bar):
         bar.update(1)
         if not update:
             continue
+        if not trained:  # a whole window skipped: no update, only the position moves
+            state.batches_done = i + 1
+            continue
+        trained = 0
         parts.optim.step(state)
         state.batches_done = i + 1
         meter['seconds'] = time.perf_counter() - t0
         log.update(state)
+        healer.update(state.num_updates, meter)
         if clock.check(state):
             raise Preempted(f'stopped by {clock.stop_signal} at update {state.num_updates}; state saved to '
                             f'{clock.checkpoint_path}: continue with --resume', clock.stop_signal)

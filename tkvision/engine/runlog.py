@@ -8,6 +8,8 @@ Files of a run's folder written by the log (rank 0; the checkpoints are ``tkvisi
     curves.png          loss and top-1 against the epoch, at the end
     reconstruction.png  an MAE's reconstructions, at the end (``tkvision.engine.reconstruction``)
     trackers.json       each logger's run id and how far it has logged: a resumed run continues the same tracker run
+    rollbacks.csv       each rollback of a healed run (``tkvision.engine.healing``): the update, the loss, the reason,
+                        the update it went back to and the micro-batches skipped
     compile_cache.bin   with ``compile: true``, torch.compile's caches (``torch.compiler.save_cache_artifacts``)
                         beside each checkpoint, loaded on resume when torch, the device and the model still match
     per_class.csv, confusion_matrix.csv/.png   a classifier's report of its final evaluation (the task's)
@@ -39,12 +41,13 @@ from tqdm import tqdm
 
 from ..utils.errors import ConfigError, RunError
 from ..utils.files import atomic_write, folder_path
+from .healing import event_line
 from .loggers import FAILED, FINISHED, LOGGERS, PREEMPTED, Logger, logger_class
 from .plotting import Series, plot_curves
 from .state import TrainState
 
 __all__ = ['RunLog', 'CONFIG_FILE', 'METRICS_FILE', 'CURVES_FILE', 'RECONSTRUCTION_FILE', 'TRACKERS_FILE',
-           'COMPILE_CACHE_FILE',
+           'COMPILE_CACHE_FILE', 'ROLLBACKS_FILE',
            'save_yaml', 'save_rows', 'FINISHED', 'FAILED', 'PREEMPTED']
 
 CONFIG_FILE = 'config.yaml'
@@ -53,6 +56,7 @@ CURVES_FILE = 'curves.png'
 RECONSTRUCTION_FILE = 'reconstruction.png'
 TRACKERS_FILE = 'trackers.json'
 COMPILE_CACHE_FILE = 'compile_cache.bin'
+ROLLBACKS_FILE = 'rollbacks.csv'
 
 
 def save_yaml(obj: object, path: str) -> None:
@@ -243,6 +247,26 @@ class RunLog:
         for name, logger in list(self.loggers.items()):
             self._guard(name, lambda: logger.finish(status, summary))
         self.loggers = {}
+
+    def rolled_back(
+            self,
+            event: Mapping[str, Any],
+            events: Sequence[Mapping[str, Any]],
+            cap: int,
+            state: TrainState,
+    ) -> None:
+        """After a rollback (``tkvision.engine.healing``): the updates kept since the snapshot are dropped (they were
+        undone), and rank 0 says it in one line, rewrites ``rollbacks.csv`` with every event so far and sends
+        ``event/rollback`` (the event's count) to every logger at the update the run went back to."""
+        self._pending = []
+        self.mark(state)
+        if not self.main:
+            return
+        print(event_line(dict(event), len(events), cap), file=sys.stderr, flush=True)
+        save_rows([dict(e) for e in events], self.path(ROLLBACKS_FILE))
+        self._send(int(event['back_to']), {'event/rollback': float(len(events))})
+        for name, logger in list(self.loggers.items()):
+            self._guard(name, logger.flush)
 
     def save_compile_cache(self, key: Mapping[str, str]) -> None:
         """Write ``compile_cache.bin`` (rank 0): a JSON line of ``key`` (what the caches hold good for: torch, the

@@ -49,6 +49,7 @@ from .build import MaeConfig, ModelConfig
 from .checkpoint import (BEST_WEIGHTS, LAST_CHECKPOINT, LAST_WEIGHTS, load_init_weights, load_teacher,
                          load_training_checkpoint, save_weights)
 from .clock import STOP_SIGNALS, RunClock
+from .healing import Healer
 from .config import TrainConfig, config_changes, resolve_run_config
 from .distributed import Processes, init_distributed, is_peer_failure, setup_threads
 from .loop import NonFiniteLossError, Preempted, train_one_epoch
@@ -135,7 +136,8 @@ class Trainer:
                             model=built[0], global_batch_key=optim.global_batch_size is not None)
         self.clock = RunClock(processes, os.path.join(out, LAST_CHECKPOINT), log_interval=config.run.log_interval,
                               every_steps=config.run.checkpoint_every_steps,
-                              every_minutes=config.run.checkpoint_every_minutes, before_save=self._before_checkpoint)
+                              every_minutes=config.run.checkpoint_every_minutes, before_save=self._before_checkpoint,
+                              healer=Healer(config.healing, config.run.log_interval, processes.world))
         self.optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, data.batch_size, processes.world),
                               updates_per_epoch=self.data.updates_per_epoch,
                               freeze_loaded_tokens=config.model.freeze_loaded_tokens)
@@ -182,6 +184,7 @@ class Trainer:
             raise ConfigError('these keys cannot change when resuming (they fix the model, the data or the sample '
                               'order; start a new run with another --output instead): ' + '; '.join(forbidden))
         self.optim.resume(self.state, ckpt, path)
+        self.clock.healer.load_state_dict(ckpt.get('healing', {}))
         if self.processes.plan.compile and self.config.model.compile_cache:
             said = self.log.load_compile_cache(self._compile_key())
             if main and said:

@@ -1,0 +1,37 @@
+"""A test hook, not a code path users reach: poison the loss of chosen micro-batches (``tkvision.engine.loss.TrainTask
+.losses``) to inject a NaN or a spike. In-process with `install`; in a child process (torchrun, loader workers) through
+``TKVISION_TEST_POISON`` and the ``sitecustomize.py`` that `sitecustomize_dir` writes (Python imports it at start)."""
+import json
+import os
+
+#: ``{"epoch,batch": factor}``; a factor of NaN poisons with NaN.
+ENV = 'TKVISION_TEST_POISON'
+
+
+def install(poison: dict, setattr=setattr) -> None:
+    """Multiply the loss of micro-batch ``batch`` of ``epoch`` (from 0) by ``poison[(epoch, batch)]`` (NaN or a
+    factor: a spike with its gradients scaled too); ``setattr``: pytest's ``monkeypatch.setattr`` in a test, which
+    undoes it after."""
+    from tkvision.engine.loss import StepLoss, TrainTask
+    real = TrainTask.losses
+
+    def losses(self, net, model, images, labels, autocast, epoch, batch):
+        factor = poison.get((epoch, batch))
+        for loss in real(self, net, model, images, labels, autocast, epoch, batch):
+            yield loss if factor is None else StepLoss(loss.value * factor, loss.images, loss.forwards, loss.last)
+    setattr(TrainTask, 'losses', losses)
+
+
+def install_from_env() -> None:
+    spec = os.environ.get(ENV)
+    if spec:
+        install({tuple(int(v) for v in k.split(',')): float(f) for k, f in json.loads(spec).items()})
+
+
+def sitecustomize_dir(folder: str) -> str:
+    """A folder holding a ``sitecustomize.py`` that installs the poison of ``TKVISION_TEST_POISON``; put it first on
+    the child's ``PYTHONPATH`` (with the checkout, for ``tests``)."""
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, 'sitecustomize.py'), 'w') as f:
+        f.write('from tests.poison import install_from_env\ninstall_from_env()\n')
+    return folder
