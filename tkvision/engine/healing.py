@@ -24,7 +24,7 @@ snapshot is the state that run has at the same point (``tests/test_healing.py``)
 import copy
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -122,12 +122,12 @@ class Healer:
         """Whether micro-batch ``batch`` of ``epoch`` (both from 0) is one the run does not train."""
         return any(e == epoch and first <= batch <= last for e, first, last in self._skips)
 
-    def mark(self, meter: dict) -> None:
+    def mark(self, meter: Mapping[str, Any]) -> None:
         """Where the running epoch's sums stand as an epoch starts or resumes (the next update's loss is what they
         gain)."""
         self._mark = (meter['loss_sum'].clone(), meter['seen'])
 
-    def update(self, num_updates: int, meter: dict) -> None:
+    def update(self, num_updates: int, meter: Mapping[str, Any]) -> None:
         """After optimizer update ``num_updates``: keep its mean loss (a tensor on the device: no host sync)."""
         if not self.watches_spikes or self._mark is None:
             return
