@@ -1,6 +1,7 @@
-"""A test hook, not a code path users reach: poison the loss of chosen micro-batches (``tkvision.engine.loss.TrainTask
-.losses``) to inject a NaN or a spike. In-process with `install`; in a child process (torchrun, loader workers) through
-``TKVISION_TEST_POISON`` and the ``sitecustomize.py`` that `sitecustomize_dir` writes (Python imports it at start)."""
+"""Test hooks, not code paths users reach: poison the loss of chosen micro-batches (``tkvision.engine.loss.TrainTask
+.losses``) to inject a NaN or a spike, and record the samples each process trains (`log_samples`). In-process with
+`install`; in a child process (torchrun) through ``TKVISION_TEST_POISON`` / ``TKVISION_TEST_SAMPLES`` and the
+``sitecustomize.py`` that `sitecustomize_dir` writes (Python imports it at start)."""
 import json
 import os
 
@@ -33,5 +34,31 @@ def sitecustomize_dir(folder: str) -> str:
     the child's ``PYTHONPATH`` (with the checkout, for ``tests``)."""
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, 'sitecustomize.py'), 'w') as f:
-        f.write('from tests.poison import install_from_env\ninstall_from_env()\n')
+        f.write('from tests.poison import install_from_env, install_samples_from_env\ninstall_from_env()\n'
+                'install_samples_from_env()\n')
     return folder
+
+
+#: A folder where `log_samples` writes each training epoch's order, per process (``TKVISION_TEST_SAMPLES``).
+SAMPLES_ENV = 'TKVISION_TEST_SAMPLES'
+
+
+def log_samples(folder: str) -> None:
+    """Record the indices each process's training sampler yields (``ResumableSampler.__iter__``), one JSON file per
+    epoch, process and start: ``{epoch, rank, world, start, order}``."""
+    from tkvision.data.loader import ResumableSampler
+    real = ResumableSampler.__iter__
+
+    def iterate(self):
+        pairs = list(real(self))
+        name = f'e{self.epoch}_w{self.num_replicas}_r{self.rank}_s{self.start}_{os.getpid()}.json'
+        with open(os.path.join(folder, name), 'w') as f:
+            json.dump(dict(epoch=self.epoch, rank=self.rank, world=self.num_replicas, start=self.start,
+                           order=[i for i, _ in pairs]), f)
+        return iter(pairs)
+    ResumableSampler.__iter__ = iterate
+
+
+def install_samples_from_env() -> None:
+    if os.environ.get(SAMPLES_ENV):
+        log_samples(os.environ[SAMPLES_ENV])

@@ -1,5 +1,7 @@
 """The trainer on a pre-emptible cluster: schedule, accumulation, exact resume from any step with
 workers, runs that never overwrite each other, settings checked up front, no per-step host syncs."""
+import csv
+import json
 import math
 import os
 import signal
@@ -20,7 +22,7 @@ from tkvision.engine.runlog import RunLog
 from tkvision.utils.errors import RunError
 
 from .helpers import (ROOT, TINY_FMNIST, assert_torchrun_resumes_exactly, dataset_of, fmnist_cfg, free_port,
-                      wait_for_checkpoint)
+                      torchrun_train, wait_for_checkpoint)
 
 
 @pytest.fixture
@@ -394,20 +396,81 @@ def test_the_model_is_built_once_and_the_trainer_reads_its_config_in_place(tmp_p
     assert not hasattr(trainer, 'epochs') and not hasattr(trainer, 'out')
 
 
-def test_a_checkpoint_of_another_world_size_is_refused_naming_both(tmp_path):
-    """A requeued job that comes back with fewer processes (2 -> 1) would continue another data order and other
-    updates (each process's share of the data depends on the count): refused in one line naming both sizes and
-    the ways on; the checkpoint is left as it was. Every ``last.pth`` records the processes that wrote it."""
+def test_a_global_batch_the_new_process_count_cannot_make_up_is_refused_naming_both(tmp_path):
+    """A checkpoint of 2 processes whose global batch (96) one process of batch_size 64 cannot make up: refused in one
+    line naming both and what to do; the checkpoint is left as it was. Every ``last.pth`` records the processes that
+    wrote it and its global batch."""
     cfg = fmnist_cfg(tmp_path, epochs=2, train_subset=128, val_subset=64)
     path = os.path.join(cfg['output'], 'last.pth')
     train_mod.train(dict(cfg, epochs=1))
     state = torch.load(path, weights_only=True)
-    assert state['world_size'] == 1
-    torch.save(dict(state, world_size=2), path)
+    assert (state['world_size'], state['global_batch']) == (1, 64)
+    torch.save(dict(state, world_size=2, global_batch=96), path)
     before = open(path, 'rb').read()
-    with pytest.raises(RunError, match=r'written by a job of 2 process\(es\) and this job has 1.*resume it with 2'):
+    with pytest.raises(RunError, match=r'global batch of 96 on 2 process\(es\); 1 process\(es\) of batch_size 64 '
+                                       r'cannot make it up'):
         train_mod.train(cfg, resume=True)
     assert open(path, 'rb').read() == before
+
+
+def _updates(folder, first, last, batch, global_batch) -> dict:
+    """``{update: sorted sample indices}`` of updates ``first`` to ``last`` (from 1) from the sampler orders recorded
+    in ``folder`` (`tests.poison.log_samples`): rank r's micro-batch m of an epoch is its order's m-th slice of
+    ``batch``; an update is ``global_batch / (batch x world)`` consecutive micro-batches of every rank."""
+    found: dict = {}
+    for name in os.listdir(folder):
+        rec = json.load(open(os.path.join(folder, name)))
+        accum = global_batch // (batch * rec['world'])
+        per_epoch = (len(rec['order']) + rec['start']) // batch // accum
+        for j in range(len(rec['order']) // batch):
+            micro = rec['start'] // batch + j
+            update = rec['epoch'] * per_epoch + micro // accum + 1
+            if first <= update <= last:
+                found.setdefault(update, set()).update(rec['order'][j * batch:(j + 1) * batch])
+    return {u: sorted(v) for u, v in found.items()}
+
+
+@pytest.mark.slow
+def test_a_run_resumes_on_another_number_of_processes_with_the_same_samples_per_update(tmp_path):
+    """2 -> 1 -> 2 processes (gloo): stopped (SIGTERM) mid-epoch on two, resumed on one (each update now two
+    micro-batches of one process), stopped in the next epoch, resumed on two: every update trains the samples the
+    uninterrupted two-process run's update does, the global batch and its lr stay, and the loss curve stays within
+    0.1 of the uninterrupted one (the micro-batches' random draws and the order of the gradients' sum differ, so
+    not bit for bit); the weights' relative distance is measured and printed."""
+    from . import poison
+    env_for = {}
+    for run in ('full', 'moved'):
+        (tmp_path / f'{run}_samples').mkdir()
+        env_for[run] = dict(os.environ, PYTHONPATH=os.pathsep.join([poison.sitecustomize_dir(str(tmp_path / 'site')),
+                                                                   ROOT]),
+                            **{poison.SAMPLES_ENV: str(tmp_path / f'{run}_samples')})
+    args = lambda out: _args(out, workers=0) + ['--log_interval', '1']  # noqa: E731
+    full, moved = str(tmp_path / 'full'), str(tmp_path / 'moved')
+    assert torchrun_train(args(full), env=env_for['full']).wait(timeout=600) == 0
+    checkpoint = os.path.join(moved, 'last.pth')
+    stops = []
+    for nproc, until, extra in ((2, lambda s: s['num_updates'] >= 5, []), (1, lambda s: s['epochs_done'] == 1 and
+                                                                            s['batches_done'] >= 8, ['--resume'])):
+        p = torchrun_train(args(moved), extra, env=env_for['moved'], nproc=nproc)
+        wait_for_checkpoint(checkpoint, p, until)
+        p.send_signal(signal.SIGTERM)
+        log = p.communicate(timeout=300)[0]
+        assert 'stopped by SIGTERM' in log, log[-2000:]
+        stops.append(ckpt.load_training_checkpoint(checkpoint)['num_updates'])
+    log = torchrun_train(args(moved), ['--resume'], env=env_for['moved']).communicate(timeout=600)[0]
+    assert 'resumed on 2 process(es) a run of 1: the global batch stays 64' in log, log[-3000:]
+    total = ckpt.load_training_checkpoint(checkpoint)['num_updates']
+    want = _updates(str(tmp_path / 'full_samples'), 1, total, 32, 64)
+    got = _updates(str(tmp_path / 'moved_samples'), 1, total, 32, 64)
+    assert len(want) == total == 2 * 32 and got == want and len(want[1]) == 64
+    rows = [list(csv.DictReader(open(os.path.join(run, 'metrics.csv')))) for run in (full, moved)]
+    for a, b in zip(*rows):
+        assert abs(float(a['train_loss']) - float(b['train_loss'])) < 0.1 and abs(float(a['val_loss']) -
+                                                                                   float(b['val_loss'])) < 0.1
+    a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(moved, 'last.safetensors'))
+    distance = math.sqrt(sum(float((a[k] - b[k]).double().square().sum()) for k in a))
+    size = math.sqrt(sum(float(a[k].double().square().sum()) for k in a))
+    print(f'relative distance of the weights after 2 -> 1 -> 2 processes: {distance / size:.3g}')
 
 
 @pytest.mark.slow

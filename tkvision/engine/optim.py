@@ -332,12 +332,15 @@ def resolve_lr(
         optim: OptimConfig,
         batch_size: int,
         world_size: int = 1,
+        global_batch: Optional[int] = None,
 ) -> float:
     """Peak lr of the optim section ``optim``: ``lr`` if set, else ``blr * global_batch / 256`` (MAE's linear
-    scaling rule), the global batch being ``batch_size`` x accumulation steps x ``world_size`` processes."""
+    scaling rule), the global batch being ``global_batch`` when given (a run resumed on another number of processes
+    keeps its own), else ``batch_size`` x accumulation steps x ``world_size`` processes."""
     if optim.lr is not None:
         return float(optim.lr)
-    return optim.blr * batch_size * resolve_accum_steps(optim, batch_size, world_size) * world_size / 256
+    return optim.blr * (global_batch or batch_size * resolve_accum_steps(optim, batch_size, world_size) *
+                        world_size) / 256
 
 
 

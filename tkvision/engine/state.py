@@ -111,6 +111,7 @@ class TrainState:
         self.grown_from, self.init_report = dict(grown_from or {}), init_report
         self.inputs = {key: dict(value) for key, value in (inputs or {}).items()}
         self.epochs_done = self.batches_done = self.num_updates = 0
+        self.global_batch: Optional[int] = None  # images per update over every process (set by the trainer)
         self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.plan.grad_scaler)
         self.ema = ModelEmaV3(self.model, decay=ema_decay) if ema_decay is not None else None
         metric, mode = best
@@ -183,7 +184,8 @@ class TrainState:
         ``data_seconds``), ``inputs`` (the files it started from,
         with their sha256: ``teacher``, ``init_from``), ``elapsed_seconds`` (the run's wall
         seconds so far, all processes that trained it: `elapsed_seconds`; files without it count from their
-        resume), ``world_size`` (the processes that wrote it: a resume needs as many), ``format_version``
+        resume), ``world_size`` (the processes that wrote it) and ``global_batch`` (images per update over them: a
+        resume on another number of processes keeps it), ``format_version``
         (`FORMAT_VERSION`). The scheduler is not saved:
         it is rebuilt from the config at ``num_updates``, so changed schedule keys take effect on resume.
         """
@@ -196,7 +198,7 @@ class TrainState:
                     best=self.best, token_counts=self.size(), config=dict(self.config_record),
                     meter=meter,
                     inputs=self.inputs, elapsed_seconds=self.elapsed_seconds(), world_size=self.world,
-                    format_version=FORMAT_VERSION)
+                    global_batch=self.global_batch, format_version=FORMAT_VERSION)
 
     def restore(self, checkpoint: dict) -> None:
         """The state's own parts of a ``last.pth`` dict: the scaler, the EMA weights, the counters, the best

@@ -113,6 +113,7 @@ class Trainer:
         self.lock, resume = claim_output(config.run.output, self.processes, LAST_CHECKPOINT, resume,
                                          RunLog.early_files(config.run.loggers))
         try:
+            self.accum = self._accum(resume)
             self._build(built, teacher, started)
             self.resumed_epochs = self._resume(resume) if resume else None
         except BaseException:
@@ -132,22 +133,64 @@ class Trainer:
         """The parts, each from the sections it reads: data, clock, optimisation, state, step and evaluation."""
         config, processes, out = self.config, self.processes, self.config.run.output
         data, optim, seed = config.data, config.optim, config.run.seed
-        self.data = RunData(data, resolve_accum_steps(optim, data.batch_size, processes.world), seed, processes,
-                            model=built[0], global_batch_key=optim.global_batch_size is not None)
+        self.data = RunData(data, self.accum, seed, processes, model=built[0],
+                            global_batch_key=optim.global_batch_size is not None)
         self.clock = RunClock(processes, os.path.join(out, LAST_CHECKPOINT), log_interval=config.run.log_interval,
                               every_steps=config.run.checkpoint_every_steps,
                               every_minutes=config.run.checkpoint_every_minutes, before_save=self._before_checkpoint,
                               healer=Healer(config.healing, config.run.log_interval, processes.world))
-        self.optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, data.batch_size, processes.world),
+        self.optim = RunOptim(optim, config.growth, lr=resolve_lr(optim, data.batch_size, processes.world,
+                                                                  self.data.global_batch),
                               updates_per_epoch=self.data.updates_per_epoch,
                               freeze_loaded_tokens=config.model.freeze_loaded_tokens)
         self.state = build_state(config, self.optim, processes, started, built=built)
+        self.state.global_batch = self.data.global_batch
         num_classes = int(getattr(self.state.model, 'num_classes', 0))  # every timm classifier has it; an MAE none
         if teacher is not None:
             check_teacher(teacher, num_classes, input_shape(self.state.model)[0])
         self.step = TrainTask(config.loss, self.task, seed, num_classes, teacher)
         self.evaluator = RunEvaluator(self.data, self.step, processes, seed, config.model.model,
                                       os.path.join(out, BEST_WEIGHTS), self.log.path)
+
+    def _accum(self, resume: Union[None, bool, str]) -> int:
+        """Micro-batches per update: the config's (``resolve_accum_steps``), or for a run resumed from a checkpoint
+        written by another number of processes, what keeps that run's global batch: ``global batch / (batch_size x
+        processes)``, each process taking its share of every global batch.
+
+        Raises:
+            RunError: the checkpoint's global batch is not a multiple of ``batch_size`` x this job's processes.
+        """
+        optim, data, world = self.config.optim, self.config.data, self.processes.world
+        accum = resolve_accum_steps(optim, data.batch_size, world)
+        path = self._checkpoint_path() if resume is True else resume
+        if not (resume and os.path.isfile(str(path))):
+            return accum
+        saved = torch.load(str(path), map_location='cpu', weights_only=True, mmap=True)
+        saved_world = saved.get('world_size', world)
+        global_batch = saved.get('global_batch') or data.batch_size * accum * saved_world
+        if saved_world == world:
+            return accum
+        if global_batch % (data.batch_size * world):
+            raise RunError(f'{path} was trained with a global batch of {global_batch} on {saved_world} process(es); '
+                           f'{world} process(es) of batch_size {data.batch_size} cannot make it up (it is no multiple '
+                           f'of {data.batch_size * world}): resume on a number of processes that divides it')
+        return global_batch // (data.batch_size * world)
+
+    def _checkpoint_path(self) -> str:
+        """The run's ``last.pth``."""
+        return os.path.join(self.config.run.output, LAST_CHECKPOINT)
+
+    def _rescale_position(self, saved_world: int) -> None:
+        """A checkpoint of ``saved_world`` processes resumed on this job's: the epoch's position counted in this job's
+        micro-batches (the samples done are the same: the global order is one sequence, each process taking every
+        ``world``-th sample), and one line saying what is and is not the same."""
+        world, data = self.processes.world, self.data
+        self.state.batches_done = self.state.batches_done * saved_world // world
+        if self.processes.main:
+            print(f'resumed on {world} process(es) a run of {saved_world}: the global batch stays {data.global_batch} '
+                  f'(batch_size {self.config.data.batch_size} x accumulation {data.accum} x {world} process(es)) and '
+                  'every update takes the same samples; the per-micro-batch random draws (mixup, drop path) and '
+                  'the order gradients are summed in differ, so the run is not bit-identical to one that stayed')
 
     def _before_checkpoint(self, state: TrainState) -> None:
         """What a checkpoint covers goes out first: the run log's kept updates to the trackers, and with ``compile``
@@ -177,7 +220,7 @@ class Trainer:
                 return None
             raise RunError(f'nothing to resume: no checkpoint at {path}')
         ckpt = load_training_checkpoint(path)
-        _check_world(ckpt.get('world_size', self.processes.world), self.processes.world, path)
+        saved_world = ckpt.get('world_size', self.processes.world)
         _check_inputs(ckpt.get('inputs', {}), self.state.inputs, main)
         allowed, forbidden = config_changes(ckpt['saved_config'], dict(self.state.config_record))
         if forbidden:
@@ -185,6 +228,8 @@ class Trainer:
                               'order; start a new run with another --output instead): ' + '; '.join(forbidden))
         self.optim.resume(self.state, ckpt, path)
         self.clock.healer.load_state_dict(ckpt.get('healing', {}))
+        if saved_world != self.processes.world:
+            self._rescale_position(saved_world)
         if self.processes.plan.compile and self.config.model.compile_cache:
             said = self.log.load_compile_cache(self._compile_key())
             if main and said:
@@ -367,21 +412,6 @@ def run_inputs(config: TrainConfig) -> dict:
                  init_from=config.model.init_from)
     return {key: dict(path=path, sha256=file_sha256(path)) for key, path in files.items()
             if path and os.path.isfile(path)}
-
-
-def _check_world(saved: int, now: int, path: str) -> None:
-    """Refuse a resume on another number of processes than wrote the checkpoint: each process's share of the data
-    order, and with it every later update, depends on it (docs/reliability.md). A checkpoint without the record is
-    not checked.
-
-    Raises:
-        RunError: naming both numbers and the two ways on.
-    """
-    if saved != now:
-        raise RunError(f'{path} was written by a job of {saved} process(es) and this job has {now}: its data order '
-                       f'and updates continue only on {saved} (torchrun --nnodes x --nproc_per_node, or the SLURM job '
-                       f'size); resume it with {saved}, or start a new run with --init_from {path} and another '
-                       '--output')
 
 
 def _check_inputs(saved: Mapping, now: Mapping, main: bool) -> None:
