@@ -115,3 +115,27 @@ def test_train_help_says_every_config_key_is_an_option_and_its_examples_parse(ca
             assert cfg['model_kwargs']['num_tokens'] == 96
         if '--init_from' in options:
             assert cfg['init_from'] == options['--init_from']
+
+
+def test_the_default_threads_leave_the_cores_other_work_keeps_busy(monkeypatch):
+    """Beside another CPU-bound job the 2-thread default ran several times slower than 1 thread: the default now
+    takes the free cores, measured once at the start, and says so. ``busy_cores`` reads the kernel's counters: a
+    busy loop pinned to one core reads as (nearly) one busy core."""
+    import subprocess
+
+    from tkvision.engine import distributed
+    monkeypatch.setattr(os, 'sched_getaffinity', lambda pid: {0, 1})
+    monkeypatch.delenv('LOCAL_WORLD_SIZE', raising=False)
+    monkeypatch.setattr(distributed, 'busy_cores', lambda cpus, seconds=0.3: 1.1)
+    assert distributed.default_threads() == (1, '2 cores, 1.1 busy with other work at start')
+    monkeypatch.setattr(distributed, 'busy_cores', lambda cpus, seconds=0.3: 0.2)
+    assert distributed.default_threads() == (2, '2 cores, idle at start')
+    monkeypatch.undo()
+    loop = subprocess.Popen([sys.executable, '-c', 'import os; os.sched_setaffinity(0, {0})\nwhile True: pass'])
+    try:
+        import time
+        time.sleep(0.5)
+        assert distributed.busy_cores([0], seconds=0.5) > 0.8
+    finally:
+        loop.kill()
+        loop.wait()
