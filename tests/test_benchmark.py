@@ -303,3 +303,26 @@ def test_the_benchmark_says_which_files_it_wrote_and_refuses_a_batch_larger_than
                            'cpu', '--batch-size', '100000', '--no-memory', '--out', out])
     err = capsys.readouterr().err
     assert code == 2 and 'Traceback' not in err and 'error: --batch-size 100000: one batch of 3 x 224 x 224' in err
+
+
+@pytest.mark.slow
+def test_the_gpu_attribution_script_runs_every_part_on_a_cpu(tmp_path):
+    """``make gpu-attribution``'s script, on tiny shapes on the CPU (no GPU in CI): each part writes its rows into
+    the JSON and Markdown files, so the first call on a lent GPU is known to run."""
+    import json
+    import subprocess
+    import sys
+    from .helpers import ROOT
+    out = str(tmp_path / 'attr')
+    res = subprocess.run([sys.executable, '-m', 'studies.performance.gpu_attribution', '--device', 'cpu', '--tiny',
+                          '--batch', '4', '--steps', '1', '--repeats', '1', '--out', out], cwd=ROOT, capture_output=True,
+                         text=True, timeout=1200)
+    assert res.returncode == 0, res.stderr[-2000:]
+    (path,) = [p for p in os.listdir(tmp_path) if p.endswith('.json')]
+    found = json.load(open(tmp_path / path))
+    assert found['card'] == 'cpu' and {r['part'] for r in found['attribution']} == {
+        'matmul', 'attention', 'theta_gelu_forward', 'theta_gelu_backward', 'rest', 'total'}
+    assert {r['what'] for r in found['models']} >= {'train compiled default', 'train compiled max-autotune',
+                                                    'infer compiled default', 'train eager'}
+    assert {r['layer'] for r in found['layers']} == {'pattention closed_form', 'pattention lean',
+                                                     'pattention autograd', 'timm Mlp'}
