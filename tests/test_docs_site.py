@@ -143,3 +143,54 @@ def test_no_paragraph_is_cut_by_a_value_marker(site):
     cut += [f'README.md:{i + 1}' for i in range(1, len(lines))
             if block.match(lines[i]) and lines[i - 1].strip()]
     assert not cut, cut
+
+
+#: Appended to a copy of a built page: after the layout, each table header naming a result (``top-1``) as its right
+#: edge and the right edge of the table's visible box (its scroll wrapper's), in CSS pixels, into ``<pre id=probe>``.
+_WIDTH_PROBE = '''<script>
+const found = [];
+document.querySelectorAll('article table').forEach((table, i) => {
+  const box = (table.closest('.md-typeset__scrollwrap') || table.parentElement).getBoundingClientRect();
+  table.querySelectorAll('th').forEach(th => {
+    if (/top-1/.test(th.textContent)) {
+      found.push({table: i, header: th.textContent.trim(), right: th.getBoundingClientRect().right, edge: box.right});
+    }
+  });
+});
+const pre = document.createElement('pre'); pre.id = 'probe'; pre.textContent = JSON.stringify(found);
+document.body.appendChild(pre);
+</script>'''
+
+
+def _result_columns(site, page: str, profile) -> list:
+    """``[{table, header, right, edge}]`` of every result column of ``page`` as Chromium lays it out at 1280 px."""
+    import json
+    import re
+    html = (site / page).read_text()
+    probe = site / page.replace('.html', '_probe.html')
+    probe.write_text(html.replace('</body>', _WIDTH_PROBE + '</body>'))
+    dom = subprocess.run([CHROMIUM, *FLAGS, f'--user-data-dir={profile}', '--window-size=1280,1600', '--dump-dom',
+                          f'file://{probe}'], capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r'<pre id="probe">(.*?)</pre>', dom, re.S)
+    assert found, dom[-2000:]
+    return json.loads(found.group(1).replace('&quot;', '"'))
+
+
+@pytest.mark.slow
+def test_the_results_columns_of_the_results_pages_show_at_1280_px(site, tmp_path):
+    """At a 1280-px window every column of a results table that holds a top-1 ends inside the table's visible box,
+    not behind its horizontal scroll (the comparison's "1. Equal parameters" table hid both). The probe sees what
+    it measures: on a page where a planted table is wider than the window, its result column is past the edge."""
+    for page in ('comparison.html', 'cifar10.html'):
+        if not (site / page).exists():
+            continue
+        columns = _result_columns(site, page, tmp_path / 'profile')
+        assert columns, page
+        hidden = [c for c in columns if c['right'] > c['edge'] + 1]
+        assert not hidden, (page, hidden)
+    wide = '<table><tr>' + ''.join(f'<th>a long column name {i}</th>' for i in range(30)) + '<th>top-1</th></tr></table>'
+    html = (site / 'comparison.html').read_text().replace('<article class="md-content__inner md-typeset">',
+                                                        '<article class="md-content__inner md-typeset">' + wide, 1)
+    (site / 'planted.html').write_text(html)
+    planted = [c for c in _result_columns(site, 'planted.html', tmp_path / 'profile') if c['header'] == 'top-1']
+    assert planted and planted[0]['right'] > planted[0]['edge']
