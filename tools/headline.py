@@ -61,8 +61,8 @@ def _comparison() -> list:
     if mlp is not None:
         rows.append(dict(key='plain_mlp',
                          question='The same, each Pattention a plain GELU MLP (score_norm: gelu, no normalisation): '
-                                  f"validation top-1 %, {mlp['seeds']} seeds (the TokenFormer with it: "
-                                  f"{_pm(t['top1_mean'], t['top1_std'])})"
+                                  f"validation top-1 %, {mlp['seeds']} seeds; the difference is against the ViT (the "
+                                  f"TokenFormer with its normalisation: {_pm(t['top1_mean'], t['top1_std'])})"
                                   + _apart('docs/comparison/points.csv', 'tokenformer_plain_gelu', 'vit_equal_width'),
                          tokenformer=_pm(mlp['top1_mean'], mlp['top1_std']),
                          vit=_pm(v['top1_mean'], v['top1_std']),

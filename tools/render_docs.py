@@ -66,7 +66,7 @@ def _number(value: str):
 
 def load_rows(source: str) -> list:
     """The rows of ``source`` (``path.csv`` or ``path.json#key``, with ``?column=value`` filters),
-    path relative to the repository root.
+    path relative to the repository root; a JSON object at ``key`` is one row (a report's ``info``).
 
     Raises:
         FileNotFoundError: the file does not exist. KeyError: the JSON key does not.
@@ -82,6 +82,7 @@ def load_rows(source: str) -> list:
                     raise SpecError(f'{source}: {path} holds {type(rows).__name__} where the key {part!r} needs an '
                                     'object; regenerate the file with the command that wrote it')
                 rows = rows[part]
+            rows = [rows] if isinstance(rows, dict) else rows
         else:
             rows = [{k: _number(v) for k, v in r.items()} for r in csv.DictReader(f)]
     if not isinstance(rows, list) or not all(isinstance(r, dict) for r in rows):
@@ -181,24 +182,47 @@ def cpu_kind(machine: str) -> str:
 
 
 def render_compare(spec: str) -> str:
-    """The words of a ``compare`` marker's ``spec`` (``A vs B | column | unit``; the module docstring).
+    """The words of a ``compare`` marker's ``spec`` (``A vs B | column | unit``, or ``... | short`` for the verb and
+    the gap alone; the module docstring). Where both sides record ``machine`` or ``commit`` and they differ, a
+    parenthesis says so (a side that records neither, or ``unknown``, is not compared).
 
     Raises:
-        SpecError: a side that keeps no row, or a column a row lacks.
+        SpecError: a spec that is not of that form, a side that keeps no row, a column a row lacks, or a value that
+            is no finite number (each named, with the file).
     """
-    sides, column, unit = [c.strip() for c in ' '.join(spec.split()).split(' | ')]
-    names = [side.strip() for side in sides.split(' vs ')]
-    left, right = [load_rows(name) for name in names]
-    for name, rows in zip(names, (left, right)):
+    fields = [c.strip() for c in ' '.join(spec.split()).split(' | ')]
+    if len(fields) not in (3, 4) or (len(fields) == 4 and fields[3] != 'short') or fields[0].count(' vs ') != 1:
+        raise SpecError(f"a compare spec is 'A vs B | column | unit' (or with '| short'), got {spec!r}")
+    names = [side.strip() for side in fields[0].split(' vs ')]
+    column, unit, short = fields[1], fields[2], len(fields) == 4
+    values = []
+    for name in names:
+        rows = load_rows(name)
         if not rows:
             raise SpecError(f'{name} keeps no row; a comparison needs one row per seed a side')
-    words = compare_words([float(r[column]) for r in left], [float(r[column]) for r in right], unit)
+        if any(column not in r for r in rows):
+            raise SpecError(f'{name} has no column {column!r} (its columns: {", ".join(rows[0])})')
+        side = [_finite(r[column], name, column) for r in rows]
+        values.append((rows, side))
+    words = compare_words(values[0][1], values[1][1], unit, short=short)
     apart = []
     for key, said, kind in (('machine', 'on different CPUs', cpu_kind), ('commit', 'different code', str)):
-        values = [{kind(str(r.get(key, 'unknown'))) for r in rows} for rows in (left, right)]
-        if any(key in r for r in left + right) and values[0] != values[1]:
+        known = [{kind(str(r[key])) for r in rows if str(r.get(key, 'unknown')) not in ('', 'unknown')}
+                 for rows, _ in values]
+        if all(known) and known[0] != known[1]:
             apart.append(said)
-    return words + (f" ({', '.join(apart)})" if apart else '')
+    return words + (f" ({', '.join(apart)})" if apart and not short else '')
+
+
+def _finite(value: str, name: str, column: str) -> float:
+    """A compare marker's number, refusing one that is not a finite number (a failed seed's row)."""
+    try:
+        number = float(value)
+    except ValueError:
+        raise SpecError(f'{name}: {column} {value!r} is not a number') from None
+    if not math.isfinite(number):
+        raise SpecError(f'{name}: {column} is {value} (a failed seed?): remove its row or rerun it')
+    return number
 
 
 def documents() -> list:

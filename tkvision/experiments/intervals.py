@@ -36,6 +36,7 @@ def compare_words(
         other_values: Sequence[float],
         unit: str,
         digits: int = 2,
+        short: bool = False,
 ) -> str:
     """The verb and figures of "``values`` against ``other_values``" (one number per seed a side), by
     `gap_interval`'s 95% interval: ``ahead by g`` / ``behind by g`` when the interval excludes 0; when it includes 0,
@@ -48,6 +49,8 @@ def compare_words(
         other_values: the other side's.
         unit: the unit of a gap (``'points'``).
         digits: decimals of the figures shown.
+        short: the verb and the gap alone (``level (+0.22 points)``, ``behind by 0.69 points``): a summary's form,
+            the full parenthesis staying on the results page.
 
     Raises:
         ValueError: a side with no seed.
@@ -59,11 +62,15 @@ def compare_words(
     side = 'ahead' if gap > 0 else 'behind'
     size = f'{abs(gap):.{digits}f} {unit}'
     if low is None or high is None:
+        if short:
+            return f'{side} on one seed a side only ({gap:+.{digits}f} {unit})' if gap else 'level on one seed a side'
         return f'{side} on one seed a side only ({size}; no interval)' if gap else 'level on one seed a side'
     interval = f'95% interval {low:+.{digits}f} to {high:+.{digits}f}; {seeds}'
     if low > 0 or high < 0:
-        return f'{side} by {size} ({interval})'
+        return f'{side} by {size}' + ('' if short else f' ({interval})')
     spread = max(statistics.stdev(v) if len(v) > 1 else 0.0 for v in (values, other_values))
-    if abs(gap) <= spread:
-        return f'level within the seed spread ({gap:+.{digits}f} {unit}, {interval})'
-    return f'{side} on the means only ({gap:+.{digits}f} {unit}, {interval})'
+    verb = 'level' if abs(gap) <= spread else f'{side} on the means only'
+    if short:
+        return f'{verb} ({gap:+.{digits}f} {unit})'
+    spread_words = ' within the seed spread' if verb == 'level' else ''
+    return f'{verb}{spread_words} ({gap:+.{digits}f} {unit}, {interval})'
