@@ -226,11 +226,11 @@ def _finite(value: str, name: str, column: str) -> float:
 
 
 def documents() -> list:
-    """README.md, every markdown file under docs/, and every config (a header's measured figure is an inline
+    """README.md, DEVELOPERS.md, every markdown file under docs/, and every config (a header's measured figure is an inline
     value too)."""
     configs = [p for pattern in ('tkvision/configs/**/*.yaml', 'studies/*/configs/**/*.yaml')
                for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)]
-    return [os.path.join(ROOT, 'README.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
+    return [os.path.join(ROOT, 'README.md'), os.path.join(ROOT, 'DEVELOPERS.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
                                                                 recursive=True)) + sorted(configs)
 
 
