@@ -69,9 +69,10 @@ train-cifar10: env
 test: env data browser
 	TKVISION_NO_SKIPS=1 TKVISION_SLOW_SECONDS=30 $(PY) -m pytest -q -n 2 --dist loadfile -m "not slurm" --durations=25 $(ARGS)
 
-# The cluster path against a real SLURM (about 15 min, as root or with sudo): tools/slurm/local_cluster.sh installs
-# Debian's Slurm 22.05, munge and MariaDB when missing and starts a cluster of this host (two nodes), then the tests
-# marked slurm (tests/test_slurm.py) run on it, then `down` stops exactly the daemons it started.
+# The cluster path against a real SLURM (as root or with sudo; DEVELOPERS.md gives its time):
+# tools/slurm/local_cluster.sh installs Debian's Slurm 22.05, munge and MariaDB when missing and starts a cluster of
+# this host (two nodes), then the tests marked slurm (tests/test_slurm.py) run on it, then `down` stops exactly the
+# daemons it started.
 test-slurm: env data
 	tools/slurm/local_cluster.sh up
 	TKVISION_NO_SKIPS=1 $(PY) -m pytest -q -m slurm tests/test_slurm.py $(ARGS); rc=$$?; \
@@ -99,24 +100,24 @@ test-timm-upstream: env
 benchmark: env
 	$(PY) tools/benchmark.py $(ARGS)
 
-# First on a new GPU machine (about 13 min of one H200: docs/bench/gpu_check_2026-12-04.md): one line per item
+# First on a new GPU machine (its time on one H200: docs/bench/gpu_check_2026-12-04.md): one line per item
 # (tkvision/experiments/gpu_check.py); ARGS="--out docs/bench/gpu_check" keeps the lines. CPU check (CI runs it):
 # ARGS="--device cpu --dry-run".
 test-gpu:
 	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) tools/check_gpu.py $(ARGS)
 
-# On a lent GPU, first (about 10 min): where B/16† loses to ViT-B, kernel by kernel, Inductor's options, the fused
+# On a lent GPU, first: where B/16† loses to ViT-B, kernel by kernel, Inductor's options, the fused
 # Pattention against timm's Mlp: docs/bench/gpu_attribution_<card>_<date>.md (studies/performance/gpu_attribution.py).
 # CPU check (a test runs it): ARGS="--device cpu --tiny --batch 4".
 gpu-attribution:
 	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) -m studies.performance.gpu_attribution $(ARGS)
 
-# On a GPU machine (< 10 min on one H100): one report under docs/bench/ (studies/performance/gpu_report.py).
+# On a GPU machine: one report under docs/bench/ (studies/performance/gpu_report.py).
 # Needs torch, timm, triton; the end-to-end part also albumentations. CPU check: ARGS="--device cpu --tiny".
 bench-gpu:
 	PYTHONPATH=$(CURDIR) $(or $(wildcard $(PY)),python3) -m studies.performance.gpu_report --out docs/bench/gpu $(ARGS)
 
-# Growth chain vs from scratch (docs/growth.md): ~40 min per seed-set on 2 cores; ARGS='--seeds 0' for one seed.
+# Growth chain vs from scratch (docs/growth.md); ARGS='--seeds 0' for one seed.
 growth-experiment: env data
 	$(PY) -m studies.growth.growth_experiment --out runs/growth_chain --train_subset 20000 $(ARGS)
 

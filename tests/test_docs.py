@@ -223,6 +223,15 @@ PLANTED = [
     ('The planted run is sixty percent of the baseline.', 'sixty percent'),
     ('The planted run trains three times faster.', 'three times'),
     ('The planted run is twice as fast.', 'twice as'),
+    ('The planted run trains at 1e3 img/s.', '1e3'),
+    ('The planted run reached 88-89% top-1.', '88-89'),
+    ('The planted run trains 4 times faster.', '4'),
+    ('The planted run reached 88 percent.', '88'),
+    ('The planted run is 2 points ahead.', '2'),
+    ('The planted run took 13 min.', '13'),
+    ('The planted run took a third of the time.', 'a third'),
+    ('The planted run is half a point ahead.', 'half a'),
+    ('The planted run is 0,9x the baseline.', '0,9'),
 ]
 
 
@@ -230,10 +239,12 @@ PLANTED = [
                                    'docs/performance_archive.md', 'docs/reference/background.md', 'README.md',
                                    'docs/guide/training.md',
                                    'tkvision/configs/fashion_mnist/long.yaml',
-                                   'docstring tkvision.layers.pattention.Pattention'])
+                                   'docstring tkvision.layers.pattention.Pattention',
+                                   'docstring tkvision.engine.healing', 'DEVELOPERS.md', 'mkdocs.yml', 'Makefile'])
 def test_each_planted_form_is_caught_on_every_kind_of_page(where):
-    """A results page, a notes page, the archive, a reference page, the README, the guide, a config's header and a
-    docstring the site renders: each planted form is reported there, and only it."""
+    """A results page, a notes page, the archive, a reference page, the README, the guide, a config's header, a
+    docstring the site renders and one it does not, DEVELOPERS.md, mkdocs.yml and the Makefile: each planted form is
+    reported there, and only it."""
     from .typed_figures import documents, listed, loose_figures
     docs, rows = documents(), listed()
     assert where in docs
@@ -241,6 +252,20 @@ def test_each_planted_form_is_caught_on_every_kind_of_page(where):
         planted = dict(docs, **{where: docs[where] + '\n\n' + sentence + '\n'})
         loose, _ = loose_figures(planted, rows)
         assert [line.split(' in "')[0] for line in loose] == [f'{where}: {figure}'], (sentence, loose)
+
+
+def test_a_figure_in_a_tables_header_or_below_a_configs_header_is_caught(tmp_path):
+    """A generated table's cells are rendered but its headers are typed into the marker by hand: a figure there is
+    reported. A config's comments below its header and at the end of a line are read as its header is."""
+    from .typed_figures import _comments, documents, listed, loose_figures
+    docs, rows = documents(), listed()
+    table = ('<!-- table docs/ablations/results.csv | point={config} | top-1 at 88%={top1_mean} -->\n| point | top-1 at '
+             '88% |\n|---|---|\n<!-- end table -->\n')
+    planted = dict(docs, **{'docs/ablations.md': docs['docs/ablations.md'] + '\n' + table})
+    assert [line.split(' in "')[0] for line in loose_figures(planted, rows)[0]] == ['docs/ablations.md: 88']
+    config = tmp_path / 'planted.yaml'
+    config.write_text('# The header.\nepochs: 6\n# Below it: the run took 13 min.\nlr: 0.002  # 3x the old one\n')
+    assert _comments(str(config)) == ' The header.\n Below it: the run took 13 min.\n 3x the old one\n'
 
 
 def test_a_listed_figure_reused_elsewhere_on_its_page_is_caught():
@@ -447,3 +472,45 @@ def test_the_growth_chains_wall_clock_is_the_ratio_of_the_kept_minutes():
         last = max(int(r['epoch']) for r in curves if r['arm'] == row['arm'])
         finals = [float(r['minutes']) for r in curves if r['arm'] == row['arm'] and int(r['epoch']) == last]
         assert float(row['wall_vs_largest']) == round(statistics.mean(finals) / denominator, 3), row['arm']
+
+
+def test_every_comparative_word_typed_by_hand_is_listed_by_its_context():
+    """Outside a compare marker (whose verb its 95% interval gives), each comparative word in the README, DEVELOPERS.md,
+    a hand-written page under docs/ or a config's comments is listed in tests/typed_words.csv by the words around it,
+    with the interval, table or rule that supports it; a listed context no longer on its page is reported too."""
+    from .typed_words import listed, loose_words, word_documents
+    loose, stale = loose_words(word_documents(), listed())
+    assert loose == [], 'a comparative word typed by hand: use a compare marker, or list it with its source\n' + \
+        '\n'.join(loose)
+    assert stale == [], 'listed contexts no longer on their page: remove the rows\n' + '\n'.join(stale)
+    assert [r for r in listed() if not r['source'].strip()] == []
+
+
+#: Each comparative form the word check must catch, as a planted sentence (the word it must report).
+PLANTED_WORDS = [
+    ('The planted arm is better than the reference.', 'better'),
+    ('The planted arm beats the reference.', 'beats'),
+    ('The planted arm is ahead of the reference.', 'ahead'),
+    ('The planted arm trails the reference.', 'trails'),
+    ('The planted arm is level with the reference.', 'is level'),
+    ('The planted arm holds up at 16 patches.', 'holds up'),
+    ('In the planted run the paper\'s order holds.', 'holds'),
+    ('The planted arm scores lower on test.', 'lower'),
+    ('The planted arm matches the reference.', 'matches'),
+]
+
+
+@pytest.mark.parametrize('where', ['README.md', 'docs/comparison.md', 'DEVELOPERS.md',
+                                   'tkvision/configs/fashion_mnist/long.yaml'])
+def test_each_planted_comparative_word_is_caught(where):
+    """Each planted verdict is reported on the README, a results page, DEVELOPERS.md and a config's comments; the same
+    word inside a compare marker or in code is not."""
+    from .typed_words import listed, loose_words, word_documents
+    docs, rows = word_documents(), listed()
+    for sentence, word in PLANTED_WORDS:
+        planted = dict(docs, **{where: docs[where] + '\n\n' + sentence + '\n'})
+        loose, _ = loose_words(planted, rows)
+        assert [line.split(' in "')[0] for line in loose] == [f'{where}: {word}'], (sentence, loose)
+    inside = ('<!-- compare docs/comparison/points.csv?config=a vs docs/comparison/points.csv?config=b | top1 | points '
+              '-->ahead by 1.00 points<!-- end --> and `best.safetensors`\n')
+    assert loose_words(dict(docs, **{where: docs[where] + '\n' + inside}), rows)[0] == []

@@ -18,6 +18,7 @@ docs/data.md), section numbers (§4.3), dates, versions and arXiv identifiers.
 """
 import csv
 import dataclasses
+import functools
 import glob
 import importlib
 import inspect
@@ -46,34 +47,48 @@ _NUMBER_WORD = (r'(?:one|two|three|four|five|six|seven|eight|nine|ten|eleven|twe
 #: A figure (the module docstring says which forms).
 FIGURE = re.compile(
     r'(?<![\w.,/-])(?:'
-    r'\d{1,3}(?:,\d{3})+(?:\.\d+)?'
+    r'\d+(?:\.\d+)?e[-+]?\d+\b'
+    r'|\d+(?:\.\d+)?\s?[-–]\s?\d+(?:\.\d+)?(?=\s?[%x×]|\s?(?:img/s|ms|s|min|minutes|h|hours|times|percent|points)\b)'
+    r'|\d+,\d{1,2}(?=\s?[x×%])'
+    r'|\d{1,3}(?:,\d{3})+(?:\.\d+)?'
     r'|\d*\.\d+(?!\.?\d)'
     r'|\d+(?=\s?%)'
     r'|\d+(?=[x×](?!\w))'
     r'|\d+(?=\s?(?:img/s|-fold))'
+    r'|\d+(?=\s(?:times|percent|per cent|(?:percentage\s)?points?)\b)'
+    r'|\d+(?=\s?(?:ms|s|seconds?|min|minutes?|h|hours?)\b)'
     r')'
+    r'|\ba (?:third|quarter|fifth|tenth)(?=\s+(?:of|as|the|more|less|fewer|epoch|point)\b|-)|\bhalf an?\b'
     rf'|\b{_NUMBER_WORD}(?:[- ](?:percent|per cent|times|fold)\b|-fold)'
     r'|\b(?:twice|half|double|triple)\s+(?:as|the)\b|\bdoubl(?:es|ed|ing)\b|\bhalv(?:es|ed|ing)\b', re.I)
-#: Phrases whose numbers are not measurements: the project's interval rule, counts of images (the data splits).
-SETTING_PHRASES = re.compile(r'95\s?% interval|(?<![\d.,])\b\d[\d,]*(?:[\s-][A-Za-z-]+){0,3}?[\s-](?:images?|JPEGs)\b')
+#: Phrases whose numbers are not measurements: a value named by its setting (``lr 2e-3``, ``eps 1e-6``), the
+#: project's interval rule, counts of images (the data splits).
+SETTING_PHRASES = re.compile(r'\b(?:lr|blr|eps|ε|std)\s?[=:·*]?\s?\d[\d.]*(?:e-?\d+)?|95\s?% interval|(?<![\d.,])\b\d[\d,]*(?:[\s-][A-Za-z-]+){0,3}?[\s-](?:images?|JPEGs)\b')
 #: In code: a value (or a list of values) given to a key, an option or a call is a setting.
 _CODE_SETTING = re.compile(r'(?:[\w.@]+\s*[:=]\s*|--[\w-]+[ =]|[(,]|\w@)\s*[\[{(]?(?:[-+]?[\d.]+(?:e-?\d+)?\s*'
                            r'(?:,\s*)?)+[\]})]?')
-_RENDERED = [re.compile(r'<!-- table .*? -->.*?<!-- end table -->', re.S),
-             re.compile(r'<!-- (?:value|compare) .*? -->.*?<!-- end -->', re.S)]
+_TABLE = re.compile(r'<!-- table (?P<spec>.*?) -->.*?<!-- end table -->', re.S)
+_VALUE = re.compile(r'<!-- (?:value|compare) .*? -->.*?<!-- end -->', re.S)
 
 
+def _table_headers(match: 're.Match[str]') -> str:
+    """A rendered table as ``{value}`` and the headers its marker types (``header=format`` after the source): a
+    header is typed by hand, its cells are rendered."""
+    headers = [column.split('=', 1)[0] for column in match.group('spec').split(' | ')[1:]]
+    return '{value} ' + ' | '.join(headers) + ' | '
+
+
+@functools.lru_cache(maxsize=None)
 def readable_text(text: str) -> str:
     """``text`` as the check reads it: rendered markers as ``{value}``, comments and link targets gone, settings in
-    code gone, section numbers, dates, versions and arXiv identifiers gone, whitespace collapsed to single spaces."""
-    for pattern in _RENDERED:
-        text = pattern.sub('{value}', text)
+    code gone, section numbers, dates, versions (``Slurm 22.05``) and arXiv identifiers gone, whitespace collapsed to single spaces."""
+    text = _VALUE.sub('{value}', _TABLE.sub(_table_headers, text))
     text = re.sub(r'<!--.*?-->', ' ', text, flags=re.S)
     text = re.sub(r'\]\([^)]*\)', ']', text)
     text = re.sub(r'```.*?```|``[^`]+``|`[^`\n]*`', lambda m: _CODE_SETTING.sub('{setting}', m.group(0)), text,
                   flags=re.S)
-    text = re.sub(r'§\s?\d+(?:\.\d+)*|\b\d{4}-\d{2}-\d{2}\b|\b\d{4}\.\d{4,5}\b|\bv?\d+\.\d+\.\d+(?:[.+]\w+)*\b',
-                  '{id}', text)
+    text = re.sub(r'(?:§|\b(?:Section|Sec\.|Eq\.|App\.))\s?\d+(?:\.\d+)*|\b(?:Slurm|Python|CUDA) \d+\.\d+\b'
+                  r'|\b\d{4}-\d{2}-\d{2}\b|\b\d{4}\.\d{4,5}\b|\bv?\d+\.\d+\.\d+(?:[.+]\w+)*\b', '{id}', text)
     return ' '.join(text.split())
 
 
@@ -108,6 +123,7 @@ def _docstrings(dotted: str) -> Iterator[Tuple[str, str]]:
                      inspect.isfunction(v)]
 
 
+@functools.lru_cache(maxsize=None)
 def config_values(path: str) -> Set[float]:
     """Every number a config sets, its bases' and the defaults included (`tkvision.engine.config.load_config`): a
     figure in its header equal to one of them is that config's own setting."""
@@ -127,6 +143,10 @@ def config_values(path: str) -> Set[float]:
     return found
 
 
+#: Fractions in words, as the numbers a config sets (``a quarter of the learning rate``: 0.25).
+_FRACTIONS = {'a third': 1 / 3, 'a quarter': 0.25, 'a fifth': 0.2, 'a tenth': 0.1, 'half a': 0.5, 'half an': 0.5}
+
+
 def settings_spared(where: str, text: str, found: List[Tuple[str, int, int]]) -> List[Tuple[str, int, int]]:
     """``found`` less, in a config's header, the figures that equal a number the config sets (`config_values`), a
     ratio or a share (``2x``, ``61 %``) excepted."""
@@ -136,35 +156,58 @@ def settings_spared(where: str, text: str, found: List[Tuple[str, int, int]]) ->
     kept = []
     for figure, start, end in found:
         try:
-            number = float(figure.replace(',', ''))
+            number = _FRACTIONS.get(figure.lower(), None) or float(figure.replace(',', ''))
         except ValueError:
             number = None
-        ratio = re.match(r'\s?[x×%]', text[end:end + 2])  # "2x", "61 %": a ratio, never a setting's value
+        # "2x", "61 %", "2 points": a ratio or a difference, never a setting's value
+        ratio = re.match(r'\s?[x×%]|\s(?:points?|percent|times)\b', text[end:end + 10])
         if number is None or ratio or number not in values:
             kept.append((figure, start, end))
     return kept
 
 
+def _comments(path: str) -> str:
+    """The comment text of a YAML file: every line's text after ``#`` (the header, and the comments below it)."""
+    found = []
+    for line in open(path, encoding='utf-8'):
+        if line.lstrip().startswith('#'):
+            found.append(line.lstrip()[1:])
+        elif ' #' in line:
+            found.append(line.split(' #', 1)[1])
+    return ''.join(found)
+
+
+def _public_modules() -> Iterator[str]:
+    """Every module of the ``tkvision`` package, by dotted name (what a reader opens with ``help``)."""
+    package = os.path.join(ROOT, 'tkvision')
+    for path in sorted(glob.glob(os.path.join(package, '**', '*.py'), recursive=True)):
+        dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, '.')
+        yield dotted[:-len('.__init__')] if dotted.endswith('.__init__') else dotted
+
+
 def documents(root: str = ROOT) -> Dict[str, str]:
-    """What the check reads: ``{where: text}`` for the README, every hand-written page under docs/ (`GENERATED`
-    excepted), every config's header (its leading comment lines) and the docstrings the API page renders."""
-    found = {'README.md': open(os.path.join(root, 'README.md'), encoding='utf-8').read()}
+    """`_documents`, read once per process (a copy: a test may plant text in it)."""
+    return dict(_documents(root))
+
+
+@functools.lru_cache(maxsize=None)
+def _documents(root: str) -> Dict[str, str]:
+    """What the check reads: ``{where: text}`` for the README, DEVELOPERS.md, every hand-written page under docs/
+    (`GENERATED` excepted), mkdocs.yml and the Makefile, every config's comments (its header and the comments below
+    it) and every public docstring of the package (on the API page or not)."""
+    found = {}
+    for name in ('README.md', 'DEVELOPERS.md', 'mkdocs.yml', 'Makefile'):
+        found[name] = open(os.path.join(root, name), encoding='utf-8').read()
     for path in sorted(glob.glob(os.path.join(root, 'docs', '**', '*.md'), recursive=True)):
         page = os.path.relpath(path, root)
         if not page.startswith(tuple(GENERATED)):
             found[page] = open(path, encoding='utf-8').read()
     for pattern in ('tkvision/configs/**/*.yaml', 'studies/*/configs/**/*.yaml'):
         for path in sorted(glob.glob(os.path.join(root, pattern), recursive=True)):
-            header = []
-            for line in open(path, encoding='utf-8'):
-                if not line.startswith('#'):
-                    break
-                header.append(line[1:])
-            found[os.path.relpath(path, root)] = ''.join(header)
-    api = open(os.path.join(root, 'docs', 'reference', 'api.md'), encoding='utf-8').read()
-    for dotted in re.findall(r'^::: ([\w.]+)', api, flags=re.M):
+            found[os.path.relpath(path, root)] = _comments(path)
+    for dotted in _public_modules():
         for name, doc in _docstrings(dotted):
-            found[f'docstring {name}'] = doc
+            found.setdefault(f'docstring {name}', doc)
     return found
 
 
@@ -182,16 +225,25 @@ def loose_figures(docs: Dict[str, str], rows: List[Dict[str, str]]) -> Tuple[Lis
     for row in rows:
         by_where.setdefault(row['where'], []).append(' '.join(row['context'].split()))
     for where, text in docs.items():
-        text = readable_text(text)
-        covered = []
-        for context in by_where.get(where, []):
-            spans = [(m.start(), m.start() + len(context)) for m in re.finditer(re.escape(context), text)]
-            if not spans:
-                stale.append(f'{where}: "{context}"')
-            covered += spans
-        for figure, start, end in settings_spared(where, text, figures(text)):
-            if not any(a <= start and end <= b for a, b in covered):
-                loose.append(f'{where}: {figure} in "{text[max(0, start - 50):end + 25]}"')
+        page_loose, page_stale = _page_loose(where, text, tuple(by_where.get(where, ())))
+        loose += page_loose
+        stale += page_stale
     stale += [f'{where}: "{c}" (no such page)' for where, contexts in by_where.items() if where not in docs
               for c in contexts]
+    return loose, stale
+
+
+@functools.lru_cache(maxsize=None)
+def _page_loose(where: str, text: str, contexts: Tuple[str, ...]) -> Tuple[List[str], List[str]]:
+    """`loose_figures` of one page (cached: a test that plants a sentence in one page re-reads only that one)."""
+    text = readable_text(text)
+    covered, stale, loose = [], [], []
+    for context in contexts:
+        spans = [(m.start(), m.start() + len(context)) for m in re.finditer(re.escape(context), text)]
+        if not spans:
+            stale.append(f'{where}: "{context}"')
+        covered += spans
+    for figure, start, end in settings_spared(where, text, figures(text)):
+        if not any(a <= start and end <= b for a, b in covered):
+            loose.append(f'{where}: {figure} in "{text[max(0, start - 50):end + 25]}"')
     return loose, stale

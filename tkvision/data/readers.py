@@ -29,7 +29,7 @@ BAD_IMAGE = (OSError, ValueError, SyntaxError, Image.DecompressionBombError)
 
 try:
     import simplejpeg
-except ImportError:  # optional: PIL decodes everything, ~1.6x slower on JPEGs (docs/data.md)
+except ImportError:  # optional: PIL decodes everything, slower on JPEGs (docs/data.md)
     simplejpeg = None
 
 
@@ -38,7 +38,7 @@ def decode_image(data: bytes) -> np.ndarray:
 
     16-bit grey images (PNG, TIFF) are scaled to 8 bits (level / 257), not clipped. JPEGs go through ``simplejpeg``
     (libjpeg-turbo, accurate DCT and upsampling: the same pixels as
-    PIL's decoder, measured 1.6x faster in docs/data.md) when it is installed, everything else
+    PIL's decoder, and faster: docs/data.md's decoder table) when it is installed, everything else
     through PIL. Images over twice PIL's ``MAX_IMAGE_PIXELS`` are refused as PIL refuses them.
 
     Raises:

@@ -318,7 +318,7 @@ def check_train_memory(runners: Sequence, batch_size: int, log: Callable[..., No
     model's weights, gradients and AdamW moments (4 copies of its parameters) plus twice the largest
     model's activations kept for backward (measured at batch 1, times ``batch_size``; twice: the
     backward holds the gradients of those activations beside them). For B/16† and ViT-B at batch 32
-    this gives about 15 GiB, where 13.5 GB peak RSS was measured. Above half of what is
+    this gives about 15 GiB. Above half of what is
     available a warning is printed. Returns the estimate in MiB.
 
     Raises:

@@ -19,9 +19,8 @@ peak on a CPU) and seconds. The items (`ITEMS`):
 - ``elastic``: an elastic run, each prefix validated.
 
 All but the recipe run eager (``--compile false``) at Ti/16 size; the compiled recipe and its stop and resume still
-take most of the check's time, about 10 minutes of one H200 in all (``docs/bench/gpu_check_2026-12-04.md``: the
-recipe's two halves, stopped and resumed, 284 s (the ``stop_resume`` line; the ``recipe`` line's 179 s is the resumed
-half), each eager item 20-70 s).
+take most of the check's time (each item's seconds on one H200: ``docs/bench/gpu_check_2026-12-04.md``, where the
+``recipe`` line times the resumed part and ``stop_resume`` the whole).
 ``--dry-run`` runs the same items on the CPU with tiny models at 32 px in about a minute: CI runs it
 (``tests/test_gpu_check.py``), so the command cannot rot before a GPU is lent. ``--out PREFIX`` writes the
 lines as ``PREFIX_<date>.json`` and ``.md`` (e.g. ``docs/bench/gpu_check``). The trainer's augmentations need
@@ -98,7 +97,8 @@ class CheckResult:
     note: str = ''
 
     def line(self) -> str:
-        """The printed line: ``PASS recipe  2950 img/s  data wait 3%  peak 21034 MiB  48 s  (note)``."""
+        """The printed line: status, item, img/s, data wait (%), peak memory (MiB), seconds and the note, as
+        ``PASS recipe <img/s> img/s data wait <share>% peak <MiB> MiB <seconds> s (note)``."""
         def shown(value, fmt):
             return '-' if value is None else format(value, fmt)
         return (f'{self.status.upper():7s} {self.item:13s} {shown(self.img_per_s, ".0f"):>7s} img/s  data wait '

@@ -13,8 +13,8 @@ Two functions use it:
 
 - `l2_norm_gelu`, **closed form** (CPU default, ``Pattention(closed_form_backward=True)``): Θ
   alone, saving Z and r; backward is one fused GELU', one row dot product and two elementwise passes
-  (the quick recipe's training step 1.035x-1.08x faster than with autograd's, one ``[..., n]`` tensor
-  fewer saved per Pattention; ``docs/performance.md``).
+  (the quick recipe's training step faster than with autograd's, one ``[..., n]`` tensor fewer saved per
+  Pattention; the measured ratio is in ``docs/performance.md``).
 - `l2_norm_gelu_attend`, **lean** (CUDA default, ``lean_backward``): Θ and the value matmul,
   saving only A and the per-row norm and recomputing Z and S in backward: one ``[..., n]`` tensor per
   Pattention instead of three, where activation memory limits the batch.
