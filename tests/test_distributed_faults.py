@@ -56,6 +56,7 @@ def uninterrupted(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_a_killed_worker_ends_the_job_in_bounded_time_naming_it_and_the_run_resumes_exactly(uninterrupted, tmp_path):
     out = str(tmp_path / 'run')
     p = torchrun_train(_args(out))
@@ -73,6 +74,7 @@ def test_a_killed_worker_ends_the_job_in_bounded_time_naming_it_and_the_run_resu
     _same_weights(uninterrupted, out)
 
 
+@pytest.mark.slow
 def test_a_torchrun_restart_resumes_by_itself_and_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
     """``torchrun --max-restarts 1``: after a worker is killed the agent starts both again; they find the run's
     checkpoint in their output folder, resume it without ``--resume`` and end bit-identical. The restarted group
@@ -91,6 +93,7 @@ def test_a_torchrun_restart_resumes_by_itself_and_ends_as_the_uninterrupted_run(
     _same_weights(uninterrupted, out)
 
 
+@pytest.mark.slow
 def test_a_requeued_job_resumes_by_itself_and_ends_as_the_uninterrupted_run(uninterrupted, tmp_path):
     """A SLURM requeue without ``--resume``: the same job (``SLURM_JOB_ID``) started again by its launcher
     (``SLURM_RESTART_COUNT`` 1) under torchrun with two ranks finds the checkpoint its first start wrote before

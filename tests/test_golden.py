@@ -54,6 +54,7 @@ def _make_train_first_updates() -> torch.Tensor:
     return torch.tensor([last['train_loss'], last['val_loss']], dtype=torch.float64)
 
 
+@pytest.mark.slow
 def test_make_train_first_updates_equal_the_stored_ones():
     """A faster training path must not move ``make train``'s losses (to 1e-5). First stored from plain autograd
     (the closed-form backward of Θ gave them to 5e-8 and 2e-7 relative); stored again from the default path when the

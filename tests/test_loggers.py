@@ -179,6 +179,7 @@ def _assert_each_update_once(out: str, histories: dict, epochs: int = 2):
             assert abs(mean - want) < 1e-5, (name, epoch, mean, want)
 
 
+@pytest.mark.slow
 def test_every_logger_at_once_logs_each_update_once_across_a_kill(tmp_path):
     """All loggers on; the run is killed (SIGKILL: nothing closes, nothing flushes) after a mid-epoch checkpoint,
     then resumed: each tracker run is continued (one W&B id, one MLflow run), holds every update once (none twice,
@@ -206,6 +207,7 @@ def test_every_logger_at_once_logs_each_update_once_across_a_kill(tmp_path):
     assert mlflow['_params']['lr'] == '0.002' and mlflow['_params']['loggers'] == str(ALL)
 
 
+@pytest.mark.slow
 def test_a_preempted_run_closes_its_trackers_and_continues_them(tmp_path):
     """SIGUSR1 (a SLURM pre-emption): exit 75 with every logger closed as pre-empted (W&B's exit code 75, MLflow's
     KILLED), then a requeue that continues the same tracker runs to FINISHED, every update once."""
@@ -432,7 +434,9 @@ def test_an_unreadable_trackers_record_on_resume_deletes_nothing(tmp_path):
         subprocess.run(['cp', '-a', base, out], check=True)
         spoil(os.path.join(out, 'trackers.json'))
         log = _finish(_start(config, out, '--epochs', '2', '--resume'), 2)
-        assert 'trackers.json cannot be read' in log and 'nothing was changed' in log and 'Traceback' not in log, log
+        said = (['trackers.json is a symbolic link', 'remove the link'] if name == 'link' else  # the folder's rule
+                ['trackers.json cannot be read', 'nothing was changed'])
+        assert all(words in log for words in said) and 'Traceback' not in log, log
         assert open(os.path.join(out, 'scalars.jsonl')).read() == before
 
 

@@ -321,9 +321,10 @@ for k, v in sorted(res['model'].state_dict().items()):
 open(os.path.join({str(tmp_path)!r}, 'rank%d.sha' % dist.get_rank()), 'w').write(h.hexdigest() + ' %d' % dist.get_world_size())
 ''')
     env = {k: v for k, v in os.environ.items() if k not in ('RANK', 'WORLD_SIZE', 'LOCAL_RANK')}
+    port = str(free_port())  # one rendezvous for both tasks (a port each hung until the timeout)
     procs = [subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               text=True, env=dict(env, SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_NTASKS='2',
-                                                  MASTER_ADDR='127.0.0.1', MASTER_PORT=str(free_port())))
+                                                  MASTER_ADDR='127.0.0.1', MASTER_PORT=port))
              for r in (0, 1)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), logs
@@ -365,7 +366,8 @@ def test_data_wait_is_the_share_of_the_epoch_spent_waiting_for_the_loader(monkey
     processes = Processes(0, 1, device_plan('cpu'))
     data = SimpleNamespace(seed=0, batches_per_epoch=4, accum=1, train_loader=SlowLoader(), loss_scale=lambda images: 1.0)
     optim = SimpleNamespace(step=lambda state: None)
-    clock = SimpleNamespace(log_interval=1, check=lambda state: False)
+    from tkvision.engine.healing import Healer
+    clock = SimpleNamespace(log_interval=1, check=lambda state: False, healer=Healer.stopping(1))
     parts = loop_mod._Step(data, None, optim, clock, processes, RunLog('unused', [], main=False, epochs=1))
     loop_mod._run_batches(state, parts, 0, SimpleNamespace(update=lambda n: None, n=0, disable=True))
     assert 0.2 <= meter['data_seconds'] <= meter['seconds'] and state.batches_done == 4
@@ -434,9 +436,9 @@ def _updates(folder, first, last, batch, global_batch) -> dict:
 def test_a_run_resumes_on_another_number_of_processes_with_the_same_samples_per_update(tmp_path):
     """2 -> 1 -> 2 processes (gloo): stopped (SIGTERM) mid-epoch on two, resumed on one (each update now two
     micro-batches of one process), stopped in the next epoch, resumed on two: every update trains the samples the
-    uninterrupted two-process run's update does, the global batch and its lr stay, and the loss curve stays within
-    0.1 of the uninterrupted one (the micro-batches' random draws and the order of the gradients' sum differ, so
-    not bit for bit); the weights' relative distance is measured and printed."""
+    uninterrupted two-process run's update does, the global batch and its lr stay, and with every random draw off
+    the losses stay within 0.001 of the uninterrupted run's and the weights within 0.001 of their norm (the order
+    of the gradients' sum differs, so not bit for bit; 2.5e-6 measured on 2026-12-06)."""
     from . import poison
     env_for = {}
     for run in ('full', 'moved'):
@@ -444,7 +446,12 @@ def test_a_run_resumes_on_another_number_of_processes_with_the_same_samples_per_
         env_for[run] = dict(os.environ, PYTHONPATH=os.pathsep.join([poison.sitecustomize_dir(str(tmp_path / 'site')),
                                                                    ROOT]),
                             **{poison.SAMPLES_ENV: str(tmp_path / f'{run}_samples')})
-    args = lambda out: _args(out, workers=0) + ['--log_interval', '1']  # noqa: E731
+    # every random draw off (the augmentations draw per loader stream, mixup and drop path per micro-batch and
+    # process, so they differ on another process count by design): the losses differ only by the order in which
+    # gradients are summed
+    calm = ['--hflip', '0', '--reprob', '0', '--crop_padding', '0', '--mixup', '0', '--cutmix', '0',
+            '--drop_path_rate', '0', '--log_interval', '1']
+    args = lambda out: _args(out, workers=0) + calm  # noqa: E731
     full, moved = str(tmp_path / 'full'), str(tmp_path / 'moved')
     assert torchrun_train(args(full), env=env_for['full']).wait(timeout=600) == 0
     checkpoint = os.path.join(moved, 'last.pth')
@@ -465,12 +472,13 @@ def test_a_run_resumes_on_another_number_of_processes_with_the_same_samples_per_
     assert len(want) == total == 2 * 32 and got == want and len(want[1]) == 64
     rows = [list(csv.DictReader(open(os.path.join(run, 'metrics.csv')))) for run in (full, moved)]
     for a, b in zip(*rows):
-        assert abs(float(a['train_loss']) - float(b['train_loss'])) < 0.1 and abs(float(a['val_loss']) -
-                                                                                   float(b['val_loss'])) < 0.1
+        assert abs(float(a['train_loss']) - float(b['train_loss'])) < 1e-3 and abs(float(a['val_loss']) -
+                                                                                    float(b['val_loss'])) < 1e-3
     a, b = load_file(os.path.join(full, 'last.safetensors')), load_file(os.path.join(moved, 'last.safetensors'))
     distance = math.sqrt(sum(float((a[k] - b[k]).double().square().sum()) for k in a))
     size = math.sqrt(sum(float(a[k].double().square().sum()) for k in a))
     print(f'relative distance of the weights after 2 -> 1 -> 2 processes: {distance / size:.3g}')
+    assert distance / size < 1e-3
 
 
 @pytest.mark.slow

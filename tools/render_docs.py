@@ -226,12 +226,12 @@ def _finite(value: str, name: str, column: str) -> float:
 
 
 def documents() -> list:
-    """README.md, DEVELOPERS.md, every markdown file under docs/, and every config (a header's measured figure is an inline
-    value too)."""
+    """README.md, DEVELOPERS.md, every markdown file under docs/, and every config (a header's measured figure is an
+    inline value too)."""
     configs = [p for pattern in ('tkvision/configs/**/*.yaml', 'studies/*/configs/**/*.yaml')
                for p in glob.glob(os.path.join(ROOT, pattern), recursive=True)]
-    return [os.path.join(ROOT, 'README.md'), os.path.join(ROOT, 'DEVELOPERS.md')] + sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'),
-                                                                recursive=True)) + sorted(configs)
+    pages = sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*.md'), recursive=True))
+    return [os.path.join(ROOT, 'README.md'), os.path.join(ROOT, 'DEVELOPERS.md')] + pages + sorted(configs)
 
 
 class SpecError(ValueError):

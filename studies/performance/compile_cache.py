@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import code_commit, machine_info, markdown_table
 from tkvision.utils.files import atomic_write
 
@@ -117,4 +118,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit 2 (tkvision.cli.run_cli)

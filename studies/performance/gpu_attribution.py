@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 import tkvision  # noqa: F401  (registers the models)
+from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import code_commit, machine_info, markdown_table, synchronize
 from tkvision.layers import Pattention
 from tkvision.utils.files import atomic_write
@@ -240,8 +241,9 @@ def main(argv=None) -> int:
         return 2
     card = torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'
     date = datetime.date.today().isoformat()
+    command = 'python -m studies.performance.gpu_attribution ' + ' '.join(argv or sys.argv[1:])
     info = dict(card=card, machine=machine_info(device), torch=torch.__version__, date=date, commit=code_commit(),
-                batch=a.batch, command='python -m studies.performance.gpu_attribution ' + ' '.join(argv or sys.argv[1:]))
+                batch=a.batch, command=command)
     out = f"{a.out}_{card.replace(' ', '_')}_{date}"
     parts: dict = {}
     runs = dict(attribution=lambda: attribution(a.batch, device, a.tiny, a.steps),
@@ -257,4 +259,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == '__main__':
-    sys.exit(main())
+    sys.exit(run_cli(main))  # a user error is one line, exit 2 (tkvision.cli.run_cli)
