@@ -298,3 +298,14 @@ def test_paired_differences_are_taken_seed_by_seed_over_the_common_seeds():
     assert rows['a', 'b'] == dict(config='a', against='b', seeds='1 2', top1_diffs='-0.25, -0.50',
                                   test_top1_diffs='+0.50, -0.25', top1_higher=0)
     assert rows['b', 'a']['top1_diffs'] == '+0.25, +0.50' and rows['b', 'a']['top1_higher'] == 2
+
+
+def test_a_training_override_before_the_configs_is_not_read_as_a_config():
+    """``tkvision-sweep --threads 1 a.yaml --seeds 0 1 2``, as the CIFAR-10 configs' headers write it: ``1`` is the
+    value of the override ``--threads`` (it was taken for a config named "1", whose points all failed), the
+    seeds are three, and ``--threads=1``, ``--debug`` and the sweep's own options keep their meaning."""
+    from tkvision.cli.experiments import parse_sweep_args
+    args, extra = parse_sweep_args(['--out', 'o', '--threads', '1', 'a.yaml', '--debug', 'b.yaml', '--seeds', '0',
+                                    '1', '2', '--epochs=3', '--parallel', '2'])
+    assert args.configs == ['a.yaml', 'b.yaml'] and args.seeds == [0, 1, 2] and args.out == 'o'
+    assert args.parallel == 2 and extra == ['--threads', '1', '--debug', '--epochs=3']

@@ -3,7 +3,7 @@
 import argparse
 import os
 import sys
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import timm
 import torch
@@ -17,7 +17,8 @@ from ..experiments.sweep import collect, expand_configs, run_sweep
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, UsageError
 from .common import device_name, positive_int, run_cli
 
-__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'sweep_parser', 'check_gpu_main']
+__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'sweep_parser', 'parse_sweep_args',
+           'check_gpu_main']
 
 
 def benchmark_parser(parts: dict = PARTS) -> argparse.ArgumentParser:
@@ -120,6 +121,35 @@ def sweep_parser() -> argparse.ArgumentParser:
     return ap
 
 
+#: Options that take no value: ``--debug`` (`run_cli`'s) and the trainer's ``--resume`` without a path.
+_FLAGS = ('--debug', '--resume')
+
+
+def parse_sweep_args(argv: Sequence[str]) -> Tuple[argparse.Namespace, List[str]]:
+    """``tkvision-sweep``'s arguments and the training overrides among them: an option the sweep does not know
+    (``--threads 1``, ``--epochs=3``) is an override for every point and takes the one value after it, so that
+    value is never read as a config file (argparse alone took ``1`` for a config named "1").
+
+    Returns:
+        The parsed sweep options and the overrides, in their order (``['--threads', '1', '--epochs=3']``).
+    """
+    parser = sweep_parser()
+    known = {flag for action in parser._actions for flag in action.option_strings}
+    own, extra = [], []
+    tokens = iter(argv)
+    for token in tokens:
+        name = token.split('=', 1)[0]
+        if token.startswith('--') and name not in known:
+            extra.append(token)
+            if '=' not in token and name not in _FLAGS:
+                value = next(tokens, None)
+                if value is not None:
+                    extra.append(value)
+        else:
+            own.append(token)
+    return parser.parse_args(own), extra
+
+
 def _launcher(args: argparse.Namespace) -> Launcher:
     """The `Launcher` of the command line over the ``--launcher`` file's block."""
     if args.launcher in ('local', 'torchrun'):
@@ -157,7 +187,7 @@ def _sweep(argv) -> int:
     for option, replacement in _REMOVED_OPTIONS.items():
         if option in argv:
             raise ConfigError(f'{option} was removed: {replacement}')
-    args, extra = sweep_parser().parse_known_args(argv)
+    args, extra = parse_sweep_args(argv)
     if args.status:
         return _print_status(args.status)
     if args.collect:
