@@ -13,7 +13,7 @@ from tkvision.engine import trainer as train_mod
 from tkvision.engine.config import load_config
 from tkvision.utils.errors import ConfigError, RunError
 
-from .helpers import ROOT, fmnist_cfg
+from .helpers import ROOT, fmnist_cfg, wait_for_checkpoint
 
 
 def test_a_run_without_a_recipe_says_what_the_model_needs_before_any_work(tmp_path):
@@ -86,9 +86,11 @@ def test_a_pre_empted_run_says_so_on_its_own_line(tmp_path):
     args = [sys.executable, os.path.join(ROOT, 'tools', 'train.py'), '--output', str(tmp_path / 'run'),
             '--model_kwargs', '{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 32, depth: 1, num_heads: 2, '
             'num_tokens: 16}', '--rrc_scale', 'null', '--epochs', '50', '--warmup_epochs', '0.5', '--train_subset', '4096',
-            '--val_subset', '64', '--batch_size', '8', '--threads', '1', '--log_interval', '1']
+            '--val_subset', '64', '--batch_size', '8', '--threads', '1', '--log_interval', '1',
+            '--checkpoint_every_steps', '20']
     p = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(12)
+    # training, not starting: a fixed 12 s wait sent SIGTERM before the handlers were set on a loaded runner
+    wait_for_checkpoint(str(tmp_path / 'run' / 'last.pth'), p)
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=120)
     assert p.returncode == train_mod.EXIT_PREEMPTED, err[-2000:]
