@@ -110,11 +110,16 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     (['studies/comparison/configs/*.yaml'], 'docs/comparison', 'vit_equal_width'),
     (['studies/comparison/configs/tokenformer_equal_params.yaml', 'studies/comparison/configs/levers/*.yaml'],
      'docs/comparison/levers', 'tokenformer_equal_params'),
-    (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width')],
-    ids=['comparison', 'levers', 'long'])
+    (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width'),
+    (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/vit.yaml'],
+     'docs/cifar10/quick', 'vit'),
+    (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml'],
+     'docs/cifar10/long', 'tokenformer_p4'),
+    (['studies/cifar10/configs/screen/*.yaml'], 'docs/cifar10/screen', 'p8_w96_e12')],
+    ids=['comparison', 'levers', 'long', 'cifar10_quick', 'cifar10_long', 'cifar10_screen'])
 def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
-    """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables) and the
-    paired.csv beside each are what today's code makes of the stored per-seed points and the configs: parameters
+    """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables), CIFAR-10's
+    quick, long and screen results (docs/cifar10.md's) and the paired.csv beside each are what today's code makes of the stored per-seed points and the configs: parameters
     and GFLOPs counted, means, spreads, ratios and the seed-by-seed differences."""
     res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', *configs, '--from-points', f'{report}/points.csv',
                           '--report-dir', str(tmp_path), '--reference', reference],
@@ -317,6 +322,7 @@ PARAMETER_COUNTS = {
     ('docs/mae.md', '0.90'): 'configs/fashion_mnist/mae_finetune.yaml',
     ('docs/mae.md', '1.05'): 'configs/fashion_mnist/mae_pretrain.yaml',
     ('tkvision/configs/cifar10/quick.yaml', '0.69'): 'configs/cifar10/quick.yaml',
+    ('tkvision/configs/cifar10/long.yaml', '0.31'): 'configs/cifar10/long.yaml',
 }
 
 

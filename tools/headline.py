@@ -208,9 +208,31 @@ def _elastic() -> list:
                  vit='–', difference=f'{min(test):+.2f} worst', source=path, page='elastic')]
 
 
+def _cifar10() -> list:
+    """CIFAR-10 (JPEG copy) first: the quick recipe's TokenFormer against its ViT twin, and the long recipe's
+    TokenFormer (the better of the long screen on validation), from ``docs/cifar10/``."""
+    quick = {r['config']: r for r in _rows('docs/cifar10/quick/results.csv')}
+    t, v = quick['tokenformer'], quick['vit']
+    rows = [dict(key='cifar10_quick',
+                 question=f"CIFAR-10 (JPEG copy), quick recipe ({t['epochs']} epochs), equal parameters and compute "
+                          f"({int(t['params']) / 1e6:.2f}M, {t['num_tokens']} tokens): test top-1 %, {t['seeds']} "
+                          'seeds' + _apart('docs/cifar10/quick/points.csv', 'tokenformer', 'vit'),
+                 tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
+                 vit=_pm(v['test_top1_mean'], v['test_top1_std']),
+                 difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
+                 source='docs/cifar10/quick/results.csv')]
+    long = max(_rows('docs/cifar10/long/results.csv'), key=lambda r: float(r['top1_mean']))
+    rows.append(dict(key='cifar10_long',
+                     question=f"CIFAR-10 (JPEG copy), long recipe ({long['epochs']} epochs, `{long['config']}`, "
+                              f"chosen on validation): test top-1 %, {long['seeds']} seed; its ViT twin not run yet",
+                     tokenformer=_pm(long['test_top1_mean'], long['test_top1_std']), vit='–', difference='–',
+                     source='docs/cifar10/long/results.csv'))
+    return [dict(row, page='cifar10') for row in rows]
+
+
 def headline_rows() -> list:
-    """Every row of ``docs/headline.csv``, in order."""
-    return _comparison() + [_cpu(), _gpu(), _growth()] + _elastic()
+    """Every row of ``docs/headline.csv``, in order: CIFAR-10's first."""
+    return _cifar10() + _comparison() + [_cpu(), _gpu(), _growth()] + _elastic()
 
 
 def render(rows: list) -> str:
