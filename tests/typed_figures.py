@@ -220,12 +220,19 @@ def listed(path: str = LIST_FILE) -> List[Dict[str, str]]:
 def loose_figures(docs: Dict[str, str], rows: List[Dict[str, str]]) -> Tuple[List[str], List[str]]:
     """``(loose, stale)``: ``'where: figure in "context"'`` for each figure no listed context covers, and each listed
     row whose context is no longer in its text (remove it)."""
+    return loose_in(docs, rows, _page_loose)
+
+
+def loose_in(docs: Dict[str, str], rows: List[Dict[str, str]], page) -> Tuple[List[str], List[str]]:
+    """``(loose, stale)`` over every page of ``docs``: ``page(where, text, contexts)`` gives one page's, from the
+    contexts listed for it in ``rows``; a listed page that is not in ``docs`` makes its rows stale. The figures'
+    check and the comparative words' (``tests/typed_words.py``) share it."""
     loose, stale = [], []
     by_where: Dict[str, List[str]] = {}
     for row in rows:
         by_where.setdefault(row['where'], []).append(' '.join(row['context'].split()))
     for where, text in docs.items():
-        page_loose, page_stale = _page_loose(where, text, tuple(by_where.get(where, ())))
+        page_loose, page_stale = page(where, text, tuple(by_where.get(where, ())))
         loose += page_loose
         stale += page_stale
     stale += [f'{where}: "{c}" (no such page)' for where, contexts in by_where.items() if where not in docs
@@ -233,16 +240,23 @@ def loose_figures(docs: Dict[str, str], rows: List[Dict[str, str]]) -> Tuple[Lis
     return loose, stale
 
 
-@functools.lru_cache(maxsize=None)
-def _page_loose(where: str, text: str, contexts: Tuple[str, ...]) -> Tuple[List[str], List[str]]:
-    """`loose_figures` of one page (cached: a test that plants a sentence in one page re-reads only that one)."""
-    text = readable_text(text)
-    covered, stale, loose = [], [], []
+def covered_spans(where: str, text: str, contexts: Tuple[str, ...]) -> Tuple[List[Tuple[int, int]], List[str]]:
+    """The spans of ``text`` the listed ``contexts`` cover, and ``'where: "context"'`` for each not found."""
+    covered, stale = [], []
     for context in contexts:
         spans = [(m.start(), m.start() + len(context)) for m in re.finditer(re.escape(context), text)]
         if not spans:
             stale.append(f'{where}: "{context}"')
         covered += spans
+    return covered, stale
+
+
+@functools.lru_cache(maxsize=None)
+def _page_loose(where: str, text: str, contexts: Tuple[str, ...]) -> Tuple[List[str], List[str]]:
+    """`loose_figures` of one page (cached: a test that plants a sentence in one page re-reads only that one)."""
+    text = readable_text(text)
+    covered, stale = covered_spans(where, text, contexts)
+    loose = []
     for figure, start, end in settings_spared(where, text, figures(text)):
         if not any(a <= start and end <= b for a, b in covered):
             loose.append(f'{where}: {figure} in "{text[max(0, start - 50):end + 25]}"')

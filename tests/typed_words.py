@@ -18,7 +18,7 @@ import os
 import re
 from typing import Dict, List, Tuple
 
-from .typed_figures import ROOT, documents, readable_text
+from .typed_figures import ROOT, covered_spans, documents, loose_in, readable_text
 
 LIST_FILE = os.path.join(ROOT, 'tests', 'typed_words.csv')
 
@@ -68,29 +68,15 @@ def listed(path: str = LIST_FILE) -> List[Dict[str, str]]:
 def loose_words(docs: Dict[str, str], rows: List[Dict[str, str]]) -> Tuple[List[str], List[str]]:
     """``(loose, stale)``: ``'where: word in "context"'`` for each comparative word no listed context covers, and
     each listed row whose context is no longer in its text (remove it)."""
-    loose, stale = [], []
-    by_where: Dict[str, List[str]] = {}
-    for row in rows:
-        by_where.setdefault(row['where'], []).append(' '.join(row['context'].split()))
-    for where, text in docs.items():
-        page_loose, page_stale = _page_loose(where, text, tuple(by_where.get(where, ())))
-        loose += page_loose
-        stale += page_stale
-    stale += [f'{where}: "{c}" (no such page)' for where, contexts in by_where.items() if where not in docs
-              for c in contexts]
-    return loose, stale
+    return loose_in(docs, rows, _page_loose)
 
 
 @functools.lru_cache(maxsize=None)
 def _page_loose(where: str, text: str, contexts: Tuple[str, ...]) -> Tuple[List[str], List[str]]:
     """`loose_words` of one page (cached: a test that plants a sentence in one page re-reads only that one)."""
     text = _prose(text)
-    covered, stale, loose = [], [], []
-    for context in contexts:
-        spans = [(m.start(), m.start() + len(context)) for m in re.finditer(re.escape(context), text)]
-        if not spans:
-            stale.append(f'{where}: "{context}"')
-        covered += spans
+    covered, stale = covered_spans(where, text, contexts)
+    loose = []
     for word, start, end in words(text):
         if not any(a <= start and end <= b for a, b in covered):
             loose.append(f'{where}: {word} in "{text[max(0, start - 60):end + 30]}"')

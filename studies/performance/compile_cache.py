@@ -24,7 +24,7 @@ import torch
 
 from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import code_commit, machine_info, markdown_table
-from tkvision.utils.files import atomic_write
+from tkvision.utils.files import atomic_write, write_stamped_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODEL = '{img_size: 28, patch_size: 7, in_chans: 1, embed_dim: 96, depth: 6, num_heads: 3, num_tokens: 96}'
@@ -98,12 +98,7 @@ def main(argv=None) -> int:
     stamp = dict(machine=machine_info(torch.device('cpu')), date=date, commit=code_commit())
     path = f'{a.out}_{date}'
 
-    def write_csv(f):
-        import csv
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) + list(stamp))
-        writer.writeheader()
-        writer.writerows(dict(r, **stamp) for r in rows)
-    atomic_write(path + '.csv', write_csv, text=True)
+    write_stamped_csv(path + '.csv', rows, stamp)
     with_cache = statistics.median(r['seconds'] for r in rows if r['cache'] == 'with')
     without = statistics.median(r['seconds'] for r in rows if r['cache'] == 'without')
     columns = ['cache', 'median seconds to the first update', 'restarts']

@@ -23,7 +23,7 @@ import torch
 
 from tkvision.cli import run_cli
 from tkvision.experiments.benchmark import code_commit, machine_info, markdown_table
-from tkvision.utils.files import atomic_write
+from tkvision.utils.files import atomic_write, write_stamped_csv
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -87,11 +87,7 @@ def main(argv=None) -> int:
     stamp = dict(machine=machine_info(torch.device('cpu')).rsplit(', ', 1)[0], date=date, commit=code_commit())
     path = f'{a.out}_{date}'
 
-    def write_csv(f):
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]) + list(stamp))
-        writer.writeheader()
-        writer.writerows(dict(r, **stamp) for r in rows)
-    atomic_write(path + '.csv', write_csv, text=True)
+    write_stamped_csv(path + '.csv', rows, stamp)
     cols = ['condition', 'setting', 'median img/s', 'default / 2 threads']
     text = (f'# The thread default beside another job\n\n{stamp["machine"]}, {date}, commit {stamp["commit"]}; '
             f'`python -m studies.performance.threads_benchmark`; the quick recipe, one epoch of {a.images} images, '

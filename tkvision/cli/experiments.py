@@ -17,8 +17,8 @@ from ..experiments.sweep import collect, expand_configs, run_sweep
 from ..utils.errors import EXIT_PREEMPTED, ConfigError, UsageError
 from .common import device_name, positive_int, run_cli
 
-__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'sweep_parser', 'parse_sweep_args',
-           'check_gpu_main']
+__all__ = ['benchmark_parser', 'parse_benchmark_args', 'benchmark_main', 'sweep_main', 'sweep_parser',
+           'parse_sweep_args', 'check_gpu_main']
 
 
 def benchmark_parser(parts: dict = PARTS) -> argparse.ArgumentParser:

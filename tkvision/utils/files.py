@@ -21,17 +21,18 @@ go through are created private (``0600``, Python's ``mkstemp``) and given that m
 final name. Set a stricter umask (``umask 077``) to keep runs private.
 """
 import contextlib
+import csv
 import errno
 import hashlib
 import os
 import shutil
 import tempfile
-from typing import Callable, Iterator
+from typing import Callable, Dict, Iterator, List
 
 from .errors import UnsafePathError
 
-__all__ = ['atomic_write', 'atomic_folder', 'holds_files', 'umask', 'FILE_MODE', 'FOLDER_MODE', 'safetensors_os_errors',
-           'file_sha256', 'folder_path', 'UnsafePathError']
+__all__ = ['atomic_write', 'write_stamped_csv', 'atomic_folder', 'holds_files', 'umask', 'FILE_MODE', 'FOLDER_MODE',
+           'safetensors_os_errors', 'file_sha256', 'folder_path', 'UnsafePathError']
 
 #: The modes of new files and folders before the umask (module docstring).
 FILE_MODE, FOLDER_MODE = 0o666, 0o777
@@ -189,3 +190,17 @@ def atomic_folder(path: str, write: Callable, replace: bool = False) -> None:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def write_stamped_csv(path: str, rows: List[dict], stamp: Dict[str, str]) -> None:
+    """``rows`` to the CSV file ``path`` through `atomic_write`, each with the columns of ``stamp`` (machine, date,
+    commit: where and on what code a benchmark measured them) after its own; the columns are the first row's.
+
+    Raises:
+        IndexError: ``rows`` is empty.
+    """
+    def write(f):
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) + list(stamp))
+        writer.writeheader()
+        writer.writerows(dict(row, **stamp) for row in rows)
+    atomic_write(path, write, text=True)
