@@ -408,13 +408,19 @@ def test_a_kill_right_after_a_checkpoint_loses_no_update_in_any_tracker(tmp_path
     # what the checkpoint covers is in the synchronous trackers as it appears; W&B's service writes it a moment later
     assert max(_steps(_jsonl_history(out), 'train/loss')) >= saved
     assert max(_steps(mlflow_history(uri, record['mlflow']['id']), 'train/loss')) >= saved
-    # frozen from here to the kill: while the test waited for W&B's service, the run went on to its next checkpoint,
-    # whose updates W&B had not all written (the test's race, not the trainer's: it failed under load, in CI too)
-    p.send_signal(signal.SIGSTOP)
-    saved = _checkpoint_update(out)
-    deadline = time.time() + 60
-    while max(_steps(wandb_history(out), 'train/loss'), default=0) < saved and time.time() < deadline:
-        time.sleep(0.05)
+    # the kill comes while the run is frozen (SIGSTOP) and W&B holds its latest checkpoint's updates: while the test
+    # waited for W&B's service the run went on to a later checkpoint (the test's race, not the trainer's: it failed
+    # under load, in CI too); frozen too early, W&B's records still in the run's process never arrive, so it goes on
+    deadline = time.time() + 120
+    while True:
+        while (max(_steps(wandb_history(out), 'train/loss'), default=0) < _checkpoint_update(out)
+               and time.time() < deadline):
+            time.sleep(0.05)
+        p.send_signal(signal.SIGSTOP)
+        if max(_steps(wandb_history(out), 'train/loss'), default=0) >= _checkpoint_update(out) or \
+                time.time() >= deadline:
+            break
+        p.send_signal(signal.SIGCONT)
     p.send_signal(signal.SIGKILL)
     p.communicate(timeout=60)
     _finish(_start(config, out, '--resume'))
