@@ -152,7 +152,8 @@ class JsonlLogger(Logger):
                       'kill) are dropped; the others are kept')
             kept = [line for line, step in zip(lines, steps) if step is not None and step <= resumed_update]
         atomic_write(self.path, lambda f: f.writelines(kept), text=True)
-        self.file = open(self.path, 'a')
+        # appended to for the whole run: a link planted after the write above is refused, not followed
+        self.file = open(self.path, 'a', opener=lambda path, flags: os.open(path, flags | os.O_NOFOLLOW))
 
     def log(self, scalars: Mapping[str, float], step: int) -> None:
         self.file.write(json.dumps({'step': step, **scalars}) + '\n')
