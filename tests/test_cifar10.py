@@ -11,7 +11,7 @@ import pytest
 from PIL import Image
 
 from tkvision.cli.train import train_main
-from tkvision.data import build_dataset, default_num_classes
+from tkvision.data import build_dataset, default_num_classes, split_size
 from tkvision.data import cifar10
 from tkvision.data.datasets import dataset_labels, stratified_subset
 from tkvision.engine.config import load_config, resolve_run_config, section
@@ -149,8 +149,23 @@ def test_cifar10_validation_is_500_a_class_held_out_of_train_and_the_test_images
     assert tuple(config.data.mean) == tuple(cifar10.CIFAR10_STATS['mean'])
     train, val, test = (build_dataset(config.data, s, 0) for s in ('train', 'val', 'test'))
     assert (len(train), len(val), len(test)) == (45000, 5000, 10000)
+    assert [split_size(config.data, s, 0) for s in ('train', 'val', 'test')] == [45000, 5000, 10000]
     assert np.bincount(dataset_labels(val)).tolist() == [500] * 10 and set(train.indices).isdisjoint(val.indices)
     assert default_num_classes(config.data) == 10
+
+
+def test_a_cifar10_config_counts_its_images_without_the_files(cifar_dir, tmp_path):
+    """A report counts the images a config trains where the data is absent (CI's checkout has no data/cifar10):
+    `split_size` from CIFAR-10's published class counts equals the images `build_dataset` reads, subsets included."""
+    def data(data_dir, **keys):
+        return resolve_run_config(load_config(None, dict(dataset='cifar10', data_dir=data_dir, model_kwargs=TINY32,
+                                                         output=str(tmp_path / 'r'), **keys))).data
+    for keys in (dict(train_subset=1000, val_subset=300), dict(val_split_fraction=0.0, val_subset=999)):
+        real, absent = data(cifar_dir, **keys), data(str(tmp_path / 'nowhere'), **keys)
+        splits = ('train', 'val', 'test') if real.val_split_fraction else ('train', 'val')
+        assert [split_size(absent, s, 0) for s in splits] == [len(build_dataset(real, s, 0)) for s in splits]
+    with pytest.raises(FileNotFoundError, match='nowhere is not a folder'):
+        build_dataset(absent, 'train', 0)
 
 
 def test_cifar10_reads_class_folders_and_torchvisions_batches_alike(cifar_dir, tmp_path):

@@ -49,7 +49,7 @@ import torch
 
 from studies.growth.growth_experiment import train_flops_per_image
 from tkvision.cli import run_cli
-from tkvision.data import build_dataset
+from tkvision.data import split_size
 from tkvision.engine.config import model_for_config
 from tkvision.engine.config import load_config, section
 from tkvision.engine.config import resolve_run_config
@@ -111,7 +111,7 @@ def _config_row(config: str, points: list) -> dict:
     with torch.device('meta'):
         params = sum(p.numel() for p in model_for_config(resolved).parameters() if p.requires_grad)
     gflops = train_flops_per_image(cfg) / 1e9
-    images = len(build_dataset(section(cfg, 'data'), 'train', cfg['seed']))  # after the validation carve-out
+    images = split_size(section(cfg, 'data'), 'train', cfg['seed'])  # after the validation carve-out
     top1, test = mean_std([p['top1'] for p in points], 2), mean_std([p['test_top1'] for p in points], 2)
     return dict(config=_name(config), model=cfg['model'], num_tokens=cfg['model_kwargs'].get('num_tokens', ''),
                 embed_dim=cfg['model_kwargs'].get('embed_dim', ''), epochs=cfg['epochs'], params=params,

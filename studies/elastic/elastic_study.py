@@ -52,7 +52,7 @@ import studies.elastic.matformer_vit  # noqa: F401  (registers matformer_vit_tin
 from studies import ROOT, portable_command
 from tkvision.experiments.intervals import gap_interval
 from tkvision.cli import run_cli
-from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, dataset_size
+from tkvision.data import BatchPreprocessor, build_dataset, build_loader, dataset_classes, split_size
 from tkvision.engine.checkpoint import LAST_WEIGHTS, model_for_checkpoint
 from tkvision.engine.runlog import METRICS_FILE
 from tkvision.engine.config import TrainConfig, load_config, resolve_run_config, section
@@ -243,7 +243,7 @@ def training_compute(cfg: dict, teacher: dict = None) -> float:
     """Training FLOPs of a run of ``cfg`` (a resolved config; counted forward + backward per image, times the
     training images and epochs), with an elastic run's expected mix of prefixes per step and, for
     ``distillation: teacher``, the forward of ``teacher`` (the teacher's resolved config) on every image."""
-    images = dataset_size(build_dataset(section(cfg, 'data'), 'train', cfg['seed'])) * cfg['epochs']
+    images = split_size(section(cfg, 'data'), 'train', cfg['seed']) * cfg['epochs']
     extra = forward_flops_per_image(teacher) if cfg['distillation'] == 'teacher' else 0.0
     fractions = sorted(set(cfg['elastic_fractions']), reverse=True)
     if not fractions:

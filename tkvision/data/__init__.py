@@ -12,7 +12,7 @@ Every builder takes the config's data section (`tkvision.data.config.DataConfig`
 it draws random numbers, the run's seed.
 """
 from .config import DataConfig
-from .datasets import (build_dataset, data_source_of, dataset_classes, dataset_size, default_num_classes,
+from .datasets import (build_dataset, data_source_of, dataset_classes, dataset_size, default_num_classes, split_size,
                        has_test_split, holdout_indices, train_class_map)
 from .fashion_mnist import FASHION_MNIST_DIR, FASHION_MNIST_STATS, ArrayDataset, load_fashion_mnist
 from .loader import ResumableSampler, SeededDataset, batches_per_epoch, build_loader, seed_sample, set_loader_epoch
@@ -22,6 +22,6 @@ from .transforms import DATA_CFG_KEYS, BatchPreprocessor, build_transform, resol
 __all__ = ['DataConfig', 'default_num_classes', 'data_source_of',
            'FASHION_MNIST_DIR', 'FASHION_MNIST_STATS', 'load_fashion_mnist', 'ArrayDataset', 'ReaderDataset',
            'build_transform', 'decode_image', 'resolve_data_cfg', 'build_dataset', 'has_test_split',
-           'holdout_indices', 'build_loader', 'set_loader_epoch', 'batches_per_epoch', 'dataset_size',
+           'holdout_indices', 'build_loader', 'set_loader_epoch', 'batches_per_epoch', 'dataset_size', 'split_size',
            'dataset_classes', 'train_class_map', 'collate_skip_bad', 'seed_sample', 'ResumableSampler',
            'SeededDataset', 'BatchPreprocessor', 'DATA_CFG_KEYS']

@@ -38,7 +38,7 @@ from .shards import ShardStream, read_info
 from .transforms import build_transform
 
 __all__ = ['build_dataset', 'holdout_indices', 'stratified_subset', 'dataset_labels', 'has_test_split',
-           'train_class_map', 'default_num_classes', 'data_source_of', 'dataset_size', 'dataset_classes']
+           'train_class_map', 'default_num_classes', 'data_source_of', 'dataset_size', 'dataset_classes', 'split_size']
 
 SPLITS = ('train', 'val', 'test')
 
@@ -215,10 +215,12 @@ def _shard_classes(data: DataConfig) -> Optional[Dict[str, int]]:
 register_data_source('fashion_mnist', DataSource(*_array_source(load_fashion_mnist, FASHION_MNIST_CLASSES),
                                                  needs_data_dir=False, num_classes=10, channels=1,
                                                  image_settings=FASHION_MNIST_STATS,
-                                                 val_split_fraction=FASHION_MNIST_VAL_FRACTION))
+                                                 val_split_fraction=FASHION_MNIST_VAL_FRACTION,
+                                                 class_counts={'train': (6000,) * 10, 'test': (1000,) * 10}))
 register_data_source('cifar10', DataSource(*_array_source(load_cifar10, CIFAR10_CLASSES), needs_data_dir=False,
                                            num_classes=10, channels=3, image_settings=CIFAR10_STATS,
-                                           val_split_fraction=CIFAR10_VAL_FRACTION))
+                                           val_split_fraction=CIFAR10_VAL_FRACTION,
+                                           class_counts={'train': (5000,) * 10, 'test': (1000,) * 10}))
 for _name in ('folder', 'imagenet'):
     register_data_source(_name, DataSource(_reader_split, _reader_carve, class_map=_folder_classes))
 register_data_source('tar', DataSource(_reader_split, _reader_carve, class_map=_tar_classes))
@@ -320,6 +322,29 @@ def default_num_classes(data: DataConfig) -> int:
         return source.num_classes
     classes = train_class_map(data)
     return len(classes) if classes else 1000
+
+
+def split_size(data: DataConfig, split: str, seed: int) -> int:
+    """Images of the ``split`` of the data section ``data`` (resolved), as ``len(build_dataset(data, split, seed))``
+    gives them (a stream's ``num_samples``), after the validation carve-out and ``train_subset`` / ``val_subset``.
+    A published dataset (the source's ``class_counts``: Fashion-MNIST, CIFAR-10) is counted from its class counts
+    alone, with no file read, so a report can count the images a config trains on a machine without the data.
+
+    Raises:
+        what `build_dataset` raises, for a source counted from its files.
+    """
+    counts = _source(data).class_counts
+    if counts is None:
+        return dataset_size(build_dataset(data, split, seed))
+    if split not in SPLITS or (split == 'test' and not has_test_split(data)):
+        return dataset_size(build_dataset(data, split, seed))  # build_dataset's own error
+    own = 'test' if (split == 'test' or (split == 'val' and not has_test_split(data))) else 'train'
+    labels = np.repeat(np.arange(len(counts[own])), counts[own])
+    if own == 'train' and has_test_split(data):
+        train_idx, val_idx = holdout_indices(labels, data.val_split_fraction or 0.0)
+        labels = labels[train_idx if split == 'train' else val_idx]
+    limit = None if split == 'test' else (data.train_subset if split == 'train' else data.val_subset)
+    return min(limit, len(labels)) if limit else len(labels)
 
 
 def dataset_size(dataset: Dataset) -> int:

@@ -29,6 +29,9 @@ class DataSource:
             of the model's ``pretrained_cfg``; and a model must take images of its ``img_size``. None: the model's.
         val_split_fraction: the share of the training images a validation split is carved from when the config
             leaves ``val_split_fraction`` null (0: the source's own ``'val'`` split).
+        class_counts: a published dataset's images per class of its ``'train'`` and ``'test'`` splits (as its
+            authors publish them), from which a split's size is computed without reading an image
+            (``tkvision.data.split_size``); None: counted from the files.
     """
     split: Callable[..., Any]
     carve: Optional[Callable[..., Tuple[Any, List[int]]]] = None
@@ -39,6 +42,7 @@ class DataSource:
     prefix: bool = False
     image_settings: Optional[Mapping[str, Any]] = None
     val_split_fraction: float = 0.0
+    class_counts: Optional[Mapping[str, Tuple[int, ...]]] = None
 
 
 _SOURCES: Dict[str, DataSource] = {}
