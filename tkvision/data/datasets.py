@@ -56,7 +56,7 @@ def dataset_classes(dataset: Dataset) -> Optional[Dict[str, int]]:
     return None
 
 
-def holdout_indices(labels: Sequence[int], fraction: float) -> Tuple[np.ndarray, np.ndarray]:
+def holdout_indices(labels: Union[Sequence[int], np.ndarray], fraction: float) -> Tuple[np.ndarray, np.ndarray]:
     """Indices ``(train, val)`` of a stratified hold-out: of each class's images, ``round(fraction * n)``
     validate, chosen by a generator seeded from ``('val_split',)`` alone, so every run and seed holds out
     the same images. Both index arrays are sorted (int64).
