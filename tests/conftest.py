@@ -6,9 +6,11 @@ skipped test fails: a broken install of an extra must not pass CI green by skipp
 With ``TKVISION_SLOW_SECONDS=N`` a test not marked ``slow`` whose call took more than N seconds fails the run, named
 with its time. ``setup.cfg``'s ``slow`` marker is for a test of 20 s or more alone on 2 cores; ``make test`` runs the
 suite on both cores (``pytest -n 2``, where two tests share them) and sets 30 (VMs differ by up to 2x); the budget of
-the whole suite is ``DEVELOPERS.md``'s.
+the whole suite is ``DEVELOPERS.md``'s. With ``TKVISION_BUDGET_SECONDS=N`` a session whose wall time passed N seconds
+fails, naming its five slowest tests (``make test`` and ``make test-slow`` set 1.5 times their budgets).
 """
 import os
+import time
 
 import pytest
 import torch
@@ -27,12 +29,29 @@ def tiny_kwargs():
 
 
 _SLOW: dict = {}
+_TIMES: dict = {}
+_START = time.monotonic()
 
 
 def pytest_runtest_logreport(report):
     """Keep the call time of each test not marked ``slow`` that passed (in the controller under pytest-xdist)."""
     if report.when == 'call' and report.passed and 'slow' not in report.keywords:
         _SLOW[report.nodeid] = report.duration
+    if report.when == 'call':
+        _TIMES[report.nodeid] = report.duration
+
+
+def _check_budget(session, reporter) -> None:
+    """With ``TKVISION_BUDGET_SECONDS=N``: a session (in the controller) whose wall time passed N seconds fails,
+    naming its five slowest tests, so the test that breaks a tier's budget is named in CI."""
+    budget = float(os.environ.get('TKVISION_BUDGET_SECONDS') or 0)
+    wall = time.monotonic() - _START
+    if budget and wall > budget and reporter is not None and not hasattr(session.config, 'workerinput'):
+        slowest = sorted(_TIMES.items(), key=lambda item: -item[1])[:5]
+        reporter.write_line(f'the tests took {wall:.0f} s, past their budget of {budget:g} s (make the slowest '
+                            'cheaper, or mark a test of 20 s or more slow): ' +
+                            ', '.join(f'{n} ({d:.0f} s)' for n, d in slowest), red=True)
+        session.exitstatus = 1
 
 
 def pytest_sessionfinish(session, exitstatus):
@@ -42,6 +61,7 @@ def pytest_sessionfinish(session, exitstatus):
         reporter.write_line(f'{len(skipped)} test(s) skipped under TKVISION_NO_SKIPS=1: ' +
                             ', '.join(r.nodeid for r in skipped[:5]) + ' -- install the test extras', red=True)
         session.exitstatus = 1
+    _check_budget(session, reporter)
     limit = float(os.environ.get('TKVISION_SLOW_SECONDS') or 0)
     over = sorted((d, n) for n, d in _SLOW.items() if limit and d > limit)
     if over and reporter is not None and not hasattr(session.config, 'workerinput'):
