@@ -200,6 +200,7 @@ def test_a_twin_distilled_from_a_finished_run_learns_from_its_predictions(tmp_pa
     assert_same_training_state(tmp_path / 'student' / 'last.pth', tmp_path / 'crashed' / 'last.pth')
 
 
+@pytest.mark.slow
 def test_elastic_training_with_every_prefix_each_step_resumes_bit_identically(tmp_path, monkeypatch):
     """Every prefix each step (``elastic_sampling: all``) with an EMA, crashed after a checkpoint and resumed, ends
     with the uninterrupted run's weights, optimizer and EMA; each prefix is reported."""

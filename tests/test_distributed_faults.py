@@ -126,6 +126,7 @@ def test_a_restart_starts_fresh_in_an_empty_folder_and_never_takes_another_jobs_
     assert rundir.restarts_this_run(cfg['output'], 'last.pth')
 
 
+@pytest.mark.slow
 def test_a_checkpoint_write_cut_short_leaves_nothing_once_the_run_goes_on(tmp_path):
     """A kill during ``last.pth``'s write leaves ``.last.pth.<random>.tmp`` (up to a checkpoint's size). The
     resumed run removes it, and the finished folder holds no temporary file."""

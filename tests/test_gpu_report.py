@@ -53,6 +53,7 @@ def test_the_gpu_report_refuses_cuda_without_a_gpu(tmp_path):
     assert res.returncode == 2 and 'no CUDA device here' in res.stderr and '--device cpu --tiny' in res.stderr
 
 
+@pytest.mark.slow
 def test_the_gpu_report_runs_without_albumentations_opencv_or_matplotlib(tmp_path):
     """A lent GPU image has PyTorch, timm and Triton but not albumentations: the report, and each part's own
     process, runs there and reports the end-to-end part as skipped, naming what to carry."""

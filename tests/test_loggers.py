@@ -394,6 +394,7 @@ def _jsonl_history(out: str) -> dict:
     return history
 
 
+@pytest.mark.slow
 def test_a_kill_right_after_a_checkpoint_loses_no_update_in_any_tracker(tmp_path):
     """Every logger on, the default ``log_interval`` (50: the kept updates flush rarely), a checkpoint every 3
     updates, SIGKILL right after the first ``last.pth`` appears, then ``--resume``: each tracker holds every update
@@ -429,6 +430,7 @@ def test_a_kill_right_after_a_checkpoint_loses_no_update_in_any_tracker(tmp_path
     _assert_each_update_once(out, histories, epochs=1)
 
 
+@pytest.mark.slow
 def test_an_unreadable_trackers_record_on_resume_deletes_nothing(tmp_path):
     """A finished run whose ``trackers.json`` is cut, not a mapping, or a link, then ``--epochs 2 --resume``: one line
     naming the file and what to do, and ``scalars.jsonl`` keeps every line (epoch 1's were deleted)."""

@@ -233,6 +233,7 @@ def test_mae_config_errors_name_the_key(tmp_path):
         load_config(None, dict(growth=dict(add_tokens=dict(decoder_mlp=2))))
 
 
+@pytest.mark.slow
 def test_visualize_tool_writes_the_grid_and_pastes_visible_patches(tmp_path):
     from tkvision.engine.reconstruction import reconstruct
     model = _mae()
@@ -279,6 +280,7 @@ trainer.train(load_config(None, json.loads(sys.argv[1])))
 '''
 
 
+@pytest.mark.slow
 def test_mae_killed_by_sigkill_after_a_decoder_growth_step_resumes_bit_identical(tmp_path):
     """An MAE run growing its encoder and decoder after epoch 1, killed with SIGKILL (no
     handler runs, the lock file stays) just after a mid-epoch-2 checkpoint, resumes to the state of an

@@ -1,6 +1,7 @@
 """The run folder's rule (``tkvision/utils/files.py``, ``docs/reliability.md``): a run writes only inside its folder and
 never through a link; whole files through an atomic rename; in-place files (a logger's folder, the SQLite store, the
 lock) checked at the start. And one process, one claim per folder: two ``Trainer`` objects cannot share one."""
+import csv
 import hashlib
 import os
 import shutil
@@ -116,3 +117,21 @@ def test_folder_path_refuses_names_that_leave_the_folder_and_links_below_it(tmp_
     folder_path(str(tmp_path), 'shared.db', 'in_place')
     assert os.stat(shared).st_nlink == 1 and (tmp_path / 'other_name.db').read_text() == 'store'
     shutil.rmtree(tmp_path / 'real')
+
+
+def test_a_stopped_and_continued_run_says_each_resume_in_its_files(tmp_path, monkeypatch):
+    """``resumes.csv`` holds one row per resume with the checkpoint's update and epochs: a run crashed after its
+    first checkpoint (the end of epoch 1 of 2, 4 updates of 64 images) and continued twice lists both resumes; a run
+    never resumed has no such file."""
+    from tkvision.engine.runlog import RESUMES_FILE
+
+    from .helpers import train_crash_resume
+    cfg = _cfg(tmp_path / 'run', epochs=2)
+    train_crash_resume(monkeypatch, cfg, saves=1)
+    train(dict(cfg, epochs=3), resume=True)
+    with open(tmp_path / 'run' / RESUMES_FILE) as f:
+        rows = list(csv.DictReader(f))
+    assert [(r['update'], r['epochs_done']) for r in rows] == [('4', '1'), ('8', '2')]
+    assert all(r['time'].endswith('Z') and r['host'] for r in rows)
+    train(_cfg(tmp_path / 'new'))
+    assert not (tmp_path / 'new' / RESUMES_FILE).exists()

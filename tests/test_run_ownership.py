@@ -29,6 +29,7 @@ def _torchrun(out: str, port: int, *extra: str) -> subprocess.CompletedProcess:
                           env=dict(os.environ, TORCH_DISABLE_SHARE_RDZV_TCP_STORE='1'))
 
 
+@pytest.mark.slow
 def test_another_torchrun_job_with_the_same_rdzv_id_never_takes_a_finished_run(tmp_path):
     """Job B, the same command with another lr and more epochs and one rendezvous id, was refused at its first start
     and its restart (torchrun restarts a failed worker) then resumed and rewrote job A's run. Now B's restart is

@@ -4,6 +4,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROBE = 'import time\n\n\ndef test_sleeps():\n    time.sleep(1.5)\n\n\ndef test_returns():\n    pass\n'
 
@@ -16,6 +18,7 @@ def _pytest(tmp_path, **env):
                                          **env}, capture_output=True, text=True)
 
 
+@pytest.mark.slow
 def test_a_tier_past_its_budget_fails_naming_its_slowest_test(tmp_path):
     res = _pytest(tmp_path, TKVISION_BUDGET_SECONDS='1')
     assert res.returncode == 1, res.stdout[-2000:]

@@ -169,6 +169,7 @@ def test_launcher_settings_are_checked_before_anything_runs(tmp_path, capsys):
     assert not os.path.exists(out)
 
 
+@pytest.mark.slow
 def test_a_point_of_two_processes_is_one_distributed_training_job(tmp_path):
     """``--tasks-per-node 2`` on the local executor: submitit starts two processes of the point, which join one
     process group (gloo on a CPU) from submitit's environment and train one run: one result, a global batch of

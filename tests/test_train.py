@@ -216,6 +216,7 @@ def test_crop_padding_is_a_zero_filled_shift_of_at_most_the_padding():
     assert np.array_equal(ev(image=img)['image'][0].numpy(), img[..., 0])
 
 
+@pytest.mark.slow
 def test_bf16_autocast_and_grad_checkpointing_train_like_fp32(tmp_path):
     """The recipe's bf16 autocast and gradient checkpointing options reach about the same accuracy as fp32."""
     ref = train_mod.train(fmnist_cfg(tmp_path, epochs=2, train_subset=4096, output=str(tmp_path / 'fp32')))

@@ -10,6 +10,8 @@ Files of a run's folder written by the log (rank 0; the checkpoints are ``tkvisi
     trackers.json       each logger's run id and how far it has logged: a resumed run continues the same tracker run
     rollbacks.csv       each rollback of a healed run (``tkvision.engine.healing``): the update, the loss, the reason,
                         the update it went back to and the micro-batches skipped
+    resumes.csv         each resume (``--resume``, a torchrun restart, a requeue): the checkpoint's update and epochs
+                        done, the UTC time and the host, so a stopped and continued run says so in its files
     compile_cache.bin   with ``compile: true``, torch.compile's caches (``torch.compiler.save_cache_artifacts``)
                         beside each checkpoint, loaded on resume when torch, the device and the model still match
     per_class.csv, confusion_matrix.csv/.png   a classifier's report of its final evaluation (the task's)
@@ -32,7 +34,9 @@ skips the steps its store holds), and since resume is exact the values are the s
 import csv
 import json
 import os
+import socket
 import sys
+import time
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Type
 
 import torch
@@ -47,7 +51,7 @@ from .plotting import Series, plot_curves
 from .state import TrainState
 
 __all__ = ['RunLog', 'CONFIG_FILE', 'METRICS_FILE', 'CURVES_FILE', 'RECONSTRUCTION_FILE', 'TRACKERS_FILE',
-           'COMPILE_CACHE_FILE', 'ROLLBACKS_FILE',
+           'COMPILE_CACHE_FILE', 'ROLLBACKS_FILE', 'RESUMES_FILE',
            'save_yaml', 'save_rows', 'FINISHED', 'FAILED', 'PREEMPTED']
 
 CONFIG_FILE = 'config.yaml'
@@ -57,6 +61,7 @@ RECONSTRUCTION_FILE = 'reconstruction.png'
 TRACKERS_FILE = 'trackers.json'
 COMPILE_CACHE_FILE = 'compile_cache.bin'
 ROLLBACKS_FILE = 'rollbacks.csv'
+RESUMES_FILE = 'resumes.csv'
 
 
 def save_yaml(obj: object, path: str) -> None:
@@ -143,6 +148,8 @@ class RunLog:
                 folder_path(self.out, name, 'in_place')
         save_yaml(dict(config), self.path(CONFIG_FILE))
         self.read_history(resumed.epochs_done if resumed else None)
+        if resumed is not None:
+            self._record_resume(resumed)
         records = self._read_records(required=resumed is not None)
         for cls in self.classes:
             record, update = records.get(cls.name), resumed.num_updates if resumed else 0
@@ -152,6 +159,16 @@ class RunLog:
                 self.loggers[cls.name] = logger
             self._check_declared(cls, before)
         self._write_records()
+
+    def _record_resume(self, resumed: TrainState) -> None:
+        """Append this resume to ``resumes.csv`` (rewritten whole, atomically, with the earlier ones)."""
+        rows: List[dict] = []
+        if os.path.isfile(os.path.join(self.out, RESUMES_FILE)):
+            with open(folder_path(self.out, RESUMES_FILE, 'read'), newline='') as f:
+                rows = list(csv.DictReader(f))
+        rows.append(dict(update=resumed.num_updates, epochs_done=resumed.epochs_done,
+                         time=time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime()), host=socket.gethostname()))
+        save_rows(rows, self.path(RESUMES_FILE))
 
     def _check_declared(self, cls: Type[Logger], before: set) -> None:
         """Refuse a logger that wrote into the run's folder a name it does not declare (``Logger.files``): a run
