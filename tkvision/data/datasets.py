@@ -337,10 +337,8 @@ def split_size(data: DataConfig, split: str, seed: int) -> int:
         what `build_dataset` raises, for a source counted from its files.
     """
     counts = _source(data).class_counts
-    if counts is None:
-        return dataset_size(build_dataset(data, split, seed))
-    if split not in SPLITS or (split == 'test' and not has_test_split(data)):
-        return dataset_size(build_dataset(data, split, seed))  # build_dataset's own error
+    if counts is None or split not in SPLITS or (split == 'test' and not has_test_split(data)):
+        return dataset_size(build_dataset(data, split, seed))  # counted from the files, or build_dataset's error
     own = 'test' if (split == 'test' or (split == 'val' and not has_test_split(data))) else 'train'
     labels = np.repeat(np.arange(len(counts[own])), counts[own])
     if own == 'train' and has_test_split(data):
