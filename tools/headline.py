@@ -176,6 +176,18 @@ def _growth() -> dict:
                 difference='–', source='tools/headline.py (measured on the current code)', page='growth')
 
 
+def _code_note(method: str) -> str:
+    """``'; ...'`` naming the commits of ``method``'s runs and of its twins trained alone when they differ (rows
+    that mix code say so), from ``docs/elastic/points.csv``; ``''`` when every run of both ran on one commit."""
+    points = _rows('docs/elastic/points.csv')
+    ran = {side: sorted({r['commit'] for r in points if r['method'] == side}) for side in (method, 'independent')}
+    if ran[method] == ran['independent'] and len(ran[method]) == 1:
+        return ''
+    return (f"; the elastic runs ran on commits {', '.join(ran[method])}, the twins on "
+            f"{', '.join(ran['independent'])}: other code (the LayerNorm folded, the same function; "
+            'docs/elastic.md)')
+
+
 def _elastic() -> list:
     """The elastic row: of the elastic TokenFormers nesting every Pattention at no more than the ``elastic``
     run's training compute, the one of the best mean validation gap to its twins (chosen on validation)."""
@@ -201,7 +213,7 @@ def _elastic() -> list:
                 'variants at most elastic\'s compute; trained at '
                 f"{float(whole['compute_vs_largest']):.2f}x the compute of the largest alone) at 1/4, 1/2, 3/4 and all "
                 f"of its tokens against 4 trained alone, {whole['seeds']} seeds: top-1 gap, points, mean over the 4 "
-                'sizes (difference: the worst size)')
+                'sizes (difference: the worst size)' + _code_note(method))
     return [dict(key='elastic', question=question + ', validation', tokenformer=f'{statistics.mean(gaps[method]):+.2f}',
                  vit='–', difference=f'{min(gaps[method]):+.2f} worst', source=path, page='elastic'),
             dict(key='elastic_test', question='The same on the test split', tokenformer=f'{statistics.mean(test):+.2f}',
