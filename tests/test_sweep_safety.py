@@ -185,3 +185,47 @@ def test_unknown_and_stopped_slurm_states_count_as_alive():
         assert scheduler.alive(state), state
     for state in ('COMPLETED', 'CANCELLED', 'FAILED', 'TIMEOUT', 'NODE_FAIL', 'GONE'):
         assert not scheduler.alive(state), state
+
+
+@pytest.mark.parametrize('name, edit, words', [
+    ('sweep.json', ('"seed": 0', '"seed": "zero"'), ['sweep.json', "seed 'zero'"]),
+    ('sw/seed0/result.json', None, ['result.json', 'no "config"']),
+    ('sw/seed0/result.json', ('"top1": ', '"top1": "high", "was": '), ['result.json', "\"top1\" is 'high'"]),
+])
+def test_collect_of_records_with_wrong_fields_is_one_line_naming_file_and_field(tmp_path, config, capsys, name, edit,
+                                                                                   words):
+    """A record that is JSON of the right shape but a wrong field (a seed ``"zero"``, a result of ``{}``, a top-1 of
+    ``"high"``): ``--collect`` answers in one line naming the file and the field (exit 2), and writes no table."""
+    out = _finished_sweep(tmp_path, config)
+    path = os.path.join(out, name)
+    text = open(path).read()
+    os.remove(os.path.join(out, 'results.csv'))
+    open(path, 'w').write('{}' if edit is None else text.replace(*edit, 1))
+    capsys.readouterr()
+    assert sweep_main(['--collect', out]) == 2
+    _one_line(capsys, *words)
+    assert not os.path.exists(os.path.join(out, 'results.csv'))
+
+
+@pytest.mark.parametrize('args, words', [
+    (['--grid', 'lr=0.' + '1' * 300], ['308 bytes, over the 255']),
+    (['--grid', 'lr=' + ','.join(map(str, range(100))), 'smoothing=' + ','.join(map(str, range(100))),
+      'weight_decay=' + ','.join(map(str, range(100)))], ['1000000 points', 'over the 10000']),
+    (['--grid', 'lr="0.1\n0.2"'], ['control character']),
+])
+def test_a_sweep_whose_points_cannot_be_folders_is_refused_before_anything_is_made(tmp_path, config, capsys, args,
+                                                                                     words):
+    """A grid value that makes a folder name over 255 bytes, a grid of a million points (refused at once, not after
+    listing them), and a newline in a folder name (it would end a line of the sbatch script): one line, exit 2,
+    no folder made."""
+    out = str(tmp_path / 'S')
+    assert sweep_main([config, *args, '--out', out]) == 2
+    _one_line(capsys, *words)
+    assert not os.path.exists(out)
+
+
+def test_a_newline_in_out_never_reaches_a_job_script(tmp_path, config, capsys):
+    out = str(tmp_path / 'S\ntouch pwned')
+    assert sweep_main([config, '--out', out, '--executor', 'slurm']) == 2
+    _one_line(capsys, 'control character')
+    assert os.listdir(tmp_path) == ['sw.yaml']

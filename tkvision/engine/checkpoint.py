@@ -57,18 +57,21 @@ def save_training_checkpoint(checkpoint: Mapping[str, Any], path: str) -> None:
         OSError: ``ENOSPC`` for a full disk, ``EIO`` for another failed write (``path`` left as it was; the commands
             print either as one line).
     """
+    had_one = os.path.isfile(path)
     try:
         atomic_write(path, lambda tmp: torch.save(dict(checkpoint), tmp))
     except RuntimeError as error:  # torch's writer says a failed write in its own words, two chained tracebacks
-        if 'write' not in str(error).lower():
+        # on a full disk its zip writer ends with "unexpected pos N vs M" (its own count of bytes against the file's)
+        if not any(words in str(error).lower() for words in ('write', 'unexpected pos', 'inline_container')):
             raise
         folder = os.path.dirname(os.path.abspath(path))
         usage = os.statvfs(folder)
         full = usage.f_bavail * usage.f_frsize < 2 ** 26  # under 64 MiB left: the disk, not a fault of the file
         raise OSError(errno.ENOSPC if full else errno.EIO,
                       f'{"No space left on the device" if full else "The file system failed"} writing {path} '
-                      f'({str(error).splitlines()[-1][:120]}); the previous checkpoint is kept: make room, then '
-                      'continue with --resume') from None
+                      f'({str(error).splitlines()[-1][:120]}); ' + ('the previous checkpoint is kept: make room, then '
+                      'continue with --resume' if had_one else 'no checkpoint was written yet: make room, then run '
+                      'the same command again')) from None
 
 
 def load_training_checkpoint(path: str, map_location: Union[str, torch.device] = 'cpu', mmap: bool = False) -> dict:

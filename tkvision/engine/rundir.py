@@ -189,7 +189,8 @@ class RunDirLock:
                 del _HELD[self.folder]
 
 
-def claim_output_dir(out: str, resume: bool, early: Collection[str] = ()) -> RunDirLock:
+def claim_output_dir(out: str, resume: bool, early: Collection[str] = (), checkpoint: Optional[str] = None
+                     ) -> RunDirLock:
     """Create ``out`` if needed and lock it for this run.
 
     Args:
@@ -197,6 +198,8 @@ def claim_output_dir(out: str, resume: bool, early: Collection[str] = ()) -> Run
         resume: the run continues the one in ``out`` (its files are expected there).
         early: what a run writes before its first checkpoint (`run_files`): a folder holding no more is no run to
             protect.
+        checkpoint: the file name of the run's checkpoint (``last.pth``): a refusal says ``--resume`` only where
+            ``out`` holds one (a run stopped before it, by a full disk say, cannot be continued).
 
     Raises:
         RunError: another process holds the lock (its host and pid are named), or ``out`` already
@@ -226,11 +229,15 @@ def claim_output_dir(out: str, resume: bool, early: Collection[str] = ()) -> Run
     if others and not resume:
         fcntl.lockf(fd, fcntl.LOCK_UN)
         os.close(fd)
+        files = f'{", ".join(sorted(others)[:4])}{", ..." if len(others) > 4 else ""}'
+        if checkpoint is not None and not os.path.isfile(os.path.join(out, checkpoint)):
+            raise RunError(f'output directory {out} holds the files of a run that stopped before its first checkpoint '
+                           f'({files}; no {checkpoint}), so nothing can continue it: remove them to train there from '
+                           'the start, or pass another --output')
         through_make = (' (through make: make train ARGS=--resume, or make train ARGS="--output runs/another")'
                         if os.environ.get('MAKELEVEL') else '')
-        raise RunError(f'output directory {out} already holds a run ({", ".join(sorted(others)[:4])}'
-                       f'{", ..." if len(others) > 4 else ""}); continue it with --resume, or pass another --output'
-                       + through_make)
+        raise RunError(f'output directory {out} already holds a run ({files}); continue it with --resume, or pass '
+                       'another --output' + through_make)
     os.ftruncate(fd, 0)
     os.pwrite(fd, f'host {socket.gethostname()} pid {os.getpid()} job {job_identity()}\n'.encode(), 0)
     remove_stale_temporaries(out)
@@ -318,7 +325,7 @@ def claim_output(
     lock, error = None, None
     if main:
         try:
-            lock = claim_output_dir(output, resume=in_place, early=early)
+            lock = claim_output_dir(output, resume=in_place, early=early, checkpoint=checkpoint)
         except RunError as e:
             error = e
     if not all_ranks_agree(error is None, device):

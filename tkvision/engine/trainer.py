@@ -218,7 +218,10 @@ class Trainer:
                 if main:
                     print(f'no checkpoint yet in {out}: starting the run from scratch')
                 return None
-            raise RunError(f'nothing to resume: no checkpoint at {path}')
+            stopped = resume is True and run_files(out, RunLog.early_files(self.config.run.loggers))
+            raise RunError(f'nothing to resume: no checkpoint at {path}' + (
+                f' ({out} holds a run that stopped before its first one): remove its files to train there from the '
+                'start, or pass another --output' if stopped else ''))
         ckpt = load_training_checkpoint(path)
         saved_world = ckpt.get('world_size', self.processes.world)
         _check_inputs(ckpt.get('inputs', {}), self.state.inputs, main)

@@ -37,7 +37,7 @@ from ..engine.runlog import CONFIG_FILE, METRICS_FILE
 from ..engine.rundir import output_dir_in_use
 from ..utils.errors import ConfigError, RunError
 from ..utils.files import atomic_write
-from .points import FAILED_FILE, RESULT_FILE, PointJob, SweepPoint, read_record
+from .points import FAILED_FILE, RESULT_FILE, PointJob, SweepPoint, point_record_problem, read_record
 from .launcher import Launcher
 from .scheduler import SACCT_LAG_SECONDS, alive, scheduler_call, slurm_queue_state, slurm_state
 
@@ -60,9 +60,12 @@ def read_manifest(out: str) -> Dict[str, Any]:
     if not os.path.lexists(path):
         raise RunError(f'{out} holds no sweep ({MANIFEST_FILE} is missing): pass the --out of a tkvision-sweep run')
     manifest = _read_json(path, 'the sweep\'s record')
-    if not (isinstance(manifest, dict) and isinstance(manifest.get('points'), list)
-            and all(isinstance(p, dict) and 'config' in p and 'seed' in p for p in manifest['points'])):
+    if not (isinstance(manifest, dict) and isinstance(manifest.get('points'), list)):
         raise RunError(f'{path} is not a sweep\'s record (no list of points): restore it, or pass another --out')
+    for i, point in enumerate(manifest['points']):
+        problem = point_record_problem(point)
+        if problem:
+            raise RunError(f'{path}: point {i} {problem}: restore the file, or pass another --out')
     return manifest
 
 

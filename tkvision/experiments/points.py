@@ -13,6 +13,7 @@
 import dataclasses
 import itertools
 import json
+import math
 import os
 import shutil
 import signal
@@ -33,7 +34,13 @@ from ..utils.files import atomic_write
 from .benchmark import code_commit, machine_info
 
 __all__ = ['SweepPoint', 'PointJob', 'provenance', 'with_provenance', 'PROVENANCE_KEYS', 'parse_grid', 'sweep_points',
-           'point_dir', 'read_record', 'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
+           'point_dir', 'read_record', 'point_record_problem', 'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
+
+#: The longest file name, in bytes, of the file systems a sweep writes to (ext4, XFS, Lustre, GPFS, NFS).
+NAME_MAX = 255
+#: The most points one sweep command takes: a grid past it is a typing error (a value list pasted where one was
+#: meant), refused before anything is listed or submitted.
+MAX_POINTS = 10000
 
 #: A finished point's record, in its folder.
 RESULT_FILE = 'result.json'
@@ -86,6 +93,16 @@ class SweepPoint:
             raise ConfigError(f'point {self.key}: its folder {os.path.join(out, relative)} would not be a folder of '
                               f'the sweep {out} (a grid value makes an empty, "." or ".." part): use values without '
                               '"/.." and "//"; nothing was created or removed')
+        shown = repr(self.key if len(self.key) <= 60 else self.key[:50] + '...')  # one line, whatever the value
+        if any(ord(char) < 32 or ord(char) == 127 for char in out + relative):
+            raise ConfigError(f'point {shown}: its folder holds a control character (a newline in --out {out!r} or '
+                              'in a grid value would end a line of the job script): remove it; nothing was created '
+                              'or removed')
+        long = [len(os.fsencode(part)) for part in parts if len(os.fsencode(part)) > NAME_MAX]
+        if long:
+            raise ConfigError(f'point {shown}: its folder name is {long[0]} bytes, over the {NAME_MAX} a file name may '
+                              'have: shorten the grid value (put a long value in a config file and sweep over config '
+                              'files); nothing was created or removed')
         path = out
         for part in parts:
             path = os.path.join(path, part)
@@ -109,8 +126,32 @@ class SweepPoint:
 
     @classmethod
     def from_dict(cls, record: Dict[str, Any]) -> 'SweepPoint':
-        """The point of a `SweepPoint.to_dict` record."""
-        return cls(record['config'], int(record['seed']), tuple((k, v) for k, v in record.get('grid', ())))
+        """The point of a `SweepPoint.to_dict` record.
+
+        Raises:
+            ValueError: a record that is not one (`point_record_problem` says what).
+        """
+        problem = point_record_problem(record)
+        if problem:
+            raise ValueError(f'a sweep point record {problem}')
+        return cls(record['config'], record['seed'], tuple((k, v) for k, v in record.get('grid', ())))
+
+
+def point_record_problem(record: Any) -> str:
+    """What makes ``record`` no `SweepPoint.to_dict` record (``'has the seed \\'zero\\', not an integer'``), or
+    ``''`` for a good one: a JSON object with a string ``config``, an integer ``seed`` and ``grid`` a list of
+    ``[key, value]`` string pairs."""
+    if not isinstance(record, dict):
+        return f'is {type(record).__name__}, not an object'
+    if not isinstance(record.get('config'), str):
+        return f'has the config {record.get("config")!r}, not a file name'
+    if not isinstance(record.get('seed'), int) or isinstance(record.get('seed'), bool):
+        return f'has the seed {record.get("seed")!r}, not an integer'
+    grid = record.get('grid', [])
+    if not (isinstance(grid, list) and all(isinstance(pair, list) and len(pair) == 2
+                                           and all(isinstance(x, str) for x in pair) for pair in grid)):
+        return f'has the grid {grid!r}, not a list of [key, value] strings'
+    return ''
 
 
 def point_dir(out: str, config: str, seed: int) -> str:
@@ -179,14 +220,26 @@ def sweep_points(configs: Sequence[str], seeds: Sequence[int], grid: Sequence[st
     """
     if not seeds:
         raise ConfigError('--seeds: give at least one seed')
+    sizes = [len(_split_values(item.partition('=')[2])) for item in grid]
+    count = len(configs) * len(seeds) * math.prod(sizes)
+    if count > MAX_POINTS:
+        raise ConfigError(f'the sweep has {count} points ({len(configs)} config(s) x {" x ".join(map(str, sizes))} '
+                          f'grid values x {len(seeds)} seed(s)), over the {MAX_POINTS} one command takes: split it '
+                          'into several sweeps, or check the --grid values; nothing was submitted')
     return [SweepPoint(config, seed, values) for config in configs for values in parse_grid(grid) for seed in seeds]
 
 
-def read_record(path: str) -> Dict[str, Any]:
-    """A point's ``result.json`` or ``failed.json`` (a JSON object, as `PointJob` writes it).
+def read_record(path: str, required: Sequence[str] = ()) -> Dict[str, Any]:
+    """A point's ``result.json`` or ``failed.json`` (a JSON object, as `PointJob` writes it; a study's runs write
+    fewer fields), its fields of the types `PointJob` writes.
+
+    Args:
+        path: the file.
+        required: fields it must hold (a sweep's table needs ``config`` and ``seed``).
 
     Raises:
-        RunError: a file that is not one (cut, binary, not JSON, not an object, a link), naming it and what to do.
+        RunError: a file that is not one (cut, binary, not JSON, not an object, a link, a field missing or of another
+            type), naming it, the field and what to do.
     """
     try:
         if os.path.islink(path):
@@ -195,10 +248,29 @@ def read_record(path: str) -> Dict[str, Any]:
             record = json.load(f)
         if not isinstance(record, dict):
             raise ValueError('not a JSON object')
+        _check_fields(record, required)
     except (OSError, ValueError) as error:
         raise RunError(f'{path} is not a point\'s record ({str(error).splitlines()[0][:80]}): remove it, and the '
                        'point is trained again by the next run of the sweep command') from None
     return record
+
+
+#: The fields of a point's record a table reads, and the types each may hold (a record from before a field existed
+#: lacks it; ``None``: a run without that figure, e.g. no test split).
+_RECORD_FIELDS = dict(config=(str,), seed=(int,), status=(str,), error=(str,), top1=(int, float, type(None)),
+                      best_top1=(int, float, type(None)), test_top1=(int, float, type(None)),
+                      val_loss=(int, float, type(None)), params=(int,), img_per_s=(int, float), minutes=(int, float))
+
+
+def _check_fields(record: Dict[str, Any], required: Sequence[str]):
+    """Raise ``ValueError`` naming the first field of ``record`` that is missing (of ``required``) or of a type
+    `_RECORD_FIELDS` does not allow (``"top1": "high"``; a bool is no number)."""
+    for key in required:
+        if key not in record:
+            raise ValueError(f'no "{key}"')
+    for key, types in _RECORD_FIELDS.items():
+        if key in record and (not isinstance(record[key], types) or isinstance(record[key], bool)):
+            raise ValueError(f'"{key}" is {record[key]!r}')
 
 
 def _timing(rows: list) -> dict:

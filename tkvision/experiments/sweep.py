@@ -36,7 +36,7 @@ def point_records(out: str, points: Sequence[SweepPoint]) -> List[Dict]:
         for name in (RESULT_FILE, FAILED_FILE):
             path = os.path.join(point.directory(out), name)
             if os.path.lexists(path):
-                records.append(read_record(path))
+                records.append(read_record(path, required=('config', 'seed')))
                 break
     return records
 
