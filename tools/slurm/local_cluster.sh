@@ -53,7 +53,9 @@ SlurmUser=root
 SlurmdUser=root
 SlurmctldPort=$CTLD_PORT
 AuthType=auth/munge
-AuthInfo=socket=$DIR/munge/munge.socket
+# cred_expire: a requeued job waits this long before it may start again (slurm.conf(5); 120 s by default, most of a
+# requeue test's time here); 30 s still covers a step's launch on two busy cores
+AuthInfo=socket=$DIR/munge/munge.socket,cred_expire=30
 CredType=cred/munge
 StateSaveLocation=$DIR/state
 SlurmdSpoolDir=$DIR/spool/%n
