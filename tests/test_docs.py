@@ -117,8 +117,11 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
      'docs/cifar10/long', 'tokenformer_p4'),
     (['studies/cifar10/configs/screen/*.yaml'], 'docs/cifar10/screen', 'p8_w96_e12'),
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/growth/*.yaml'],
-     'docs/cifar10/growth', 'tokenformer')],
-    ids=['comparison', 'levers', 'long', 'cifar10_quick', 'cifar10_long', 'cifar10_screen', 'cifar10_growth'])
+     'docs/cifar10/growth', 'tokenformer'),
+    (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/ablations/*.yaml'],
+     'docs/cifar10/ablations', 'tokenformer')],
+    ids=['comparison', 'levers', 'long', 'cifar10_quick', 'cifar10_long', 'cifar10_screen', 'cifar10_growth',
+         'cifar10_ablations'])
 def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
     """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables), CIFAR-10's
     quick, long and screen results (docs/cifar10.md's) and the paired.csv beside each are what today's code makes of the stored per-seed points and the configs: parameters
