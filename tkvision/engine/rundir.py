@@ -189,8 +189,12 @@ class RunDirLock:
                 del _HELD[self.folder]
 
 
-def claim_output_dir(out: str, resume: bool, early: Collection[str] = (), checkpoint: Optional[str] = None
-                     ) -> RunDirLock:
+def claim_output_dir(
+        out: str,
+        resume: bool,
+        early: Collection[str] = (),
+        checkpoint: Optional[str] = None,
+) -> RunDirLock:
     """Create ``out`` if needed and lock it for this run.
 
     Args:
