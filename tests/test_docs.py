@@ -5,6 +5,7 @@ import glob
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -467,6 +468,30 @@ def test_a_comparison_takes_its_verb_from_the_interval_and_says_when_its_sides_r
     both = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2], machine=('AMD EPYC', 'Intel Xeon'),
                             commit=('abc1234', 'def5678'))
     assert both.endswith('3 and 3 seeds) (on different CPUs, different code)')
+    # two rows filled in after their runs, written at other commits: the code that ran them is not known either way
+    backfilled = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2],
+                                  commit=('unknown (row written at abc1234)', 'unknown (row written at def5678)'))
+    assert backfilled.endswith('3 and 3 seeds) (code not recorded)')
+    half = _planted_compare(tmp_path, [85.1, 85.2, 85.3], [84.0, 84.1, 84.2], machine=('AMD EPYC', 'unknown'),
+                            commit=('abc1234', 'unknown (row written at abc1234)'))
+    assert half.endswith('3 and 3 seeds) (CPUs and code not recorded)')
+
+
+def test_a_row_filled_in_after_its_run_says_so_in_its_commit():
+    """A points row whose machine was not recorded by its run ("unknown", or typed "(as its page says)") holds a
+    commit that is not the run's either: its cell says ``unknown (row written at <commit>)``, so no reader (nor the
+    compare marker) takes the commit that wrote the row for the code that ran it (docs/comparison.md)."""
+    paths = sorted(glob.glob(os.path.join(ROOT, 'docs', '**', '*points*.csv'), recursive=True))
+    filled = []
+    for path in paths:
+        with open(path, encoding='utf-8') as f:
+            for row in csv.DictReader(f):
+                machine = row.get('machine') or 'unknown'
+                if machine == 'unknown' or '(as its page says)' in machine:
+                    filled.append((os.path.relpath(path, ROOT), row.get('config'), row.get('seed'), row['commit']))
+    assert len(filled) >= 90  # docs/comparison's three files
+    wrong = [row for row in filled if not re.fullmatch(r'unknown \(row written at [0-9a-f]{7,40}\)', row[3])]
+    assert not wrong, wrong
 
 
 def test_the_growth_chains_wall_clock_is_the_ratio_of_the_kept_minutes():

@@ -30,7 +30,9 @@ A comparison of two sets of seeds phrases itself: its verb comes from the interv
 `tkvision.experiments.intervals.compare_words` of the
 column's values (ahead / behind only where the 95% interval excludes 0), and where the rows carry ``machine`` or
 ``commit`` columns whose values differ between the sides it adds "(on different CPUs)" (the CPU model and cores
-differ: `cpu_kind`), "(different code)", or both in one parenthesis.
+differ: `cpu_kind`), "(different code)", or both in one parenthesis; where a row's cell does not name what ran it
+(``unknown``, or ``unknown (row written at <commit>)`` for a row filled in after its run), "(code not recorded)"
+(or "CPUs"), since then neither "the same" nor "different" is known.
 Each column is ``header={python format string over the row}``; numbers in a CSV are read as floats
 (an integer-valued one as an int; one written with a leading + stays text, sign and all); an empty,
 None or NaN value is shown as –. Rows keep the file's
@@ -205,13 +207,33 @@ def render_compare(spec: str) -> str:
         side = [_finite(r[column], name, column) for r in rows]
         values.append((rows, side))
     words = compare_words(values[0][1], values[1][1], unit, short=short)
-    apart = []
-    for key, said, kind in (('machine', 'on different CPUs', cpu_kind), ('commit', 'different code', str)):
-        known = [{kind(str(r[key])) for r in rows if str(r.get(key, 'unknown')) not in ('', 'unknown')}
-                 for rows, _ in values]
-        if all(known) and known[0] != known[1]:
+    return words + ('' if short else _provenance_words([rows for rows, _ in values]))
+
+
+def recorded(value: object) -> bool:
+    """Whether a points file's ``machine`` or ``commit`` cell names what ran its row: not empty, not ``unknown`` and
+    not ``unknown (row written at <commit>)``, the cell of a row filled in after its run (docs/comparison.md)."""
+    text = str(value if value is not None else '').strip()
+    return bool(text) and not text.startswith('unknown')
+
+
+def _provenance_words(sides: list) -> str:
+    """``' (on different CPUs, different code)'`` or the part that applies when the two sides' rows record other CPUs
+    or commits; ``'code not recorded'`` (``'CPUs ...'``) where a row that has the column does not name what ran it,
+    since then neither "the same" nor "different" is known; ``''`` when both sides agree or carry no such column."""
+    apart, unknown = [], []
+    for key, said, what, kind in (('machine', 'on different CPUs', 'CPUs', cpu_kind),
+                                  ('commit', 'different code', 'code', str)):
+        cells = [[r[key] for r in rows if key in r] for rows in sides]
+        if not any(cells):
+            continue
+        if not all(cells) or not all(recorded(cell) for side in cells for cell in side):
+            unknown.append(what)
+        elif {kind(str(c)) for c in cells[0]} != {kind(str(c)) for c in cells[1]}:
             apart.append(said)
-    return words + (f" ({', '.join(apart)})" if apart and not short else '')
+    if unknown:
+        apart.append(f"{' and '.join(unknown)} not recorded")
+    return f" ({', '.join(apart)})" if apart else ''
 
 
 def _finite(value: str, name: str, column: str) -> float:
