@@ -33,8 +33,8 @@ from ..utils.errors import ConfigError, Preempted, RunError
 from ..utils.files import atomic_write
 from .benchmark import code_commit, machine_info
 
-__all__ = ['SweepPoint', 'PointJob', 'provenance', 'with_provenance', 'PROVENANCE_KEYS', 'parse_grid', 'sweep_points',
-           'point_dir', 'read_record', 'point_record_problem', 'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
+__all__ = ['SweepPoint', 'PointJob', 'provenance', 'with_provenance', 'PROVENANCE_KEYS', 'grid_axes', 'parse_grid',
+           'sweep_points', 'point_dir', 'read_record', 'point_record_problem', 'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
 
 #: The longest file name, in bytes, of the file systems a sweep writes to (ext4, XFS, Lustre, GPFS, NFS).
 NAME_MAX = 255
@@ -183,14 +183,14 @@ def _split_values(values: str) -> List[str]:
     return [item.strip() for item in items]
 
 
-def parse_grid(items: Sequence[str]) -> List[Tuple[Tuple[str, str], ...]]:
-    """Every combination of ``key=v1,v2,...`` items (the cartesian product, the first key slowest); ``[()]`` for no
-    items. Values are YAML flow items, as ``--key value`` overrides read them: ``elastic_fractions=[0.5,1.0],[1.0]``
-    is two values.
+def grid_axes(items: Sequence[str]) -> List[Tuple[str, List[str]]]:
+    """The axes of ``key=v1,v2,...`` items, in their order: ``(key, [value, ...])`` each, split as YAML flow items
+    (``elastic_fractions=[0.5,1.0],[1.0]`` is two values) but not yet read as YAML (`parse_grid` does), so a grid's
+    size is known cheaply before its values are read.
 
     Raises:
-        ConfigError: an item without ``=`` or without a value, a value YAML cannot read, a key given twice, or a key
-            the sweep sets itself (``output``, ``seed``), each named.
+        ConfigError: an item without ``=`` or without a value, a key given twice, or a key the sweep sets itself
+            (``output``, ``seed``), each named.
     """
     axes: List[Tuple[str, List[str]]] = []
     for item in items:
@@ -200,15 +200,27 @@ def parse_grid(items: Sequence[str]) -> List[Tuple[Tuple[str, str], ...]]:
             raise ConfigError(f'--grid {item!r}: write key=value1,value2 (e.g. score_norm=l2_norm_gelu,softmax)')
         if key in SWEEP_OWNED_KEYS:
             raise ConfigError(f'--grid {item!r}: the sweep sets {key} itself; use {SWEEP_OWNED_KEYS[key]}')
+        if key in (k for k, _ in axes):
+            raise ConfigError(f'--grid: the key {key!r} is given twice; list all its values in one item')
+        axes.append((key, choices))
+    return axes
+
+
+def parse_grid(items: Sequence[str]) -> List[Tuple[Tuple[str, str], ...]]:
+    """Every combination of `grid_axes` ``items`` (the cartesian product, the first key slowest); ``[()]`` for no
+    items. Values are YAML flow items, as ``--key value`` overrides read them.
+
+    Raises:
+        ConfigError: a bad item (`grid_axes`), or a value YAML cannot read (named, with its item).
+    """
+    axes = grid_axes(items)
+    for (key, choices), item in zip(axes, items):
         for value in choices:
             try:
                 yaml.safe_load(value)
             except yaml.YAMLError as error:
                 raise ConfigError(f'--grid {item!r}: the value {value!r} is not YAML '
                                   f'({getattr(error, "problem", None) or "unreadable"}); quote it') from None
-        if key in (k for k, _ in axes):
-            raise ConfigError(f'--grid: the key {key!r} is given twice; list all its values in one item')
-        axes.append((key, choices))
     return [tuple(zip([k for k, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
 
 
@@ -216,11 +228,12 @@ def sweep_points(configs: Sequence[str], seeds: Sequence[int], grid: Sequence[st
     """The sweep's points: each config, each combination of ``grid`` (`parse_grid`), each seed, in that order.
 
     Raises:
-        ConfigError: a bad ``grid`` item (`parse_grid`), or no seed.
+        ConfigError: a bad ``grid`` item (`parse_grid`), no seed, or more than `MAX_POINTS` points (counted before
+            a value is read or a point made).
     """
     if not seeds:
         raise ConfigError('--seeds: give at least one seed')
-    sizes = [len(_split_values(item.partition('=')[2])) for item in grid]
+    sizes = [len(values) for _, values in grid_axes(grid)]
     count = len(configs) * len(seeds) * math.prod(sizes)
     if count > MAX_POINTS:
         raise ConfigError(f'the sweep has {count} points ({len(configs)} config(s) x {" x ".join(map(str, sizes))} '
