@@ -34,7 +34,8 @@ from ..utils.files import atomic_write
 from .benchmark import code_commit, machine_info
 
 __all__ = ['SweepPoint', 'PointJob', 'provenance', 'with_provenance', 'PROVENANCE_KEYS', 'grid_axes', 'parse_grid',
-           'sweep_points', 'point_dir', 'read_record', 'point_record_problem', 'RESULT_FILE', 'FAILED_FILE', 'SWEEP_OWNED_KEYS']
+           'sweep_points', 'point_dir', 'read_record', 'point_record_problem', 'RESULT_FILE', 'FAILED_FILE',
+           'SWEEP_OWNED_KEYS']
 
 #: The longest file name, in bytes, of the file systems a sweep writes to (ext4, XFS, Lustre, GPFS, NFS).
 NAME_MAX = 255
