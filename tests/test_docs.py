@@ -120,9 +120,13 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/growth/*.yaml'],
      'docs/cifar10/growth', 'tokenformer'),
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/ablations/*.yaml'],
-     'docs/cifar10/ablations', 'tokenformer')],
+     'docs/cifar10/ablations', 'tokenformer'),
+    (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/levers/*.yaml'],
+     'docs/cifar10/levers', 'tokenformer'),
+    (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/augment/*.yaml'],
+     'docs/cifar10/augment', 'tokenformer')],
     ids=['comparison', 'levers', 'long', 'cifar10_quick', 'cifar10_long', 'cifar10_screen', 'cifar10_growth',
-         'cifar10_ablations'])
+         'cifar10_ablations', 'cifar10_levers', 'cifar10_augment'])
 def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
     """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables), CIFAR-10's
     quick, long and screen results (docs/cifar10.md's) and the paired.csv beside each are what today's code makes of the stored per-seed points and the configs: parameters
