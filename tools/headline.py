@@ -32,24 +32,15 @@ def _pm(mean, std) -> str:
 def _apart(points: str, left: str, right: str) -> str:
     """``'; its seeds ran on other CPUs and other code than the ViT's'`` (or the part that applies) when the per-seed
     rows of configs ``left`` and ``right`` in ``points`` name other machines or commits, ``' (code not recorded)'``
-    where a row does not name what ran it (`render_docs.recorded`); ``''`` when they agree."""
+    where a row does not name what ran it (`render_docs.provenance_split`); ``''`` when they agree."""
     here = os.path.dirname(os.path.abspath(__file__))
     if here not in sys.path:
         sys.path.insert(0, here)
-    from render_docs import cpu_kind, recorded  # beside this file: the words mean what the compare marker's mean
+    from render_docs import WHAT, provenance_split  # beside this file: the words mean what the marker's mean
     rows = _rows(points)
-
-    def values(config: str, key: str) -> list:
-        return [r.get(key) for r in rows if r['config'] == config]
-    differ, unknown = [], []
-    for key, what, kind in (('machine', 'CPUs', cpu_kind), ('commit', 'code', str)):
-        sides = values(left, key), values(right, key)
-        if not all(recorded(cell) for side in sides for cell in side):
-            unknown.append(what)
-        elif {kind(str(c)) for c in sides[0]} != {kind(str(c)) for c in sides[1]}:
-            differ.append(f'other {what}')
-    text = f"; its seeds ran on {' and '.join(differ)} than the ViT's" if differ else ''
-    return text + (f" ({' and '.join(unknown)} not recorded)" if unknown else '')
+    differ, unknown = provenance_split([[r for r in rows if r['config'] == config] for config in (left, right)])
+    text = f"; its seeds ran on {' and '.join('other ' + WHAT[key] for key in differ)} than the ViT's" if differ else ''
+    return text + (f" ({' and '.join(WHAT[key] for key in unknown)} not recorded)" if unknown else '')
 
 
 def _comparison() -> list:

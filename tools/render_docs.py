@@ -217,23 +217,35 @@ def recorded(value: object) -> bool:
     return bool(text) and not text.startswith('unknown')
 
 
-def _provenance_words(sides: list) -> str:
-    """``' (on different CPUs, different code)'`` or the part that applies when the two sides' rows record other CPUs
-    or commits; ``'code not recorded'`` (``'CPUs ...'``) where a row that has the column does not name what ran it,
-    since then neither "the same" nor "different" is known; ``''`` when both sides agree or carry no such column."""
-    apart, unknown = [], []
-    for key, said, what, kind in (('machine', 'on different CPUs', 'CPUs', cpu_kind),
-                                  ('commit', 'different code', 'code', str)):
+def provenance_split(sides: list) -> tuple:
+    """``(differ, unknown)``: the keys of ``('machine', 'commit')`` whose recorded values differ between the two
+    sides' rows (a machine compared by `cpu_kind`), and those where a row that has the column does not name what ran
+    it (`recorded`), since then neither "the same" nor "different" is known. A key neither side has is in neither."""
+    differ, unknown = [], []
+    for key, kind in (('machine', cpu_kind), ('commit', str)):
         cells = [[r[key] for r in rows if key in r] for rows in sides]
         if not any(cells):
             continue
         if not all(cells) or not all(recorded(cell) for side in cells for cell in side):
-            unknown.append(what)
+            unknown.append(key)
         elif {kind(str(c)) for c in cells[0]} != {kind(str(c)) for c in cells[1]}:
-            apart.append(said)
+            differ.append(key)
+    return differ, unknown
+
+
+def _provenance_words(sides: list) -> str:
+    """``' (on different CPUs, different code)'`` or the part that applies, then ``'code not recorded'``
+    (``'CPUs ...'``) for what `provenance_split` finds unknown; ``''`` when both sides agree or carry no such
+    column."""
+    differ, unknown = provenance_split(sides)
+    apart = [{'machine': 'on different CPUs', 'commit': 'different code'}[key] for key in differ]
     if unknown:
-        apart.append(f"{' and '.join(unknown)} not recorded")
+        apart.append(f"{' and '.join(WHAT[key] for key in unknown)} not recorded")
     return f" ({', '.join(apart)})" if apart else ''
+
+
+#: How a sentence names what a provenance key records.
+WHAT = {'machine': 'CPUs', 'commit': 'code'}
 
 
 def _finite(value: str, name: str, column: str) -> float:
