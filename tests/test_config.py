@@ -66,6 +66,20 @@ def test_make_train_long_runs_the_recipe_chosen_on_validation():
     assert not differ, f'long.yaml differs from {chosen}.yaml, the recipe chosen on validation: {sorted(differ)}'
 
 
+@pytest.mark.parametrize('recipe, measured', [
+    ('quick', 'studies/cifar10/configs/quick/levers/token_lr_quarter.yaml'),
+    ('long', 'studies/cifar10/configs/long/tokenformer_p4.yaml')])
+def test_a_cifar10_recipe_trains_what_its_header_measured(recipe, measured):
+    """configs/cifar10/{quick,long}.yaml quote the figures of a studies config in their headers; the recipe must
+    train that config key for key but its folder and threads, or the figures belong to another recipe (the long
+    recipe inherits the quick one's keys, so a default changed in quick.yaml moves it too)."""
+    cfg = load_config(os.path.join(ROOT, 'configs', 'cifar10', recipe + '.yaml'))
+    study = load_config(os.path.join(ROOT, measured))
+    differ = {k for k in set(cfg) | set(study) if cfg.get(k) != study.get(k)} - {'output', 'threads'}
+    assert not differ, f'configs/cifar10/{recipe}.yaml differs from {measured}, whose runs its header quotes: ' \
+        f'{sorted(differ)}'
+
+
 def test_unknown_key_is_named(tmp_path):
     (tmp_path / 'bad.yaml').write_text('epochs: 5\nlearning_rate: 0.1\n')
     with pytest.raises(ConfigError, match="unknown config key 'learning_rate' in .*bad.yaml"):
