@@ -140,16 +140,25 @@ def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs
             assert derived.read() == stored.read(), name
 
 
-def test_long_curves_are_derived_from_the_kept_metrics(tmp_path):
-    """docs/comparison/long/curves.csv (docs/comparison.md §3's curve table) is what today's code reads from the
-    runs' metrics files kept beside the points (the command in docs/comparison.md)."""
-    res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', 'studies/comparison/configs/long/*.yaml',
-                          '--from-points', 'docs/comparison/long/points.csv', '--report-dir', str(tmp_path),
-                          '--reference', 'vit_equal_width', '--curve-epochs', '6', '12', '18', '36', '60', '75'],
+@pytest.mark.parametrize('configs, report, reference, arguments, files', [
+    (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width',
+     ['--curve-epochs', '6', '12', '18', '36', '60', '75'], ['curves.csv']),
+    (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml'],
+     'docs/cifar10/long', 'tokenformer_p4', ['--curve-epochs', '5', '10', '20', '30', '--time-to', '80'],
+     ['curves.csv', 'time_to.csv'])],
+    ids=['comparison_long', 'cifar10_long'])
+def test_long_curves_are_derived_from_the_kept_metrics(tmp_path, configs, report, reference, arguments, files):
+    """docs/comparison/long/curves.csv (docs/comparison.md §3's curve table), and CIFAR-10's long curves and time
+    to 80% (docs/cifar10.md), are what today's code reads from the runs' metrics files kept beside the points (the
+    commands in those pages)."""
+    res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', *configs,
+                          '--from-points', f'{report}/points.csv', '--report-dir', str(tmp_path),
+                          '--reference', reference, *arguments],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
-    with open(f'{ROOT}/docs/comparison/long/curves.csv') as stored, open(tmp_path / 'curves.csv') as derived:
-        assert derived.read() == stored.read()
+    for name in files:
+        with open(f'{ROOT}/{report}/{name}') as stored, open(tmp_path / name) as derived:
+            assert derived.read() == stored.read(), name
 
 
 def test_naflex_means_are_derived_from_the_stored_runs():

@@ -207,6 +207,20 @@ def test_curves_read_the_kept_metrics_at_one_based_epochs_and_name_a_missing_one
         curve_rows(str(tmp_path), [1, 3])
 
 
+def test_time_to_a_figure_is_the_first_epoch_that_reached_it_or_none(tmp_path):
+    """docs/cifar10.md's time to 80%: the first epoch (1-based) whose validation top-1 is at least the target, and
+    the run's elapsed minutes then (not the epoch's own time, nor the best epoch's); a run that never reached it
+    has empty cells, not its last epoch. Hand-made curves: a reaches 80 at its second epoch (exactly 80.0) and
+    passes it again later; b never does."""
+    from studies.comparison.comparison import time_to_rows
+    header = 'epoch,top1,elapsed_minutes\n'
+    (tmp_path / 'a_seed0_metrics.csv').write_text(header + '0,79.99,10.0\n1,80.0,21.04\n2,79.0,30.0\n3,85.5,40.0\n')
+    (tmp_path / 'b_seed0_metrics.csv').write_text(header + '0,50.0,5.0\n1,67.44,9.0\n')
+    assert time_to_rows(str(tmp_path), 80.0) == [
+        dict(point='a_seed0', target=80.0, epoch=2, minutes=21.0, best_top1=85.5, epochs=4),
+        dict(point='b_seed0', target=80.0, epoch='', minutes='', best_top1=67.44, epochs=2)]
+
+
 def test_one_seed_is_reported_without_a_spread_and_several_with_the_sample_std(tmp_path):
     """A single seed's std is None (an empty cell, – in the docs), never 0.0, which would claim that seeds
     agree; several seeds' is the sample std (n - 1), here checked against hand arithmetic. The sweep's and

@@ -32,7 +32,9 @@ current code (``tests/test_docs.py`` does, so the file cannot drift from the poi
 ``--curve-epochs 6 12 ...`` with a report from the runs keeps each point's ``metrics.csv`` in ``--report-dir`` as
 ``<config>_seed<k>_metrics.csv`` (`keep_metrics`) and writes ``curves.csv`` from those files
 (`curve_rows`: validation top-1 and training loss at those epochs), with
-``--from-points`` too (from the metrics files beside the points file).
+``--from-points`` too (from the metrics files beside the points file). ``--time-to 80`` with them also writes
+``time_to.csv`` (`time_to_rows`): when each run's validation top-1 first reached that figure, in epochs and wall
+minutes, or that it never did.
 """
 import argparse
 import csv
@@ -62,7 +64,7 @@ from tkvision.utils.files import atomic_write
 
 __all__ = ['run_comparison', 'collect_points', 'config_changes_from', 'time_configs', 'speed_rows', 'write_speed',
            'points_from_records', 'read_points', 'merge_points', 'comparison_rows', 'write_report', 'keep_metrics',
-           'curve_rows', 'write_curves', 'paired_rows']
+           'curve_rows', 'write_curves', 'time_to_rows', 'write_time_to', 'paired_rows']
 
 #: Columns of ``points.csv``.
 POINT_COLUMNS = ['config', 'seed', 'top1', 'test_top1', 'img_per_s', 'minutes']
@@ -323,18 +325,52 @@ def curve_rows(metrics_dir: str, epochs: list) -> list:
     Raises:
         ValueError: a metrics file without one of ``epochs`` (named with the epochs it has).
     """
-    runs = {}
-    for path in sorted(glob.glob(os.path.join(metrics_dir, '*_metrics.csv'))):
-        with open(path) as f:
-            by_epoch = {int(r['epoch']) + 1: r for r in csv.DictReader(f)}
+    runs = _kept_metrics(metrics_dir)
+    for point, by_epoch in runs.items():
         missing = [e for e in epochs if e not in by_epoch]
         if missing:
-            raise ValueError(f'{path} has no epoch {missing} (it has 1..{max(by_epoch, default=0)}): '
-                             'choose --curve-epochs the runs reached')
-        runs[os.path.basename(path)[:-len('_metrics.csv')]] = by_epoch
+            raise ValueError(f'{os.path.join(metrics_dir, point)}_metrics.csv has no epoch {missing} (it has '
+                             f'1..{max(by_epoch, default=0)}): choose --curve-epochs the runs reached')
     return [dict(point=point, quantity=column, **{f'epoch_{e}': round(float(rows[e][column]), decimals)
                                                   for e in epochs})
             for column, decimals in CURVE_QUANTITIES for point, rows in runs.items()]
+
+
+def _kept_metrics(metrics_dir: str) -> dict:
+    """``{point: {epoch (1-based): metrics row}}`` of each ``<point>_metrics.csv`` in ``metrics_dir``, in name
+    order."""
+    runs = {}
+    for path in sorted(glob.glob(os.path.join(metrics_dir, '*_metrics.csv'))):
+        with open(path) as f:
+            runs[os.path.basename(path)[:-len('_metrics.csv')]] = {int(r['epoch']) + 1: r for r in csv.DictReader(f)}
+    return runs
+
+
+def time_to_rows(metrics_dir: str, target: float) -> list:
+    """One row per ``<point>_metrics.csv`` in ``metrics_dir``: how long its run took to reach ``target`` (%)
+    validation top-1. The test split is read once, at a run's end, so the held-out validation images are the curve
+    a time to a figure can be read from.
+
+    Returns rows of ``point``, ``target``, ``epoch`` (the first, 1-based, whose top-1 is at least ``target``) and
+    ``minutes`` (the run's ``elapsed_minutes`` then: wall clock from its start, evaluation included, a resumed
+    run's parts summed), both empty when no epoch reached it, then ``best_top1`` and ``epochs`` (how many ran).
+    """
+    rows = []
+    for point, by_epoch in _kept_metrics(metrics_dir).items():
+        reached = next((e for e in sorted(by_epoch) if float(by_epoch[e]['top1']) >= target), None)
+        rows.append(dict(point=point, target=target, epoch='' if reached is None else reached,
+                         minutes='' if reached is None else round(float(by_epoch[reached]['elapsed_minutes']), 1),
+                         best_top1=max(float(r['top1']) for r in by_epoch.values()), epochs=len(by_epoch)))
+    return rows
+
+
+def write_time_to(metrics_dir: str, target: float, report_dir: str) -> list:
+    """``time_to.csv`` in ``report_dir`` (`time_to_rows` of ``metrics_dir``); returns the rows."""
+    rows = time_to_rows(metrics_dir, target)
+    os.makedirs(report_dir, exist_ok=True)
+    if rows:
+        _write_csv(os.path.join(report_dir, 'time_to.csv'), rows, list(rows[0]))
+    return rows
 
 
 def write_curves(metrics_dir: str, epochs: list, report_dir: str) -> list:
@@ -370,7 +406,11 @@ def _comparison(argv) -> int:
     ap.add_argument('--curve-epochs', nargs='+', type=int, help='also keep each point\'s metrics.csv in --report-dir '
                     '(<point>_metrics.csv) and write curves.csv: validation top-1 and training loss at these epochs '
                     '(with --from-points: from the metrics files beside its file)')
+    ap.add_argument('--time-to', type=float, metavar='TOP1', help='with --curve-epochs: also write time_to.csv, when '
+                    'each run\'s validation top-1 (%%) first reached TOP1, in epochs and wall minutes')
     args, extra = ap.parse_known_args(argv)
+    if args.time_to is not None and not args.curve_epochs:
+        raise UsageError('--time-to reads the metrics files that --curve-epochs keeps: pass --curve-epochs too')
     configs = expand_configs(args.configs)
     metrics_dir = args.report_dir
     if args.time:
@@ -388,6 +428,8 @@ def _comparison(argv) -> int:
             keep_metrics(configs, args.seeds, args.out, args.report_dir)
     if args.curve_epochs:
         write_curves(metrics_dir, args.curve_epochs, args.report_dir)
+    if args.time_to is not None:
+        write_time_to(metrics_dir, args.time_to, args.report_dir)
     for r in rows:
         print(json.dumps(r))
     return 0
