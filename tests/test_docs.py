@@ -161,6 +161,22 @@ def test_long_curves_are_derived_from_the_kept_metrics(tmp_path, configs, report
             assert derived.read() == stored.read(), name
 
 
+def test_cifar10_mae_compute_is_derived_and_the_scratch_arm_matches_it(tmp_path):
+    """docs/cifar10/mae/compute.csv (docs/cifar10.md's MAE section) is what today's code counts from the configs,
+    and scratch.yaml trains for the whole number of epochs nearest the MAE arm's compute (pretraining plus
+    fine-tuning), as its header says: within half an epoch of it."""
+    res = subprocess.run([sys.executable, '-m', 'studies.cifar10.mae', '--report-dir', str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    with open(f'{ROOT}/docs/cifar10/mae/compute.csv') as stored, open(tmp_path / 'compute.csv') as derived:
+        assert derived.read() == stored.read()
+    with open(tmp_path / 'compute.csv') as f:
+        rows = {r['arm']: r for r in csv.DictReader(f)}
+    scratch, mae = rows['scratch'], rows['pretrain + finetune']
+    per_epoch = float(scratch['train_tflops']) / int(scratch['epochs'])
+    assert abs(float(scratch['train_tflops']) - float(mae['train_tflops'])) <= per_epoch / 2
+
+
 def test_naflex_means_are_derived_from_the_stored_runs():
     """docs/naflex/ours.json's means (docs/naflex.md's tables) are what today's code makes of its per-run rows."""
     from studies.naflex.naflex_experiment import _training_means, summarize_rows
