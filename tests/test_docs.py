@@ -177,6 +177,19 @@ def test_cifar10_mae_compute_is_derived_and_the_scratch_arm_matches_it(tmp_path)
     assert abs(float(scratch['train_tflops']) - float(mae['train_tflops'])) <= per_epoch / 2
 
 
+def test_cifar10_mae_keeps_the_pretraining_curve_and_names_a_missing_run(tmp_path):
+    """``--out`` copies the pretraining point's metrics.csv byte for byte beside compute.csv (``runs/`` does not
+    travel); a sweep folder without it is one line naming the file, exit 2, and nothing is written."""
+    from studies.cifar10.mae import main
+    run = tmp_path / 'sweep' / 'pretrain' / 'seed0'
+    run.mkdir(parents=True)
+    (run / 'metrics.csv').write_bytes(b'epoch,train_loss,val_loss\n0,0.83,0.77\n')
+    assert main(['--report-dir', str(tmp_path / 'report'), '--out', str(tmp_path / 'sweep')]) == 0
+    assert (tmp_path / 'report' / 'pretrain_metrics.csv').read_bytes() == (run / 'metrics.csv').read_bytes()
+    assert main(['--report-dir', str(tmp_path / 'other'), '--out', str(tmp_path / 'empty')]) == 2
+    assert not (tmp_path / 'other' / 'pretrain_metrics.csv').exists()
+
+
 def test_naflex_means_are_derived_from_the_stored_runs():
     """docs/naflex/ours.json's means (docs/naflex.md's tables) are what today's code makes of its per-run rows."""
     from studies.naflex.naflex_experiment import _training_means, summarize_rows

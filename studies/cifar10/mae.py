@@ -10,20 +10,26 @@ side, which that report cannot count (it knows classifiers only):
 (``pretrain``, ``finetune``, ``pretrain + finetune``, ``scratch``) with its epochs, training images per epoch,
 forward + backward GFLOPs per training image (``FlopCounterMode``: the MAE encoder on the visible patches and the
 decoder on all of them; the classifier on all patches), the run's training TFLOPs and its ratio to the scratch
-arm's. The figures come from the configs alone, so ``tests/test_docs.py`` re-derives the file.
+arm's. The figures come from the configs alone, so ``tests/test_docs.py`` re-derives the file. With ``--out
+runs/cifar10_mae`` (the sweep's folder) it also keeps the pretraining run's ``metrics.csv`` (its validation
+reconstruction loss per epoch) as ``pretrain_metrics.csv`` beside it: ``runs/`` does not travel.
 """
 import argparse
 import csv
 import os
+import shutil
 import sys
 
 from studies.growth.growth_experiment import train_flops_per_image
 from studies.growth.precondition import mae_flops_per_image
+from tkvision.cli import run_cli
 from tkvision.data import split_size
 from tkvision.engine.config import load_config, resolve_run_config, section
+from tkvision.experiments.points import point_dir
+from tkvision.utils.errors import UsageError
 from tkvision.utils.files import atomic_write
 
-__all__ = ['CONFIGS', 'compute_rows', 'write_compute', 'main']
+__all__ = ['CONFIGS', 'compute_rows', 'write_compute', 'keep_pretraining_metrics', 'main']
 
 #: The three arms' configs (the fine-tuning loads the pretraining run's encoder).
 CONFIGS = {arm: f'studies/cifar10/configs/mae/{arm}.yaml' for arm in ('pretrain', 'finetune', 'scratch')}
@@ -68,12 +74,35 @@ def write_compute(rows: list, report_dir: str) -> str:
     return path
 
 
+def keep_pretraining_metrics(out: str, report_dir: str, seed: int = 0) -> str:
+    """Copy the pretraining point's ``metrics.csv`` from the sweep folder ``out`` (``<out>/pretrain/seed<seed>/``)
+    to ``<report_dir>/pretrain_metrics.csv``, atomically; returns the new path.
+
+    Raises:
+        UsageError: the point has no metrics file yet (named): run its sweep first.
+    """
+    source = os.path.join(point_dir(out, CONFIGS['pretrain'], seed), 'metrics.csv')
+    if not os.path.isfile(source):
+        raise UsageError(f'{source} does not exist: run the pretraining sweep into {out} first')
+    path = os.path.join(report_dir, 'pretrain_metrics.csv')
+    atomic_write(path, lambda tmp: shutil.copyfile(source, tmp))
+    return path
+
+
 def main(argv=None) -> int:
-    """``python -m studies.cifar10.mae --report-dir DIR``: write ``DIR/compute.csv`` from the configs; exit 0."""
+    """``python -m studies.cifar10.mae --report-dir DIR [--out SWEEP]``: write ``DIR/compute.csv`` from the configs
+    (and keep the pretraining's metrics from ``SWEEP``); exit 0, or 2 with one line on a bad config or folder."""
+    return run_cli(_mae, argv)
+
+
+def _mae(argv) -> int:
     ap = argparse.ArgumentParser(description='The training compute of the CIFAR-10 MAE arms, from their configs.')
     ap.add_argument('--report-dir', default='docs/cifar10/mae', help='where compute.csv goes')
+    ap.add_argument('--out', help='the sweep folder of the runs: also keep its pretraining metrics.csv')
     args = ap.parse_args(argv)
     print(write_compute(compute_rows(), args.report_dir))
+    if args.out:
+        print(keep_pretraining_metrics(args.out, args.report_dir))
     return 0
 
 
