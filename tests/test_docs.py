@@ -124,9 +124,11 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/levers/*.yaml'],
      'docs/cifar10/levers', 'tokenformer'),
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/augment/*.yaml'],
-     'docs/cifar10/augment', 'tokenformer')],
+     'docs/cifar10/augment', 'tokenformer'),
+    (['studies/cifar10/configs/mae/finetune.yaml', 'studies/cifar10/configs/mae/scratch.yaml'],
+     'docs/cifar10/mae', 'scratch')],
     ids=['comparison', 'levers', 'long', 'cifar10_quick', 'cifar10_long', 'cifar10_screen', 'cifar10_growth',
-         'cifar10_ablations', 'cifar10_levers', 'cifar10_augment'])
+         'cifar10_ablations', 'cifar10_levers', 'cifar10_augment', 'cifar10_mae'])
 def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
     """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables), CIFAR-10's
     quick, long and screen results (docs/cifar10.md's) and the paired.csv beside each are what today's code makes of the stored per-seed points and the configs: parameters
@@ -178,14 +180,19 @@ def test_cifar10_mae_compute_is_derived_and_the_scratch_arm_matches_it(tmp_path)
 
 
 def test_cifar10_mae_keeps_the_pretraining_curve_and_names_a_missing_run(tmp_path):
-    """``--out`` copies the pretraining point's metrics.csv byte for byte beside compute.csv (``runs/`` does not
-    travel); a sweep folder without it is one line naming the file, exit 2, and nothing is written."""
+    """``--out`` copies the finished pretraining point's metrics.csv and result.json byte for byte beside
+    compute.csv (``runs/`` does not travel); an unfinished point or a folder without it is one line naming the
+    files, exit 2, and nothing is written."""
     from studies.cifar10.mae import main
     run = tmp_path / 'sweep' / 'pretrain' / 'seed0'
     run.mkdir(parents=True)
     (run / 'metrics.csv').write_bytes(b'epoch,train_loss,val_loss\n0,0.83,0.77\n')
+    assert main(['--report-dir', str(tmp_path / 'report'), '--out', str(tmp_path / 'sweep')]) == 2  # unfinished
+    assert not (tmp_path / 'report' / 'pretrain_metrics.csv').exists()
+    (run / 'result.json').write_bytes(b'{"config": "pretrain", "commit": "abc1234"}')
     assert main(['--report-dir', str(tmp_path / 'report'), '--out', str(tmp_path / 'sweep')]) == 0
-    assert (tmp_path / 'report' / 'pretrain_metrics.csv').read_bytes() == (run / 'metrics.csv').read_bytes()
+    for name in ('metrics.csv', 'result.json'):
+        assert (tmp_path / 'report' / f'pretrain_{name}').read_bytes() == (run / name).read_bytes()
     assert main(['--report-dir', str(tmp_path / 'other'), '--out', str(tmp_path / 'empty')]) == 2
     assert not (tmp_path / 'other' / 'pretrain_metrics.csv').exists()
 

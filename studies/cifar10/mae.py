@@ -12,7 +12,8 @@ forward + backward GFLOPs per training image (``FlopCounterMode``: the MAE encod
 decoder on all of them; the classifier on all patches), the run's training TFLOPs and its ratio to the scratch
 arm's. The figures come from the configs alone, so ``tests/test_docs.py`` re-derives the file. With ``--out
 runs/cifar10_mae`` (the sweep's folder) it also keeps the pretraining run's ``metrics.csv`` (its validation
-reconstruction loss per epoch) as ``pretrain_metrics.csv`` beside it: ``runs/`` does not travel.
+reconstruction loss per epoch) and its record (``result.json``: machine, commit, minutes) as
+``pretrain_metrics.csv`` and ``pretrain_result.json`` beside it: ``runs/`` does not travel.
 """
 import argparse
 import csv
@@ -74,19 +75,24 @@ def write_compute(rows: list, report_dir: str) -> str:
     return path
 
 
-def keep_pretraining_metrics(out: str, report_dir: str, seed: int = 0) -> str:
-    """Copy the pretraining point's ``metrics.csv`` from the sweep folder ``out`` (``<out>/pretrain/seed<seed>/``)
-    to ``<report_dir>/pretrain_metrics.csv``, atomically; returns the new path.
+def keep_pretraining_metrics(out: str, report_dir: str, seed: int = 0) -> list:
+    """Copy the pretraining point's ``metrics.csv`` and ``result.json`` from the sweep folder ``out``
+    (``<out>/pretrain/seed<seed>/``) to ``<report_dir>/pretrain_metrics.csv`` and ``pretrain_result.json``,
+    each atomically; returns the new paths.
 
     Raises:
-        UsageError: the point has no metrics file yet (named): run its sweep first.
+        UsageError: the point has not finished (its files named): run its sweep first. Nothing is copied then.
     """
-    source = os.path.join(point_dir(out, CONFIGS['pretrain'], seed), 'metrics.csv')
-    if not os.path.isfile(source):
-        raise UsageError(f'{source} does not exist: run the pretraining sweep into {out} first')
-    path = os.path.join(report_dir, 'pretrain_metrics.csv')
-    atomic_write(path, lambda tmp: shutil.copyfile(source, tmp))
-    return path
+    run = point_dir(out, CONFIGS['pretrain'], seed)
+    names = {'metrics.csv': 'pretrain_metrics.csv', 'result.json': 'pretrain_result.json'}
+    missing = [os.path.join(run, name) for name in names if not os.path.isfile(os.path.join(run, name))]
+    if missing:
+        raise UsageError(f'{" and ".join(missing)} do not exist: run the pretraining sweep into {out} first')
+    kept = []
+    for name, new in names.items():
+        kept.append(os.path.join(report_dir, new))
+        atomic_write(kept[-1], lambda tmp, name=name: shutil.copyfile(os.path.join(run, name), tmp))
+    return kept
 
 
 def main(argv=None) -> int:
@@ -102,7 +108,7 @@ def _mae(argv) -> int:
     args = ap.parse_args(argv)
     print(write_compute(compute_rows(), args.report_dir))
     if args.out:
-        print(keep_pretraining_metrics(args.out, args.report_dir))
+        print('\n'.join(keep_pretraining_metrics(args.out, args.report_dir)))
     return 0
 
 
