@@ -167,7 +167,7 @@ def test_cifar10_mae_compute_is_derived_and_the_scratch_arm_matches_it(tmp_path)
     """docs/cifar10/mae/compute.csv (docs/cifar10.md's MAE section) is what today's code counts from the configs,
     and scratch.yaml trains for the whole number of epochs nearest the MAE arm's compute (pretraining plus
     fine-tuning), as its header says: within half an epoch of it."""
-    res = subprocess.run([sys.executable, '-m', 'studies.cifar10.mae', '--report-dir', str(tmp_path)],
+    res = subprocess.run([sys.executable, '-m', 'studies.cifar10.mae_compute', '--report-dir', str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True)
     assert res.returncode == 0, res.stderr[-2000:]
     with open(f'{ROOT}/docs/cifar10/mae/compute.csv') as stored, open(tmp_path / 'compute.csv') as derived:
@@ -183,7 +183,7 @@ def test_cifar10_mae_keeps_the_pretraining_curve_and_names_a_missing_run(tmp_pat
     """``--out`` copies the finished pretraining point's metrics.csv and result.json byte for byte beside
     compute.csv (``runs/`` does not travel); an unfinished point or a folder without it is one line naming the
     files, exit 2, and nothing is written."""
-    from studies.cifar10.mae import main
+    from studies.cifar10.mae_compute import main
     run = tmp_path / 'sweep' / 'pretrain' / 'seed0'
     run.mkdir(parents=True)
     (run / 'metrics.csv').write_bytes(b'epoch,train_loss,val_loss\n0,0.83,0.77\n')

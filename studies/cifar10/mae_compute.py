@@ -6,8 +6,8 @@ compute of the two together? The accuracy side is the comparison report of the f
 (``python -m studies.comparison.comparison``, docs/cifar10.md gives the command); this module writes the compute
 side, which that report cannot count (it knows classifiers only):
 
-``python -m studies.cifar10.mae --report-dir docs/cifar10/mae`` writes ``compute.csv``: one row per arm
-(``pretrain``, ``finetune``, ``pretrain + finetune``, ``scratch``) with its epochs, training images per epoch,
+``python -m studies.cifar10.mae_compute --report-dir docs/cifar10/mae`` writes ``compute.csv``: one row per
+arm (``pretrain``, ``finetune``, ``pretrain + finetune``, ``scratch``) with its epochs, training images per epoch,
 forward + backward GFLOPs per training image (``FlopCounterMode``: the MAE encoder on the visible patches and the
 decoder on all of them; the classifier on all patches), the run's training TFLOPs and its ratio to the scratch
 arm's. The figures come from the configs alone, so ``tests/test_docs.py`` re-derives the file. With ``--out
@@ -96,8 +96,9 @@ def keep_pretraining_metrics(out: str, report_dir: str, seed: int = 0) -> list:
 
 
 def main(argv=None) -> int:
-    """``python -m studies.cifar10.mae --report-dir DIR [--out SWEEP]``: write ``DIR/compute.csv`` from the configs
-    (and keep the pretraining's metrics from ``SWEEP``); exit 0, or 2 with one line on a bad config or folder."""
+    """``python -m studies.cifar10.mae_compute --report-dir DIR [--out SWEEP]``: write ``DIR/compute.csv`` from the
+    configs (and keep the pretraining's record from ``SWEEP``); exit 0, or 2 with one line on a bad config or
+    folder."""
     return run_cli(_mae, argv)
 
 
