@@ -366,19 +366,19 @@ def time_to_rows(metrics_dir: str, target: float) -> list:
 
 def write_time_to(metrics_dir: str, target: float, report_dir: str) -> list:
     """``time_to.csv`` in ``report_dir`` (`time_to_rows` of ``metrics_dir``); returns the rows."""
-    rows = time_to_rows(metrics_dir, target)
-    os.makedirs(report_dir, exist_ok=True)
-    if rows:
-        _write_csv(os.path.join(report_dir, 'time_to.csv'), rows, list(rows[0]))
-    return rows
+    return _write_rows(time_to_rows(metrics_dir, target), report_dir, 'time_to.csv')
 
 
 def write_curves(metrics_dir: str, epochs: list, report_dir: str) -> list:
     """``curves.csv`` in ``report_dir`` (`curve_rows` of ``metrics_dir``); returns the rows."""
-    rows = curve_rows(metrics_dir, epochs)
+    return _write_rows(curve_rows(metrics_dir, epochs), report_dir, 'curves.csv')
+
+
+def _write_rows(rows: list, report_dir: str, name: str) -> list:
+    """``rows`` as ``report_dir/name`` (their keys the columns; nothing written for no rows); returns them."""
     os.makedirs(report_dir, exist_ok=True)
     if rows:
-        _write_csv(os.path.join(report_dir, 'curves.csv'), rows, list(rows[0]))
+        _write_csv(os.path.join(report_dir, name), rows, list(rows[0]))
     return rows
 
 
