@@ -246,8 +246,8 @@ def test_a_task_cancelled_while_queued_shows_as_ended_and_only_it_is_submitted_a
     and says at once that it ended before it started, not "queued" until the accounting's lag runs out; the same
     command submits it alone again. A task cancelled once the accounting lists it shows as cancelled."""
     # LONG's training (about a minute): a point cancelled once the accounting lists it as started must still be
-    # training when the scheduler's SIGKILL follows (KillWait): submitit passes over a SIGTERM that arrives before the
-    # trainer's handler is set, and a SHORT point could then end first under load, rightly reported finished
+    # training when the scheduler's signals arrive, or a SHORT point could end first under load, rightly reported
+    # finished
     config = _config(tmp_path, 'short', **dict(SHORT, epochs=6, train_subset=32768))
     out = str(tmp_path / 'cancel')
     args = [config, '--grid', 'lr=0.002,0.001', '--out', out, '--executor', 'slurm', '--array-parallelism', '1',

@@ -132,6 +132,38 @@ def test_a_preempted_point_stops_the_sweep_instead_of_training_the_next(tmp_path
     assert calls == ['a/seed0'] * 2 and 'stopped by SIGTERM' in capsys.readouterr().err
 
 
+def test_a_stop_signal_while_a_point_starts_stops_it_instead_of_being_passed_over(tmp_path, monkeypatch):
+    """submitit's job sets SIGTERM to be passed over ("Bypassing signal SIGTERM") before it calls the point, and the
+    trainer sets its own handler only once the data and model are built: a ``kill`` of a local sweep that landed in
+    that window was lost, and the point trained on, orphaned, after its sweep had stopped. It must stop the point,
+    nothing recorded, submitit's handler back in place for its own exit."""
+    import signal
+    from tkvision.engine.trainer import Preempted
+    from tkvision.experiments import points
+
+    def bypass(signum, frame):  # what submitit's job sets for SIGTERM
+        pass
+    original = points.load_config
+
+    def killed_while_loading(*args, **kwargs):
+        signal.raise_signal(signal.SIGTERM)
+        return original(*args, **kwargs)
+    monkeypatch.setattr(points, 'load_config', killed_while_loading)
+    config = _write(tmp_path / 'a.yaml', dict(model='tokenformer_vit_ti16', model_kwargs=TINY_FMNIST, rrc_scale=None,
+                                              epochs=1, warmup_epochs=0.5, batch_size=64, train_subset=256,
+                                              val_subset=128, threads=1))
+    out = str(tmp_path / 'out')
+    previous = signal.signal(signal.SIGTERM, bypass)
+    try:
+        with pytest.raises(Preempted, match='SIGTERM') as stop:
+            points.PointJob(points.sweep_points([config], [0])[0], out)()
+        assert signal.getsignal(signal.SIGTERM) is bypass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert stop.value.signal_name == 'SIGTERM' and 'rerun' in str(stop.value)
+    assert not os.path.exists(os.path.join(out, 'a', 'seed0', 'result.json'))
+
+
 def test_comparison_rows_take_means_spreads_and_ratios_to_the_reference(tmp_path):
     """docs/comparison.md's rows: mean and sample std over seeds (none for one seed), compute = counted GFLOPs x
     training images x epochs, and each ratio against the reference (ViT) row, here from hand-written points."""

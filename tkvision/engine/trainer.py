@@ -287,12 +287,13 @@ class Trainer:
             status = PREEMPTED
             raise
         finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
             self.data.close()
             self.log.finish(status, self.state, self.evaluator.best_path)
             if self.lock is not None:
                 self.lock.release()
+            # last: a stop signal while the trackers finish is only recorded, not handed to a handler that stops
+            for s, h in previous.items():
+                signal.signal(s, h)
         return self._result()
 
     def close(self) -> None:

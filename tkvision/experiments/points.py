@@ -10,6 +10,7 @@
   with the error) and, when submitit's pre-emption or time-out signal stopped it, hands that signal back to
   submitit so the job is requeued (https://github.com/facebookincubator/submitit, ``docs/checkpointing.md``).
 """
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -18,14 +19,16 @@ import os
 import shutil
 import signal
 import statistics
+import threading
 import traceback
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import submitit
 import torch
 import yaml
 
 from ..engine.checkpoint import LAST_CHECKPOINT
+from ..engine.clock import STOP_SIGNALS
 from ..engine.config import DEFAULTS, load_config
 from ..engine.rundir import output_dir_in_use
 from ..engine.trainer import train
@@ -320,6 +323,34 @@ def provenance(run_dir: str) -> Dict[str, str]:
     return {key: value for key, value in with_provenance(record).items() if key in PROVENANCE_KEYS}
 
 
+@contextlib.contextmanager
+def _stopping_until_training(run_dir: str) -> Iterator[None]:
+    """Within the block, a stop signal stops the point at once (raises `Preempted`) until the trainer sets its own
+    handler (which saves ``last.pth`` first); the previous handlers come back on the way out.
+
+    submitit's job passes over SIGTERM ("Bypassing signal SIGTERM", https://github.com/facebookincubator/submitit,
+    ``submitit/core/job_environment.py``) from before it calls the point, so without this a ``kill`` that lands
+    while the point loads its data and builds its model is lost: the point trains on after its sweep has stopped.
+    Nothing has been trained since the point's last checkpoint then, so nothing is lost by stopping. submitit's
+    own pre-emption signal (SIGUSR2) is left to submitit, which requeues the job.
+    """
+    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's only
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        raise Preempted(f'stopped by {name} before training started ({run_dir}: nothing trained since its last '
+                        'checkpoint); rerun the sweep command to continue', name)
+    submitit_own = f'SIG{submitit.JobEnvironment.USR_SIG}' if _in_submitit_job() else None
+    previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS if s.name != submitit_own}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
 class PointJob:
     """Train one `SweepPoint`: what every executor runs, in this process or as a submitit job.
 
@@ -339,7 +370,8 @@ class PointJob:
         RunError: another process is training the point (its folder's lock is held): nothing is touched.
         Preempted: SIGTERM / SIGUSR1 / SIGUSR2 stopped the point (its ``last.pth`` written). Under submitit,
             submitit's own signal is first handed back to submitit, which calls `PointJob.checkpoint` and
-            requeues the job.
+            requeues the job. A stop signal before the trainer has set its handler (while the data loads) stops
+            the point at once, with nothing to save.
     """
 
     def __init__(self, point: SweepPoint, out: str, extra: Sequence[str] = ()):
@@ -358,7 +390,8 @@ class PointJob:
             raise RunError(f'{run_dir} is being trained by another job ({holder}); this one leaves it alone')
         record: Dict[str, Any] = dict(config=self.point.name, seed=self.point.seed)
         try:
-            record.update(self._train(run_dir), status='ok')
+            with _stopping_until_training(run_dir):
+                record.update(self._train(run_dir), status='ok')
         except Preempted as stop:
             if _in_submitit_job() and stop.signal_name == f'SIG{submitit.JobEnvironment.USR_SIG}':
                 # the trainer restored submitit's handler: it checkpoints this callable and requeues the job
