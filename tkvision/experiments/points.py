@@ -331,18 +331,20 @@ def _stopping_until_training(run_dir: str) -> Iterator[None]:
     submitit's job passes over SIGTERM ("Bypassing signal SIGTERM", https://github.com/facebookincubator/submitit,
     ``submitit/core/job_environment.py``) from before it calls the point, so without this a ``kill`` that lands
     while the point loads its data and builds its model is lost: the point trains on after its sweep has stopped.
-    Nothing has been trained since the point's last checkpoint then, so nothing is lost by stopping. submitit's
-    own pre-emption signal (SIGUSR2) is left to submitit, which requeues the job.
+    Nothing has been trained since the point's last checkpoint then, so nothing is lost by stopping. Under SLURM
+    the block does nothing: there a SIGTERM is the scheduler's (a requeue, which submitit's own SIGUSR2 handler
+    may be in the middle of, or a cancel), and SLURM's SIGKILL follows it (``KillWait``). submitit's own
+    pre-emption signal (SIGUSR2) is left to submitit everywhere.
     """
-    if threading.current_thread() is not threading.main_thread():  # signal handlers are the main thread's only
-        yield
+    if threading.current_thread() is not threading.main_thread() or os.environ.get('SUBMITIT_EXECUTOR') == 'slurm':
+        yield  # signal handlers are the main thread's only
         return
 
     def stop(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         raise Preempted(f'stopped by {name} before training started ({run_dir}: nothing trained since its last '
                         'checkpoint); rerun the sweep command to continue', name)
-    submitit_own = f'SIG{submitit.JobEnvironment.USR_SIG}' if _in_submitit_job() else None
+    submitit_own = f'SIG{submitit.JobEnvironment.USR_SIG}' if _in_submitit_job() else None  # it requeues the job
     previous = {s: signal.signal(s, stop) for s in STOP_SIGNALS if s.name != submitit_own}
     try:
         yield
