@@ -114,8 +114,8 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width'),
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/vit.yaml'],
      'docs/cifar10/quick', 'vit'),
-    (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml'],
-     'docs/cifar10/long', 'tokenformer_p4'),
+    (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml',
+      'studies/cifar10/configs/long/vit_p4.yaml'], 'docs/cifar10/long', 'tokenformer_p4'),
     (['studies/cifar10/configs/screen/*.yaml'], 'docs/cifar10/screen', 'p8_w96_e12'),
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/growth/*.yaml'],
      'docs/cifar10/growth', 'tokenformer'),
@@ -145,8 +145,9 @@ def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs
 @pytest.mark.parametrize('configs, report, reference, arguments, files', [
     (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width',
      ['--curve-epochs', '6', '12', '18', '36', '60', '75'], ['curves.csv']),
-    (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml'],
-     'docs/cifar10/long', 'tokenformer_p4', ['--curve-epochs', '5', '10', '20', '30', '--time-to', '80'],
+    (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml',
+      'studies/cifar10/configs/long/vit_p4.yaml'], 'docs/cifar10/long', 'tokenformer_p4',
+     ['--curve-epochs', '5', '10', '20', '30', '--time-to', '80'],
      ['curves.csv', 'time_to.csv'])],
     ids=['comparison_long', 'cifar10_long'])
 def test_long_curves_are_derived_from_the_kept_metrics(tmp_path, configs, report, reference, arguments, files):

@@ -248,7 +248,7 @@ def _cifar10() -> list:
                      question=f"CIFAR-10 (JPEG copy), long recipe ({long['epochs']} epochs, `{long['config']}`, "
                               f"chosen on validation): test top-1 %, {seeds}"
                               + ('; its ViT twin not run yet' if twin is None else
-                                 f" and {twin['seeds']} (the ViT)"
+                                 (' each' if twin['seeds'] == long['seeds'] else f" and {twin['seeds']} (the ViT)")
                                  + _apart('docs/cifar10/long/points.csv', long['config'], twin['config'])),
                      tokenformer=_pm(long['test_top1_mean'], long['test_top1_std']),
                      vit='–' if twin is None else _pm(twin['test_top1_mean'], twin['test_top1_std']),
