@@ -220,7 +220,8 @@ def _elastic() -> list:
 def _cifar10() -> list:
     """CIFAR-10 (JPEG copy) first: the quick recipe's TokenFormer against its ViT twin, with the public code's
     parameter-token learning rate and with the recipe's (a quarter of it), and the long recipe's TokenFormer (the
-    better of the long screen on validation), from ``docs/cifar10/``."""
+    better of the long screen's TokenFormers on validation) against its ViT twin once that has run, from
+    ``docs/cifar10/``."""
     quick = {r['config']: r for r in _rows('docs/cifar10/quick/results.csv')}
     t, v = quick['tokenformer'], quick['vit']
     rows = [dict(key='cifar10_quick',
