@@ -115,7 +115,8 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/vit.yaml'],
      'docs/cifar10/quick', 'vit'),
     (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml',
-      'studies/cifar10/configs/long/vit_p4.yaml'], 'docs/cifar10/long', 'tokenformer_p4'),
+      'studies/cifar10/configs/long/vit_p4.yaml', 'studies/cifar10/configs/long/token_lr_quarter_p4.yaml'],
+     'docs/cifar10/long', 'tokenformer_p4'),
     (['studies/cifar10/configs/screen/*.yaml'], 'docs/cifar10/screen', 'p8_w96_e12'),
     (['studies/cifar10/configs/quick/tokenformer.yaml', 'studies/cifar10/configs/quick/growth/*.yaml'],
      'docs/cifar10/growth', 'tokenformer'),
@@ -146,7 +147,8 @@ def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs
     (['studies/comparison/configs/long/*.yaml'], 'docs/comparison/long', 'vit_equal_width',
      ['--curve-epochs', '6', '12', '18', '36', '60', '75'], ['curves.csv']),
     (['studies/cifar10/configs/long/tokenformer_p4.yaml', 'studies/cifar10/configs/long/tokenformer_p8.yaml',
-      'studies/cifar10/configs/long/vit_p4.yaml'], 'docs/cifar10/long', 'tokenformer_p4',
+      'studies/cifar10/configs/long/vit_p4.yaml', 'studies/cifar10/configs/long/token_lr_quarter_p4.yaml'],
+     'docs/cifar10/long', 'tokenformer_p4',
      ['--curve-epochs', '5', '10', '20', '30', '--time-to', '80'],
      ['curves.csv', 'time_to.csv'])],
     ids=['comparison_long', 'cifar10_long'])
@@ -417,6 +419,33 @@ def test_the_long_recipe_reported_is_chosen_on_validation_by_the_stated_rule():
                                top1_mean='99.0'),
                    test_only=dict(long['tokenformer_token_lr_quarter'], config='test_only', test_top1_mean='99.0'))
     assert headline.chosen_long_recipe(planted)['config'] == 'tokenformer_token_lr_quarter_token_decay'
+
+
+def test_the_cifar10_long_recipe_row_is_a_shape_and_a_lever_gets_its_own_row(tmp_path, monkeypatch):
+    """CIFAR-10's long screen chooses among shapes (``tokenformer_p4``, ``tokenformer_p8``); a lever run beside them
+    (``token_lr_quarter_p4``) that validates higher was taken for the recipe and compared with itself as its own
+    "twin". The recipe row keeps the best shape against ``vit_p4``; the lever is a row of its own against the same
+    twin."""
+    spec = importlib.util.spec_from_file_location('headline', f'{ROOT}/tools/headline.py')
+    headline = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(headline)
+    monkeypatch.setattr(headline, 'ROOT', str(tmp_path))
+    folder = tmp_path / 'docs' / 'cifar10' / 'long'
+    folder.mkdir(parents=True)
+    columns = 'config,epochs,seeds,top1_mean,top1_std,test_top1_mean,test_top1_std'
+    (folder / 'results.csv').write_text(f'{columns}\ntokenformer_p4,30,1,67.0,,65.0,\ntokenformer_p8,60,1,64.0,,64.5,\n'
+                                        'vit_p4,30,1,73.0,,73.5,\ntoken_lr_quarter_p4,30,1,70.0,,69.0,\n')
+    (folder / 'points.csv').write_text('config,seed,machine,commit\ntokenformer_p4,0,m,a\ntokenformer_p8,0,m,a\n'
+                                       'vit_p4,0,m,a\ntoken_lr_quarter_p4,0,m,b\n')
+    rows = {r['key']: r for r in headline._cifar10_long()}
+    assert (rows['cifar10_long']['tokenformer'], rows['cifar10_long']['vit']) == ('65.00', '73.50')
+    assert rows['cifar10_long']['difference'] == '-8.50' and '`tokenformer_p4`' in rows['cifar10_long']['question']
+    lever = rows['cifar10_long_token_lr']
+    assert (lever['tokenformer'], lever['vit'], lever['difference']) == ('69.00', '73.50', '-4.50')
+    assert lever['question'].endswith("1 seed each; its seeds ran on other code than the ViT's")
+    (folder / 'results.csv').write_text(f'{columns}\ntokenformer_p4,30,1,67.0,,65.0,\n')
+    assert [r['key'] for r in headline._cifar10_long()] == ['cifar10_long']
+    assert headline._cifar10_long()[0]['vit'] == '–'
 
 
 def test_every_points_file_says_what_ran_each_row():

@@ -219,9 +219,8 @@ def _elastic() -> list:
 
 def _cifar10() -> list:
     """CIFAR-10 (JPEG copy) first: the quick recipe's TokenFormer against its ViT twin, with the public code's
-    parameter-token learning rate and with the recipe's (a quarter of it), and the long recipe's TokenFormer (the
-    better of the long screen's TokenFormers on validation) against its ViT twin once that has run, from
-    ``docs/cifar10/``."""
+    parameter-token learning rate and with the recipe's (a quarter of it), then the long recipe's rows
+    (`_cifar10_long`), from ``docs/cifar10/``."""
     quick = {r['config']: r for r in _rows('docs/cifar10/quick/results.csv')}
     t, v = quick['tokenformer'], quick['vit']
     rows = [dict(key='cifar10_quick',
@@ -241,22 +240,49 @@ def _cifar10() -> list:
                      vit=_pm(v['test_top1_mean'], v['test_top1_std']),
                      difference=f"{float(lever['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
                      source='docs/cifar10/levers/results.csv'))
-    long_rows = {r['config']: r for r in _rows('docs/cifar10/long/results.csv')}
-    long = max((r for c, r in long_rows.items() if not c.startswith('vit')), key=lambda r: float(r['top1_mean']))
-    twin = long_rows.get(long['config'].replace('tokenformer', 'vit', 1))  # tokenformer_p4's twin is vit_p4
-    seeds = f"{long['seeds']} seed" + ('' if long['seeds'] == '1' else 's')
-    rows.append(dict(key='cifar10_long',
-                     question=f"CIFAR-10 (JPEG copy), long recipe ({long['epochs']} epochs, `{long['config']}`, "
-                              f"chosen on validation): test top-1 %, {seeds}"
-                              + ('; its ViT twin not run yet' if twin is None else
-                                 (' each' if twin['seeds'] == long['seeds'] else f" and {twin['seeds']} (the ViT)")
-                                 + _apart('docs/cifar10/long/points.csv', long['config'], twin['config'])),
-                     tokenformer=_pm(long['test_top1_mean'], long['test_top1_std']),
-                     vit='–' if twin is None else _pm(twin['test_top1_mean'], twin['test_top1_std']),
-                     difference='–' if twin is None else
-                     f"{float(long['test_top1_mean']) - float(twin['test_top1_mean']):+.2f}",
-                     source='docs/cifar10/long/results.csv'))
+    rows += _cifar10_long()
     return [dict(row, page='cifar10') for row in rows]
+
+
+def _cifar10_long() -> list:
+    """The long recipe's TokenFormer (the better on validation of the long screen's ``tokenformer_*`` shapes)
+    against its ViT twin once that has run, and, once it has run, the same TokenFormer with its parameter tokens at
+    a quarter of the learning rate (``token_lr_quarter_p4``, a lever, not a shape: never the recipe), from
+    ``docs/cifar10/long/``."""
+    long_rows = {r['config']: r for r in _rows('docs/cifar10/long/results.csv')}
+    long = max((r for c, r in long_rows.items() if c.startswith('tokenformer_')), key=lambda r: float(r['top1_mean']))
+    twin = long_rows.get(long['config'].replace('tokenformer', 'vit', 1))  # tokenformer_p4's twin is vit_p4
+    rows = [dict(key='cifar10_long',
+                 question=f"CIFAR-10 (JPEG copy), long recipe ({long['epochs']} epochs, `{long['config']}`, "
+                          f"chosen on validation): test top-1 %, {_seeds(long)}" + _against(long, twin),
+                 tokenformer=_pm(long['test_top1_mean'], long['test_top1_std']),
+                 vit='–' if twin is None else _pm(twin['test_top1_mean'], twin['test_top1_std']),
+                 difference='–' if twin is None else
+                 f"{float(long['test_top1_mean']) - float(twin['test_top1_mean']):+.2f}",
+                 source='docs/cifar10/long/results.csv')]
+    lever = long_rows.get('token_lr_quarter_' + long['config'].removeprefix('tokenformer_'))
+    if lever is not None and twin is not None:
+        rows.append(dict(key='cifar10_long_token_lr',
+                         question='The same, the parameter tokens at a quarter of the learning rate (not the '
+                                  f"recipe's default): test top-1 %, {_seeds(lever)}" + _against(lever, twin),
+                         tokenformer=_pm(lever['test_top1_mean'], lever['test_top1_std']),
+                         vit=_pm(twin['test_top1_mean'], twin['test_top1_std']),
+                         difference=f"{float(lever['test_top1_mean']) - float(twin['test_top1_mean']):+.2f}",
+                         source='docs/cifar10/long/results.csv'))
+    return rows
+
+
+def _seeds(row: dict) -> str:
+    return f"{row['seeds']} seed" + ('' if row['seeds'] == '1' else 's')
+
+
+def _against(row: dict, twin) -> str:
+    """How ``row``'s seeds stand to its ViT twin's: ``'; its ViT twin not run yet'``, ``' each'``, or the twin's
+    count, then `_apart`'s words for runs on other machines or code."""
+    if twin is None:
+        return '; its ViT twin not run yet'
+    return ((' each' if twin['seeds'] == row['seeds'] else f" and {twin['seeds']} (the ViT)")
+            + _apart('docs/cifar10/long/points.csv', row['config'], twin['config']))
 
 
 def headline_rows() -> list:
