@@ -92,10 +92,14 @@ def test_run_summary_is_computed_from_the_metrics_file(tmp_path):
         runs.summarize(str(manifest))
 
 
-def test_model_table_equals_what_the_code_builds():
-    """docs/models.csv (the README's model tables) holds today's parameter counts, built on meta."""
-    res = subprocess.run([sys.executable, 'tools/model_table.py', '--check'], cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, res.stdout + res.stderr
+def test_model_table_equals_what_the_code_builds(monkeypatch, capsys):
+    """docs/models.csv (the README's model tables) holds today's parameter counts, built on meta
+    (``python tools/model_table.py --check``, run in this process)."""
+    spec = importlib.util.spec_from_file_location('model_table', f'{ROOT}/tools/model_table.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.chdir(ROOT)
+    assert module.main(['--check']) == 0, capsys.readouterr().out
 
 
 def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
@@ -105,6 +109,17 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     source.write_text('{"rows": [{"model": "a", "ratio": 0.9871}, {"model": "b", "ratio": NaN}, {"model": "c"}]}')
     table = docs.render(f'{source}#rows | model={{model}} | ratio={{ratio:.3f}}')
     assert table.splitlines()[2:] == ['| a | 0.987 |', '| b | – |', '| c | – |']
+
+
+def _comparison_report(configs, report, reference, out, arguments, monkeypatch, capsys):
+    """``python -m studies.comparison.comparison CONFIGS --from-points REPORT/points.csv --report-dir OUT`` as the
+    docs pages give it, run from the repository root in this process (its imports are paid once per worker, not
+    once per report); fails with what it printed on stderr unless it exits 0."""
+    from studies.comparison.comparison import main
+    monkeypatch.chdir(ROOT)
+    code = main([*configs, '--from-points', f'{report}/points.csv', '--report-dir', str(out),
+                 '--reference', reference, *arguments])
+    assert code == 0, capsys.readouterr().err[-2000:]
 
 
 @pytest.mark.parametrize('configs, report, reference', [
@@ -130,14 +145,12 @@ def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
      'docs/cifar10/mae', 'scratch')],
     ids=['comparison', 'levers', 'long', 'cifar10_quick', 'cifar10_long', 'cifar10_screen', 'cifar10_growth',
          'cifar10_ablations', 'cifar10_levers', 'cifar10_augment', 'cifar10_mae'])
-def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs, report, reference):
+def test_comparison_results_are_derived_from_the_stored_points(tmp_path, monkeypatch, capsys, configs, report,
+                                                                 reference):
     """docs/comparison/results.csv, levers/results.csv and long/results.csv (docs/comparison.md's tables), CIFAR-10's
     quick, long and screen results (docs/cifar10.md's) and the paired.csv beside each are what today's code makes of the stored per-seed points and the configs: parameters
     and GFLOPs counted, means, spreads, ratios and the seed-by-seed differences."""
-    res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', *configs, '--from-points', f'{report}/points.csv',
-                          '--report-dir', str(tmp_path), '--reference', reference],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
+    _comparison_report(configs, report, reference, tmp_path, [], monkeypatch, capsys)
     for name in ('results.csv', 'paired.csv'):
         with open(f'{ROOT}/{report}/{name}') as stored, open(tmp_path / name) as derived:
             assert derived.read() == stored.read(), name
@@ -152,15 +165,12 @@ def test_comparison_results_are_derived_from_the_stored_points(tmp_path, configs
      ['--curve-epochs', '5', '10', '20', '30', '--time-to', '80'],
      ['curves.csv', 'time_to.csv'])],
     ids=['comparison_long', 'cifar10_long'])
-def test_long_curves_are_derived_from_the_kept_metrics(tmp_path, configs, report, reference, arguments, files):
+def test_long_curves_are_derived_from_the_kept_metrics(tmp_path, monkeypatch, capsys, configs, report, reference,
+                                                       arguments, files):
     """docs/comparison/long/curves.csv (docs/comparison.md §3's curve table), and CIFAR-10's long curves and time
     to 80% (docs/cifar10.md), are what today's code reads from the runs' metrics files kept beside the points (the
     commands in those pages)."""
-    res = subprocess.run([sys.executable, '-m', 'studies.comparison.comparison', *configs,
-                          '--from-points', f'{report}/points.csv', '--report-dir', str(tmp_path),
-                          '--reference', reference, *arguments],
-                         cwd=ROOT, capture_output=True, text=True)
-    assert res.returncode == 0, res.stderr[-2000:]
+    _comparison_report(configs, report, reference, tmp_path, arguments, monkeypatch, capsys)
     for name in files:
         with open(f'{ROOT}/{report}/{name}') as stored, open(tmp_path / name) as derived:
             assert derived.read() == stored.read(), name

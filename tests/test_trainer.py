@@ -161,16 +161,18 @@ def test_rerun_in_a_used_output_dir_fails_naming_both_ways_out(tmp_path):
 
 
 def test_second_run_on_a_locked_dir_fails_at_once_naming_the_holder(tmp_path):
-    out = str(tmp_path / 'run')
-    first = _cli(_args(out, workers=0, epochs=50))  # still running when the second starts
-    wait_for_checkpoint(os.path.join(out, 'last.pth'), first)
-    t0 = time.time()
-    second = _cli(_args(out, workers=0, epochs=50) + ['--resume'])
-    log = second.communicate(timeout=120)[0]
-    first.kill()
-    first.wait()
+    """A run in progress (a `Trainer` of this process, which holds its folder until it has trained) and
+    ``tools/train.py --resume`` on the same folder from another process: the second exits 2 before any work, with a
+    one-line error that names the holder's host and pid, and the folder stays the first run's."""
+    holder = train_mod.Trainer(fmnist_cfg(tmp_path, epochs=1))
+    try:
+        t0 = time.time()
+        second = _cli(_args(holder.config.run.output, workers=0, epochs=50) + ['--resume'])
+        log = second.communicate(timeout=120)[0]
+    finally:
+        holder.close()
     assert second.returncode == 2 and time.time() - t0 < 60
-    assert 'in use by a running job (host ' in log and f'pid {first.pid}' in log and 'Traceback' not in log, log
+    assert 'in use by a running job (host ' in log and f'pid {os.getpid()}' in log and 'Traceback' not in log, log
 
 
 def test_resume_with_longer_schedule_rebuilds_it_and_reports_the_change(tmp_path, record_lr, capsys):

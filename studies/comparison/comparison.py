@@ -52,9 +52,7 @@ import torch
 from studies.growth.growth_experiment import train_flops_per_image
 from tkvision.cli import run_cli
 from tkvision.data import split_size
-from tkvision.engine.config import model_for_config
-from tkvision.engine.config import load_config, section
-from tkvision.engine.config import resolve_run_config
+from tkvision.engine.config import TrainConfig, load_config, model_for_config, resolve_run_config, section
 from tkvision.engine.trainer import train
 from tkvision.experiments.benchmark import machine_info
 from tkvision.experiments.points import PROVENANCE_KEYS, point_dir, with_provenance
@@ -106,13 +104,27 @@ def read_points(path: str) -> list:
         return rows
 
 
+#: `_model_counts` of each model already counted in this process, by what builds it.
+_COUNTED: dict = {}
+
+
+def _model_counts(resolved: TrainConfig) -> tuple:
+    """(trainable parameters, training GFLOPs per image) of ``resolved``'s model, counted once per model in a
+    process: the configs of a study that change only the recipe (rates, initialisation, augmentation) build the
+    same model, and counting its FLOPs runs it forward and backward."""
+    key = repr((resolved.run.task, resolved.model, resolved.mae, resolved.data))
+    if key not in _COUNTED:
+        with torch.device('meta'):
+            params = sum(p.numel() for p in model_for_config(resolved).parameters() if p.requires_grad)
+        _COUNTED[key] = params, train_flops_per_image(resolved.to_dict()) / 1e9
+    return _COUNTED[key]
+
+
 def _config_row(config: str, points: list) -> dict:
     """One ``results.csv`` row: what the config trains (read from the file) and its seeds' figures."""
     resolved = resolve_run_config(load_config(config))
     cfg = resolved.to_dict()
-    with torch.device('meta'):
-        params = sum(p.numel() for p in model_for_config(resolved).parameters() if p.requires_grad)
-    gflops = train_flops_per_image(cfg) / 1e9
+    params, gflops = _model_counts(resolved)
     images = split_size(section(cfg, 'data'), 'train', cfg['seed'])  # after the validation carve-out
     top1, test = mean_std([p['top1'] for p in points], 2), mean_std([p['test_top1'] for p in points], 2)
     return dict(config=_name(config), model=cfg['model'], num_tokens=cfg['model_kwargs'].get('num_tokens', ''),
