@@ -190,11 +190,12 @@ def test_nesting_shrinks_only_its_kinds_and_counts_their_parameters(nesting, shr
 def test_a_twin_distilled_from_a_finished_run_learns_from_its_predictions(tmp_path, monkeypatch):
     """``distillation: teacher`` builds the teacher from a finished run's weights and config.yaml; a run that
     learns from it alone (task weight 0) differs from the same run on labels, and resumes bit-identically."""
-    teacher = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'teacher'), epochs=1))
+    small = dict(train_subset=512, val_subset=256)  # 8 steps an epoch: two checkpoints in the student's 16
+    teacher = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'teacher'), epochs=1, **small))
     path = str(tmp_path / 'teacher' / 'last.safetensors')
-    keys = dict(distillation='teacher', teacher=path, epochs=2, checkpoint_every_steps=5)
+    keys = dict(distillation='teacher', teacher=path, epochs=2, checkpoint_every_steps=5, **small)
     student = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'student'), **keys))
-    plain = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'plain'), epochs=2))
+    plain = train_mod.train(fmnist_cfg(tmp_path, output=str(tmp_path / 'plain'), epochs=2, **small))
     assert teacher['top1'] is not None and student['history'][-1]['train_loss'] != plain['history'][-1]['train_loss']
     train_crash_resume(monkeypatch, fmnist_cfg(tmp_path, output=str(tmp_path / 'crashed'), **keys), saves=2)
     assert_same_training_state(tmp_path / 'student' / 'last.pth', tmp_path / 'crashed' / 'last.pth')

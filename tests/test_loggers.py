@@ -354,14 +354,15 @@ def test_a_run_key_is_one_field_and_its_use_run_name(tmp_path, monkeypatch):
     from .helpers import fmnist_cfg
     for name, var in (('WANDB_MODE', 'offline'), ('WANDB_SILENT', 'true')):
         monkeypatch.setenv(name, var)
-    monkeypatch.delenv('MLFLOW_TRACKING_URI', raising=False)
+    # one store for both runs, as a team's server would be: its tables are created once (seconds each time)
+    uri = 'sqlite:///' + str(tmp_path / 'mlflow.db')
+    monkeypatch.setenv('MLFLOW_TRACKING_URI', uri)
     named = fmnist_cfg(tmp_path, epochs=1, train_subset=128, val_subset=64, loggers=['mlflow', 'wandb'],
                        run_name='lr-sweep-3', output=str(tmp_path / 'named'))
     plain = dict(named, run_name=None, output=str(tmp_path / 'plain'))
     for cfg, want in ((named, 'lr-sweep-3'), (plain, 'plain')):
         train(cfg)
         record = json.load(open(os.path.join(cfg['output'], 'trackers.json')))
-        uri = 'sqlite:///' + os.path.join(cfg['output'], 'mlflow.db')
         from mlflow.tracking import MlflowClient
         assert MlflowClient(tracking_uri=uri).get_run(record['mlflow']['id']).info.run_name == want
         runs = wandb_history(cfg['output'])
