@@ -7,7 +7,7 @@ With ``TKVISION_SLOW_SECONDS=N`` a test not marked ``slow`` whose call took more
 with its time. ``setup.cfg``'s ``slow`` marker is for a test of 20 s or more alone on 2 cores; ``make test`` runs the
 suite on both cores (``pytest -n 2``, where two tests share them) and sets 30 (VMs differ by up to 2x); the budget of
 the whole suite is ``DEVELOPERS.md``'s. With ``TKVISION_BUDGET_SECONDS=N`` a session whose wall time passed N seconds
-fails, naming its five slowest tests (``make test`` and ``make test-slow`` set 1.5 times their budgets).
+fails, naming its five slowest tests (``make test`` sets 1.5 times its budget, ``make test-slow`` twice it: Makefile).
 """
 import os
 import time
