@@ -14,8 +14,9 @@ import pytest
 from .helpers import ROOT
 
 
-def _render_docs():
-    spec = importlib.util.spec_from_file_location('render_docs', f'{ROOT}/tools/render_docs.py')
+def _tool(name: str = 'render_docs'):
+    """``tools/<name>.py`` loaded as a module (the tools are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(name, f'{ROOT}/tools/{name}.py')
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -29,7 +30,7 @@ def test_every_generated_table_equals_its_results_file():
 def test_a_table_typed_by_hand_is_caught(tmp_path):
     """The check can fail: a table whose figure differs from its CSV by one digit is reported stale,
     and rendering restores the file's figure."""
-    docs = _render_docs()
+    docs = _tool()
     source = tmp_path / 'r.csv'
     source.write_text('config,top1_mean,seeds\nnorm_gelu_l2,86.554,0 1 2\n')
     spec = f'{source} | point={{config}} | top-1={{top1_mean:.2f}} | seeds={{seeds}}'
@@ -43,7 +44,7 @@ def test_a_table_typed_by_hand_is_caught(tmp_path):
 def test_a_figure_typed_into_a_sentence_is_caught_and_needs_one_row(tmp_path):
     """An inline value is held to its row like a table: a hand-edited figure is stale and rendering restores
     the file's; filters that keep two rows are an error naming the file and the count."""
-    docs = _render_docs()
+    docs = _tool()
     source = tmp_path / 'r.csv'
     source.write_text('config,top1_std\nvit,0.0412\ntokenformer,0.3204\n')
     good = f'the ViT varies by <!-- value {source}?config=vit | {{top1_std:.2f}} -->0.04<!-- end --> points'
@@ -57,7 +58,7 @@ def test_a_figure_typed_into_a_sentence_is_caught_and_needs_one_row(tmp_path):
 def test_a_json_results_file_of_another_shape_is_a_named_error(tmp_path):
     """A table reading ``file.json#models`` from a file whose top level is a list: a raw ``TypeError``; now the
     renderer's error naming the file and the key."""
-    docs = _render_docs()
+    docs = _tool()
     source = tmp_path / 'r.json'
     source.write_text('[{"model": "vit", "top1": 1.0}]')
     with pytest.raises(docs.SpecError, match=r"r\.json holds list where the key 'models' needs an object"):
@@ -75,9 +76,7 @@ def test_run_summary_is_computed_from_the_metrics_file(tmp_path):
     """The derived figures against a hand computation on a three-epoch file: training minutes are the
     sum of epoch_time, s/epoch skips the first (compiling) epoch, best and final top-1, the lowest loss's
     1-based epoch; a missing column is empty; a manifest entry without its machine is refused by name."""
-    spec = importlib.util.spec_from_file_location('summarize_runs', f'{ROOT}/tools/summarize_runs.py')
-    runs = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(runs)
+    runs = _tool('summarize_runs')
     metrics = tmp_path / 'm.csv'
     metrics.write_text('epoch,epoch_time,top1,val_loss,test_top1\n0,100,80.0,0.5,\n1,50,85.5,0.4,\n2,70,85.0,0.45,84.1\n')
     got = runs.derive(str(metrics))
@@ -95,16 +94,13 @@ def test_run_summary_is_computed_from_the_metrics_file(tmp_path):
 def test_model_table_equals_what_the_code_builds(monkeypatch, capsys):
     """docs/models.csv (the README's model tables) holds today's parameter counts, built on meta
     (``python tools/model_table.py --check``, run in this process)."""
-    spec = importlib.util.spec_from_file_location('model_table', f'{ROOT}/tools/model_table.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
     monkeypatch.chdir(ROOT)
-    assert module.main(['--check']) == 0, capsys.readouterr().out
+    assert _tool('model_table').main(['--check']) == 0, capsys.readouterr().out
 
 
 def test_a_figure_the_row_lacks_renders_as_a_dash(tmp_path):
     """A baseline row has no ratio to itself: an empty or NaN value shows as – under any format spec."""
-    docs = _render_docs()
+    docs = _tool()
     source = tmp_path / 'r.json'
     source.write_text('{"rows": [{"model": "a", "ratio": 0.9871}, {"model": "b", "ratio": NaN}, {"model": "c"}]}')
     table = docs.render(f'{source}#rows | model={{model}} | ratio={{ratio:.3f}}')
@@ -368,7 +364,7 @@ def test_settings_shapes_and_the_interval_rule_are_not_figures():
 def test_an_inline_value_can_be_the_gap_or_the_ratio_of_two_rows(tmp_path):
     """``A minus B`` and ``A over B`` combine the columns of the one row each side keeps (what a sentence's "2.1 points
     below" or "0.29x the parameters" says), checked against the arithmetic done here."""
-    docs = _render_docs()
+    docs = _tool()
     path = tmp_path / 'r.csv'
     path.write_text('config,top1,params,note\nvit,85.55,305034,a\nring,83.43,68682,b\none cosine over the chain,84.8,1,c\n')
     both = f'{path}?config=ring minus {path}?config=vit'
@@ -413,9 +409,7 @@ def test_the_long_recipe_reported_is_chosen_on_validation_by_the_stated_rule():
     at the ViT's compute run on 3 seeds, the highest validation mean; a higher one on fewer seeds or at more compute
     is not chosen, and the test split plays no part."""
     import csv
-    spec = importlib.util.spec_from_file_location('headline', f'{ROOT}/tools/headline.py')
-    headline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(headline)
+    headline = _tool('headline')
     with open(f'{ROOT}/docs/comparison/long/results.csv', encoding='utf-8') as f:
         long = {r['config']: r for r in csv.DictReader(f)}
     eligible = [r for c, r in long.items() if not c.startswith('vit') and int(r['seeds']) >= 3
@@ -436,9 +430,7 @@ def test_the_cifar10_long_recipe_row_is_a_shape_and_a_lever_gets_its_own_row(tmp
     (``token_lr_quarter_p4``) that validates higher was taken for the recipe and compared with itself as its own
     "twin". The recipe row keeps the best shape against ``vit_p4``; the lever is a row of its own against the same
     twin."""
-    spec = importlib.util.spec_from_file_location('headline', f'{ROOT}/tools/headline.py')
-    headline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(headline)
+    headline = _tool('headline')
     monkeypatch.setattr(headline, 'ROOT', str(tmp_path))
     folder = tmp_path / 'docs' / 'cifar10' / 'long'
     folder.mkdir(parents=True)
@@ -491,9 +483,7 @@ def test_the_retired_elastic_arms_keep_their_seeds_beside_their_means():
 def test_the_headline_says_when_a_row_compares_seeds_run_apart(tmp_path, monkeypatch):
     """The plain-MLP row set seeds from an Intel Xeon VM and later code against the ViT's from the AMD EPYC VM
     without a word: the headline now reads the points' machine and commit and says which differ."""
-    spec = importlib.util.spec_from_file_location('headline', f'{ROOT}/tools/headline.py')
-    headline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(headline)
+    headline = _tool('headline')
     monkeypatch.setattr(headline, 'ROOT', str(tmp_path))
     (tmp_path / 'points.csv').write_text('config,seed,machine,commit\nmlp,0,Xeon,b\nmlp,1,Xeon,b\nvit,0,EPYC,a\n'
                                          'same,0,EPYC,a\n')
