@@ -437,8 +437,8 @@ def test_the_cifar10_long_recipe_row_is_a_shape_and_a_lever_gets_its_own_row(tmp
     columns = 'config,epochs,seeds,top1_mean,top1_std,test_top1_mean,test_top1_std'
     (folder / 'results.csv').write_text(f'{columns}\ntokenformer_p4,30,1,67.0,,65.0,\ntokenformer_p8,60,1,64.0,,64.5,\n'
                                         'vit_p4,30,1,73.0,,73.5,\ntoken_lr_quarter_p4,30,1,70.0,,69.0,\n')
-    (folder / 'points.csv').write_text('config,seed,machine,commit\ntokenformer_p4,0,m,a\ntokenformer_p8,0,m,a\n'
-                                       'vit_p4,0,m,a\ntoken_lr_quarter_p4,0,m,b\n')
+    (folder / 'points.csv').write_text('config,seed,test_top1,machine,commit\ntokenformer_p4,0,65.0,m,a\n'
+                                       'tokenformer_p8,0,64.5,m,a\nvit_p4,0,73.5,m,a\ntoken_lr_quarter_p4,0,69.0,m,b\n')
     rows = {r['key']: r for r in headline._cifar10_long()}
     assert (rows['cifar10_long']['tokenformer'], rows['cifar10_long']['vit']) == ('65.00', '73.50')
     assert rows['cifar10_long']['difference'] == '-8.50' and '`tokenformer_p4`' in rows['cifar10_long']['question']
@@ -448,6 +448,26 @@ def test_the_cifar10_long_recipe_row_is_a_shape_and_a_lever_gets_its_own_row(tmp
     (folder / 'results.csv').write_text(f'{columns}\ntokenformer_p4,30,1,67.0,,65.0,\n')
     assert [r['key'] for r in headline._cifar10_long()] == ['cifar10_long']
     assert headline._cifar10_long()[0]['vit'] == '–'
+
+
+def test_the_headline_gap_is_the_one_its_page_prints(tmp_path, monkeypatch):
+    """The long CIFAR-10 row said -7.89 while docs/cifar10.md's compare marker said "behind by 7.88 points": the
+    headline subtracted the results file's two-decimal means (65.60 - 73.49), the marker the per-seed values
+    (65.605 - 73.49, a half that binary rounding takes down). The headline now takes its gap by the marker's rule."""
+    headline = _tool('headline')
+    monkeypatch.setattr(headline, 'ROOT', str(tmp_path))
+    folder = tmp_path / 'docs' / 'cifar10' / 'long'
+    folder.mkdir(parents=True)
+    (folder / 'results.csv').write_text('config,epochs,seeds,top1_mean,top1_std,test_top1_mean,test_top1_std\n'
+                                        'tokenformer_p4,30,2,67.32,0.17,65.6,0.43\nvit_p4,30,1,73.8,,73.49,\n')
+    (folder / 'points.csv').write_text('config,seed,test_top1,machine,commit\ntokenformer_p4,0,65.3,m,a\n'
+                                       'tokenformer_p4,1,65.91,m,a\nvit_p4,0,73.49,m,a\n')
+    from tkvision.experiments.intervals import compare_words
+    marker = compare_words([65.3, 65.91], [73.49], 'points', short=True)
+    row = headline._cifar10_long()[0]
+    assert marker == 'behind by 7.88 points' and row['difference'] == '-7.88'
+    with pytest.raises(ValueError, match="no rows of config 'vit_p8'"):
+        headline._gap((str(folder / 'points.csv'), 'tokenformer_p4'), (str(folder / 'points.csv'), 'vit_p8'))
 
 
 def test_every_points_file_says_what_ran_each_row():

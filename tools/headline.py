@@ -16,7 +16,11 @@ import os
 import statistics
 import sys
 
+from tkvision.experiments.intervals import gap_interval
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: The long CIFAR-10 recipe's per-seed points (`_cifar10_long`).
+LONG_POINTS = 'docs/cifar10/long/points.csv'
 COLUMNS = ['key', 'question', 'tokenformer', 'vit', 'difference', 'source', 'page']
 
 
@@ -27,6 +31,24 @@ def _rows(path: str) -> list:
 
 def _pm(mean, std) -> str:
     return f'{float(mean):.2f}' + ('' if std in ('', None) else f' ± {float(std):.2f}')
+
+
+def _gap(left: tuple, right: tuple, column: str = 'test_top1') -> str:
+    """``'+1.23'``: the mean of ``column`` over the per-seed rows of ``left`` (a points file, a config) less that over
+    ``right``'s, by the project's one rule (`tkvision.experiments.intervals.gap_interval`, as the pages' compare
+    markers take it): a difference of the results files' two-decimal means can be off by one in its last digit, and
+    the headline would then disagree with the page it links to.
+
+    Raises:
+        ValueError: a side whose points file has no row of its config (named, with what to rerun).
+    """
+    def seeds(side: tuple) -> list:
+        path, config = side
+        values = [float(r[column]) for r in _rows(path) if r['config'] == config]
+        if not values:
+            raise ValueError(f'{path} has no rows of config {config!r}: rerun the report that writes it')
+        return values
+    return f'{gap_interval(seeds(left), seeds(right), digits=8)[0]:+.2f}'
 
 
 def _apart(points: str, left: str, right: str) -> str:
@@ -52,7 +74,7 @@ def _comparison() -> list:
                           f"test top-1 %, {t['seeds']} seeds",
                  tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']), vit=_pm(v['test_top1_mean'],
                                                                                    v['test_top1_std']),
-                 difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
+                 difference=_gap(('docs/comparison/points.csv', t['config']), ('docs/comparison/points.csv', v['config'])),
                  source='docs/comparison/results.csv')]
     mlp = short.get('tokenformer_plain_gelu')
     if mlp is not None:
@@ -63,7 +85,8 @@ def _comparison() -> list:
                                   + _apart('docs/comparison/points.csv', 'tokenformer_plain_gelu', 'vit_equal_width'),
                          tokenformer=_pm(mlp['top1_mean'], mlp['top1_std']),
                          vit=_pm(v['top1_mean'], v['top1_std']),
-                         difference=f"{float(mlp['top1_mean']) - float(v['top1_mean']):+.2f}",
+                         difference=_gap(('docs/comparison/points.csv', mlp['config']), ('docs/comparison/points.csv', v['config']),
+                                     'top1'),
                          source='docs/comparison/results.csv'))
     long = {r['config']: r for r in _rows('docs/comparison/long/results.csv')}
     t, v = chosen_long_recipe(long), long['vit_equal_width']
@@ -72,7 +95,8 @@ def _comparison() -> list:
                               f"(`{t['config']}`): test top-1 %, {t['seeds']} seeds",
                      tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
                      vit=_pm(v['test_top1_mean'], v['test_top1_std']),
-                     difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
+                     difference=_gap(('docs/comparison/long/points.csv', t['config']),
+                                     ('docs/comparison/long/points.csv', v['config'])),
                      source='docs/comparison/long/results.csv'))
     points = _rows('docs/comparison/long/points.csv')
     tokenformers = [p for p in points if not p['config'].startswith('vit')]
@@ -229,7 +253,7 @@ def _cifar10() -> list:
                           'seeds' + _apart('docs/cifar10/quick/points.csv', 'tokenformer', 'vit'),
                  tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
                  vit=_pm(v['test_top1_mean'], v['test_top1_std']),
-                 difference=f"{float(t['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
+                 difference=_gap(('docs/cifar10/quick/points.csv', t['config']), ('docs/cifar10/quick/points.csv', v['config'])),
                  source='docs/cifar10/quick/results.csv')]
     lever = {r['config']: r for r in _rows('docs/cifar10/levers/results.csv')}['token_lr_quarter']
     rows.append(dict(key='cifar10_quick_token_lr',
@@ -238,7 +262,8 @@ def _cifar10() -> list:
                               f"default): test top-1 %, {lever['seeds']} seeds",
                      tokenformer=_pm(lever['test_top1_mean'], lever['test_top1_std']),
                      vit=_pm(v['test_top1_mean'], v['test_top1_std']),
-                     difference=f"{float(lever['test_top1_mean']) - float(v['test_top1_mean']):+.2f}",
+                     difference=_gap(('docs/cifar10/levers/points.csv', lever['config']),
+                                     ('docs/cifar10/quick/points.csv', v['config'])),
                      source='docs/cifar10/levers/results.csv'))
     rows += _cifar10_long()
     return [dict(row, page='cifar10') for row in rows]
@@ -257,8 +282,7 @@ def _cifar10_long() -> list:
                           f"chosen on validation): test top-1 %, {_seeds(long)}" + _against(long, twin),
                  tokenformer=_pm(long['test_top1_mean'], long['test_top1_std']),
                  vit='–' if twin is None else _pm(twin['test_top1_mean'], twin['test_top1_std']),
-                 difference='–' if twin is None else
-                 f"{float(long['test_top1_mean']) - float(twin['test_top1_mean']):+.2f}",
+                 difference='–' if twin is None else _gap((LONG_POINTS, long['config']), (LONG_POINTS, twin['config'])),
                  source='docs/cifar10/long/results.csv')]
     lever = long_rows.get('token_lr_quarter_' + long['config'].removeprefix('tokenformer_'))
     if lever is not None and twin is not None:
@@ -267,7 +291,7 @@ def _cifar10_long() -> list:
                                   f"recipe's default): test top-1 %, {_seeds(lever)}" + _against(lever, twin),
                          tokenformer=_pm(lever['test_top1_mean'], lever['test_top1_std']),
                          vit=_pm(twin['test_top1_mean'], twin['test_top1_std']),
-                         difference=f"{float(lever['test_top1_mean']) - float(twin['test_top1_mean']):+.2f}",
+                         difference=_gap((LONG_POINTS, lever['config']), (LONG_POINTS, twin['config'])),
                          source='docs/cifar10/long/results.csv'))
     return rows
 
@@ -282,7 +306,7 @@ def _against(row: dict, twin) -> str:
     if twin is None:
         return '; its ViT twin not run yet'
     return ((' each' if twin['seeds'] == row['seeds'] else f" and {twin['seeds']} (the ViT)")
-            + _apart('docs/cifar10/long/points.csv', row['config'], twin['config']))
+            + _apart(LONG_POINTS, row['config'], twin['config']))
 
 
 def headline_rows() -> list:
