@@ -452,8 +452,12 @@ def test_the_cifar10_long_recipe_row_is_a_shape_and_a_lever_gets_its_own_row(tmp
 
 def test_the_headline_gap_is_the_one_its_page_prints(tmp_path, monkeypatch):
     """The long CIFAR-10 row said -7.89 while docs/cifar10.md's compare marker said "behind by 7.88 points": the
-    headline subtracted the results file's two-decimal means (65.60 - 73.49), the marker the per-seed values
-    (65.605 - 73.49, a half that binary rounding takes down). The headline now takes its gap by the marker's rule."""
+    headline subtracted the results file's two-decimal means (65.60 - 73.49), the marker rounded the per-seed gap
+    twice (to 8 digits, then to 2: -7.885000000000005 -> -7.885 -> -7.88). Both now round the float gap once, as the
+    results file's gap is; the reference is that float's exact decimal value, rounded by `decimal`."""
+    from decimal import ROUND_HALF_EVEN, Decimal
+
+    from tkvision.experiments.intervals import compare_words
     headline = _tool('headline')
     monkeypatch.setattr(headline, 'ROOT', str(tmp_path))
     folder = tmp_path / 'docs' / 'cifar10' / 'long'
@@ -462,12 +466,12 @@ def test_the_headline_gap_is_the_one_its_page_prints(tmp_path, monkeypatch):
                                         'tokenformer_p4,30,2,67.32,0.17,65.6,0.43\nvit_p4,30,1,73.8,,73.49,\n')
     (folder / 'points.csv').write_text('config,seed,test_top1,machine,commit\ntokenformer_p4,0,65.3,m,a\n'
                                        'tokenformer_p4,1,65.91,m,a\nvit_p4,0,73.49,m,a\n')
-    from tkvision.experiments.intervals import compare_words
-    marker = compare_words([65.3, 65.91], [73.49], 'points', short=True)
-    row = headline._cifar10_long()[0]
-    assert marker == 'behind by 7.88 points' and row['difference'] == '-7.88'
+    exact = Decimal((65.3 + 65.91) / 2 - 73.49).quantize(Decimal('0.01'), rounding=ROUND_HALF_EVEN)
+    assert str(exact) == '-7.89'
+    assert compare_words([65.3, 65.91], [73.49], 'points', short=True) == 'behind by 7.89 points'
+    assert headline._cifar10_long()[0]['difference'] == '-7.89'
     with pytest.raises(ValueError, match="no rows of config 'vit_p8'"):
-        headline._gap((str(folder / 'points.csv'), 'tokenformer_p4'), (str(folder / 'points.csv'), 'vit_p8'))
+        headline._gap(str(folder / 'points.csv'), 'tokenformer_p4', 'vit_p8')
 
 
 def test_every_points_file_says_what_ran_each_row():

@@ -33,22 +33,22 @@ def _pm(mean, std) -> str:
     return f'{float(mean):.2f}' + ('' if std in ('', None) else f' ± {float(std):.2f}')
 
 
-def _gap(left: tuple, right: tuple, column: str = 'test_top1') -> str:
-    """``'+1.23'``: the mean of ``column`` over the per-seed rows of ``left`` (a points file, a config) less that over
-    ``right``'s, by the project's one rule (`tkvision.experiments.intervals.gap_interval`, as the pages' compare
-    markers take it): a difference of the results files' two-decimal means can be off by one in its last digit, and
-    the headline would then disagree with the page it links to.
+def _gap(points: str, left: str, right: str, right_points: str = '', column: str = 'test_top1') -> str:
+    """``'+1.23'``: the mean of ``column`` over the per-seed rows of config ``left`` in the points file ``points`` less
+    that over config ``right``'s (in ``right_points`` where given), rounded once by the project's one rule
+    (`tkvision.experiments.intervals.gap_interval`), as the pages' compare markers and the results files' gaps are: a
+    difference of the results files' two-decimal means can be off by one in its last digit, and the headline would
+    then disagree with the page it links to.
 
     Raises:
         ValueError: a side whose points file has no row of its config (named, with what to rerun).
     """
-    def seeds(side: tuple) -> list:
-        path, config = side
+    def seeds(path: str, config: str) -> list:
         values = [float(r[column]) for r in _rows(path) if r['config'] == config]
         if not values:
             raise ValueError(f'{path} has no rows of config {config!r}: rerun the report that writes it')
         return values
-    return f'{gap_interval(seeds(left), seeds(right), digits=8)[0]:+.2f}'
+    return f'{gap_interval(seeds(points, left), seeds(right_points or points, right), digits=2)[0]:+.2f}'
 
 
 def _apart(points: str, left: str, right: str) -> str:
@@ -74,7 +74,7 @@ def _comparison() -> list:
                           f"test top-1 %, {t['seeds']} seeds",
                  tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']), vit=_pm(v['test_top1_mean'],
                                                                                    v['test_top1_std']),
-                 difference=_gap(('docs/comparison/points.csv', t['config']), ('docs/comparison/points.csv', v['config'])),
+                 difference=_gap('docs/comparison/points.csv', t['config'], v['config']),
                  source='docs/comparison/results.csv')]
     mlp = short.get('tokenformer_plain_gelu')
     if mlp is not None:
@@ -85,8 +85,7 @@ def _comparison() -> list:
                                   + _apart('docs/comparison/points.csv', 'tokenformer_plain_gelu', 'vit_equal_width'),
                          tokenformer=_pm(mlp['top1_mean'], mlp['top1_std']),
                          vit=_pm(v['top1_mean'], v['top1_std']),
-                         difference=_gap(('docs/comparison/points.csv', mlp['config']), ('docs/comparison/points.csv', v['config']),
-                                     'top1'),
+                         difference=_gap('docs/comparison/points.csv', mlp['config'], v['config'], column='top1'),
                          source='docs/comparison/results.csv'))
     long = {r['config']: r for r in _rows('docs/comparison/long/results.csv')}
     t, v = chosen_long_recipe(long), long['vit_equal_width']
@@ -95,8 +94,7 @@ def _comparison() -> list:
                               f"(`{t['config']}`): test top-1 %, {t['seeds']} seeds",
                      tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
                      vit=_pm(v['test_top1_mean'], v['test_top1_std']),
-                     difference=_gap(('docs/comparison/long/points.csv', t['config']),
-                                     ('docs/comparison/long/points.csv', v['config'])),
+                     difference=_gap('docs/comparison/long/points.csv', t['config'], v['config']),
                      source='docs/comparison/long/results.csv'))
     points = _rows('docs/comparison/long/points.csv')
     tokenformers = [p for p in points if not p['config'].startswith('vit')]
@@ -253,7 +251,7 @@ def _cifar10() -> list:
                           'seeds' + _apart('docs/cifar10/quick/points.csv', 'tokenformer', 'vit'),
                  tokenformer=_pm(t['test_top1_mean'], t['test_top1_std']),
                  vit=_pm(v['test_top1_mean'], v['test_top1_std']),
-                 difference=_gap(('docs/cifar10/quick/points.csv', t['config']), ('docs/cifar10/quick/points.csv', v['config'])),
+                 difference=_gap('docs/cifar10/quick/points.csv', t['config'], v['config']),
                  source='docs/cifar10/quick/results.csv')]
     lever = {r['config']: r for r in _rows('docs/cifar10/levers/results.csv')}['token_lr_quarter']
     rows.append(dict(key='cifar10_quick_token_lr',
@@ -262,8 +260,8 @@ def _cifar10() -> list:
                               f"default): test top-1 %, {lever['seeds']} seeds",
                      tokenformer=_pm(lever['test_top1_mean'], lever['test_top1_std']),
                      vit=_pm(v['test_top1_mean'], v['test_top1_std']),
-                     difference=_gap(('docs/cifar10/levers/points.csv', lever['config']),
-                                     ('docs/cifar10/quick/points.csv', v['config'])),
+                     difference=_gap('docs/cifar10/levers/points.csv', lever['config'], v['config'],
+                                     'docs/cifar10/quick/points.csv'),
                      source='docs/cifar10/levers/results.csv'))
     rows += _cifar10_long()
     return [dict(row, page='cifar10') for row in rows]
@@ -282,7 +280,7 @@ def _cifar10_long() -> list:
                           f"chosen on validation): test top-1 %, {_seeds(long)}" + _against(long, twin),
                  tokenformer=_pm(long['test_top1_mean'], long['test_top1_std']),
                  vit='–' if twin is None else _pm(twin['test_top1_mean'], twin['test_top1_std']),
-                 difference='–' if twin is None else _gap((LONG_POINTS, long['config']), (LONG_POINTS, twin['config'])),
+                 difference='–' if twin is None else _gap(LONG_POINTS, long['config'], twin['config']),
                  source='docs/cifar10/long/results.csv')]
     lever = long_rows.get('token_lr_quarter_' + long['config'].removeprefix('tokenformer_'))
     if lever is not None and twin is not None:
@@ -291,7 +289,7 @@ def _cifar10_long() -> list:
                                   f"recipe's default): test top-1 %, {_seeds(lever)}" + _against(lever, twin),
                          tokenformer=_pm(lever['test_top1_mean'], lever['test_top1_std']),
                          vit=_pm(twin['test_top1_mean'], twin['test_top1_std']),
-                         difference=_gap((LONG_POINTS, lever['config']), (LONG_POINTS, twin['config'])),
+                         difference=_gap(LONG_POINTS, lever['config'], twin['config']),
                          source='docs/cifar10/long/results.csv'))
     return rows
 

@@ -57,20 +57,24 @@ def compare_words(
     """
     if not values or not other_values:
         raise ValueError(f'a comparison needs a seed a side; got {len(values)} and {len(other_values)}')
+    # the verb is decided on the unrounded interval (8 digits: clear of float noise such as 0.1 + 0.2 - 0.3); the
+    # figures shown are rounded once, as a results file's gap is, since rounding to 8 digits and then to ``digits``
+    # can move a half the other way (-7.885000000000005 would show as -7.88, a single rounding gives -7.89)
     gap, low, high = gap_interval(list(values), list(other_values), digits=8)
+    shown = gap_interval(list(values), list(other_values), digits=digits)
     seeds = f'{len(values)} and {len(other_values)} seeds'
     side = 'ahead' if gap > 0 else 'behind'
-    size = f'{abs(gap):.{digits}f} {unit}'
+    size, level = f'{abs(shown[0]):.{digits}f} {unit}', 'level on one seed a side'
     if low is None or high is None:
         if short:
-            return f'{side} on one seed a side only ({gap:+.{digits}f} {unit})' if gap else 'level on one seed a side'
-        return f'{side} on one seed a side only ({size}; no interval)' if gap else 'level on one seed a side'
-    interval = f'95% interval {low:+.{digits}f} to {high:+.{digits}f}; {seeds}'
+            return f'{side} on one seed a side only ({shown[0]:+.{digits}f} {unit})' if gap else level
+        return f'{side} on one seed a side only ({size}; no interval)' if gap else level
+    interval = f'95% interval {shown[1]:+.{digits}f} to {shown[2]:+.{digits}f}; {seeds}'
     if low > 0 or high < 0:
         return f'{side} by {size}' + ('' if short else f' ({interval})')
     spread = max(statistics.stdev(v) if len(v) > 1 else 0.0 for v in (values, other_values))
     verb = 'level' if abs(gap) <= spread else f'{side} on the means only'
     if short:
-        return f'{verb} ({gap:+.{digits}f} {unit})'
+        return f'{verb} ({shown[0]:+.{digits}f} {unit})'
     spread_words = ' within the seed spread' if verb == 'level' else ''
-    return f'{verb}{spread_words} ({gap:+.{digits}f} {unit}, {interval})'
+    return f'{verb}{spread_words} ({shown[0]:+.{digits}f} {unit}, {interval})'
