@@ -145,6 +145,7 @@ def test_checkpoint_refuses_pickled_code(tmp_path):
         ckpt.load_training_checkpoint(path)
 
 
+@pytest.mark.slow  # two torchrun ranks with growth: 26 s alone on 2 cores, over 30 beside another test
 def test_torchrun_two_cpu_ranks_end_identical(tmp_path):
     script = tmp_path / 'ddp_job.py'
     script.write_text(f'''
