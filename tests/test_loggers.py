@@ -347,6 +347,7 @@ def test_a_logging_backend_is_one_class_jsonl(tmp_path, monkeypatch):
     assert [json.loads(line)['step'] for line in open(path / 'scalars.jsonl')] == [1, 2, 3, 4, 5, 6]
 
 
+@pytest.mark.slow  # real tracking services start: 31 s in CI's make test
 def test_a_run_key_is_one_field_and_its_use_run_name(tmp_path, monkeypatch):
     """``run_name``, the run key added as one field (``RunConfig`` in ``tkvision/engine/config.py``) read in one module
     (``tkvision/engine/loggers.py``): the trackers' run is named by it, and by the output folder's name without it."""

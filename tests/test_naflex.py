@@ -229,6 +229,7 @@ def _naflex_run_cfg(tmp_path, name, **overrides):
         output=str(tmp_path / name)), **overrides})
 
 
+@pytest.mark.slow  # two runs and a resume: 27-28 s in make test
 def test_our_trainer_reads_timms_naflex_loader_and_resumes_mid_epoch_exactly(tmp_path, monkeypatch):
     """``naflex_loader: true``: batches of 9, 16 or 25 patches (batch sizes scaled to the length), the patch size
     drawn per batch from 7 and 14. A run with 2 loader workers that crashes after the 3rd update of its second
