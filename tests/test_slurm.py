@@ -309,6 +309,24 @@ def test_a_stopped_controller_is_one_line_not_a_hang(tmp_path, capsys, monkeypat
         os.kill(ctld, signal.SIGCONT)
 
 
+def test_up_again_while_one_node_runs_a_job_returns_at_once(tmp_path):
+    """``local_cluster.sh up`` on a running cluster where one node is busy (``alloc``) and the other ``idle``, as a
+    restarted controller finds it mid-sweep: every node answers, so ``up`` returns in seconds, not a 60 s failure."""
+    busy = _nodes()[0]
+    job = _sh('sbatch', '--parsable', '--exclusive', '-w', busy, '-o', str(tmp_path / 'sleep.log'), '--wrap',
+              'sleep 300').strip()
+    try:
+        _wait(lambda: _sh('squeue', '-h', '-j', job, '-o', '%T').strip() == 'RUNNING', 60, 'the sleep job to run')
+        states = dict(line.split() for line in _sh('sinfo', '-h', '-N', '-o', '%N %t').splitlines())
+        assert states[busy] == 'alloc' and set(states.values()) == {'alloc', 'idle'}, states
+        started = time.monotonic()
+        _sh(SCRIPT, 'up', timeout=120)
+        assert time.monotonic() - started < 30
+    finally:
+        _sh('scancel', job, check=False)
+        _wait(lambda: _job_done(job), 60, 'the sleep job to end')
+
+
 def _sbatch_train(tmp_path, name: str, env_extra=()) -> tuple:
     """``sbatch tools/slurm_train.sbatch`` as a user of a CPU partition submits it: the script unmodified, its
     nodes and cores (``--nodes 2 --cpus-per-task 2``, ``GPUS=2`` processes per node) on the command line, the tiny

@@ -176,16 +176,16 @@ up() {
     say "up: export SLURM_CONF=$SLURM_CONF (or: eval \"\$($0 env)\")"
 }
 
-wait_idle() {
+wait_idle() {  # every node up and answering: idle, or running jobs (a restarted controller finds some busy)
     for _ in $(seq 300); do
         local states
         states=$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '{print $2}' | sort -u | tr '\n' ' ')
-        [ "$states" = "idle " ] || [ "$states" = "alloc " ] || [ "$states" = "mix " ] && return 0
+        [ -n "$states" ] && ! echo "$states" | tr ' ' '\n' | grep -qvxE 'idle|alloc|mix|comp|' && return 0
         if echo "$states" | grep -q 'down\|drain'; then scontrol update nodename="$(IFS=,; echo "${NODES[*]}")" \
             state=resume >/dev/null 2>&1 || true; fi
         sleep 0.2
     done
-    fail "the nodes are not idle after 60 s (sinfo: $(sinfo -h -N -o '%N %t' 2>&1 | tr '\n' ' ')): see $DIR/log/slurmd-*.log"
+    fail "the nodes are not up (idle, alloc or mix) after 60 s (sinfo: $(sinfo -h -N -o '%N %t' 2>&1 | tr '\n' ' ')): see $DIR/log/slurmd-*.log"
 }
 
 stop() {  # stop NAME PIDFILE: TERM, then KILL after 20 s
