@@ -179,8 +179,8 @@ up() {
 wait_idle() {  # every node up and answering: idle, or running jobs (a restarted controller finds some busy)
     for _ in $(seq 300); do
         local states
-        states=$(sinfo -h -N -o '%N %t' 2>/dev/null | awk '{print $2}' | sort -u | tr '\n' ' ')
-        [ -n "$states" ] && ! echo "$states" | tr ' ' '\n' | grep -qvxE 'idle|alloc|mix|comp|' && return 0
+        states=$(sinfo -h -N -o '%t' 2>/dev/null | sort -u)
+        [ -n "$states" ] && ! grep -qvxE 'idle|alloc|mix|comp' <<< "$states" && return 0
         if echo "$states" | grep -q 'down\|drain'; then scontrol update nodename="$(IFS=,; echo "${NODES[*]}")" \
             state=resume >/dev/null 2>&1 || true; fi
         sleep 0.2
